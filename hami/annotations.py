@@ -1,0 +1,53 @@
+"""THE annotation codec: every annotation key and every value format of the HAMi protocol.
+
+Owns key constants and encode/decode of: node registration (JSON, and the legacy colon form read),
+pair scores, pod device lists (``hami.io/vgpu-devices-to-allocate`` / ``-allocated``), node lock
+value, handshake, bind phase, MIG allocations, the pod steering annotations. Nothing else in the
+project splits annotation strings. Decoders are strict and raise :class:`AnnotationError` naming the
+key and the offending text. Pure: imports ``hami.core.model`` and the stdlib only (no ``os``/``time``).
+"""
+
+from __future__ import annotations
+
+# ----------------------------------------------------------------------------------- node annotations
+NODE_REGISTER = "hami.io/node-nvidia-register"
+NODE_PAIR_SCORES = "hami.io/node-nvidia-score"
+NODE_HANDSHAKE = "hami.io/node-handshake"
+NODE_LOCK = "hami.io/mutex.lock"
+NODE_DEVICE_CORDON = "hami.io/device-cordon"
+
+# ------------------------------------------------------------------------------------ pod annotations
+# written by the scheduler / node agent
+POD_VGPU_NODE = "hami.io/vgpu-node"  # also a label with the same key
+POD_VGPU_TIME = "hami.io/vgpu-time"
+POD_DEVICES_TO_ALLOCATE = "hami.io/vgpu-devices-to-allocate"
+POD_DEVICES_ALLOCATED = "hami.io/vgpu-devices-allocated"
+POD_MIG_ALLOCATIONS = "hami.io/vgpu-mig-allocations"
+POD_BIND_PHASE = "hami.io/bind-phase"
+POD_BIND_TIME = "hami.io/bind-time"
+# written by users
+POD_USE_GPUTYPE = "nvidia.com/use-gputype"
+POD_NOUSE_GPUTYPE = "nvidia.com/nouse-gputype"
+POD_USE_GPUUUID = "nvidia.com/use-gpuuuid"
+POD_NOUSE_GPUUUID = "nvidia.com/nouse-gpuuuid"
+POD_NUMA_BIND = "nvidia.com/numa-bind"
+POD_VGPU_MODE = "nvidia.com/vgpu-mode"
+POD_NODE_POLICY = "hami.io/node-scheduler-policy"
+POD_GPU_POLICY = "hami.io/gpu-scheduler-policy"
+POD_SCORING_WEIGHTS = "hami.io/device-scoring-weights"
+
+# labels
+WEBHOOK_IGNORE_LABEL = "hami.io/webhook"  # value "ignore" excludes a pod or namespace
+POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
+
+#: Annotations only our components may write; a new pod carrying one is refused by the webhook.
+INTERNAL_POD_ANNOTATIONS: tuple[str, ...] = (
+    POD_VGPU_NODE,
+    POD_VGPU_TIME,
+    POD_DEVICES_TO_ALLOCATE,
+    POD_DEVICES_ALLOCATED,
+    POD_MIG_ALLOCATIONS,
+    POD_BIND_PHASE,
+    POD_BIND_TIME,
+    NODE_LOCK,
+)

@@ -1,0 +1,1 @@
+"""The node daemon: card discovery, registration, the kubelet device plugin and the node exporter."""
