@@ -36,6 +36,7 @@ async def add_reactions(k: kmock.KubernetesEmulator) -> None:
     k["get /api/v1"] << core
 
     async def listing(request: kmock.Request) -> Any:
+        assert request.resource is not None  # guaranteed by is_listing
         items = [
             obj.raw
             for (resource, namespace, _), obj in list(k.objects.items())
