@@ -15,6 +15,7 @@ from collections.abc import Sequence
 #: subcommand -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "scheduler": ("hami.scheduler.main", "run the scheduler extender kube-scheduler calls"),
+    "demo": ("hami.sim.demo", "run the whole system on an embedded cluster and place the example pods"),
 }
 
 

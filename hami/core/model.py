@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from struct import pack, unpack
 
 #: Request type every NVIDIA container request carries (HAMi's ``NvidiaGPUDevice``).
 NVIDIA = "NVIDIA"
@@ -102,14 +103,24 @@ class MigReservation:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DeviceState:
-    """A card with what is already used on it (spec-scheduler §6)."""
+    """A card with what is already used on it (spec-scheduler §6).
+
+    ``inconsistencies`` counts the tracked pods whose MIG bookkeeping disagrees with this card (§6:
+    a MIG entry without a reservation, a reservation on a non-MIG card). It is a count, not a flag,
+    so that removing a pod exactly undoes adding it; the card fails closed while it is non-zero.
+    """
 
     device: Device
     used: int = 0  # slots in use
     used_mem: int = 0
     used_cores: int = 0
-    healthy: bool = True  # False when usage accounting found an inconsistency (fail closed, §6 MIG)
+    inconsistencies: int = 0
     reservations: tuple[MigReservation, ...] = ()
+
+    @property
+    def healthy(self) -> bool:
+        """Fit check 1: the agent reports the card healthy and usage accounting found it consistent."""
+        return self.device.health and self.inconsistencies == 0
 
     @property
     def free_mem(self) -> int:
@@ -120,18 +131,140 @@ class DeviceState:
         return self.device.cores - self.used_cores
 
 
+def is_vendor_card(device: Device, request_type: str = NVIDIA) -> bool:
+    """The §7 type pre-filter: the card type contains the request type, case-insensitively."""
+    return request_type.lower() in device.type.lower()
+
+
+#: ``(free_mem, free_cores, used, total_cores, total_mem, uuid, type lower-cased, mode)``.
+OpenCard = tuple[int, int, int, int, int, str, str, str]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeSummary:
+    """Per-node figures derived once whenever a :class:`NodeState` is built (so O(cards) per pod event).
+
+    They let :func:`hami.core.allocate.allocate` decide most nodes without running Fit:
+    ``open_cards`` lists ``(free_mem, free_cores, used, total_cores, total_mem, uuid, lower-cased
+    type, mode)`` of every card a
+    plain request could use (healthy, not cordoned, NVIDIA-typed, not MIG, a free slot), sorted by
+    free memory descending; ``score`` is the HAMi node score of the usage (§11).
+    """
+
+    score: float
+    vendor_cards: int  # cards passing the NVIDIA type pre-filter (NodeInsufficientDevice)
+    has_mig: bool  # some vendor card is in MIG mode: plain fast checks do not apply
+    open_cards: tuple[OpenCard, ...]
+    max_free_cores: int
+
+
+def _f32(value: float) -> float:
+    """Round to IEEE float32, as HAMi's Go code computes scores."""
+    return float(unpack("f", pack("f", value))[0])
+
+
+def summarize(devices: tuple[DeviceState, ...], cordoned: frozenset[str]) -> NodeSummary:
+    """Derive the :class:`NodeSummary` of a card list.
+
+    Node score (§11), worked example: two cards of 10 slots / 100 cores / 1000 MiB, one holding one
+    task of 30 cores and 200 MiB -> 10 x (1/20 + 30/200 + 200/2000) = 10 x 0.3 = 3.0.
+    """
+    used = count = ucores = tcores = umem = tmem = 0
+    vendor = 0
+    has_mig = False
+    open_cards: list[OpenCard] = []
+    for state in devices:
+        dev = state.device
+        used += state.used
+        count += dev.count
+        ucores += state.used_cores
+        tcores += dev.cores
+        umem += state.used_mem
+        tmem += dev.memory_mib
+        if not is_vendor_card(dev):
+            continue
+        vendor += 1
+        if dev.mode == DeviceMode.MIG:
+            has_mig = True
+        elif state.healthy and dev.uuid not in cordoned and state.used < dev.count:
+            open_cards.append(
+                (
+                    state.free_mem,
+                    state.free_cores,
+                    state.used,
+                    dev.cores,
+                    dev.memory_mib,
+                    dev.uuid,
+                    dev.type.lower(),
+                    dev.mode,
+                )
+            )
+    open_cards.sort(key=lambda c: -c[0])
+    score = 0.0
+    if count and tcores and tmem:
+        # Go: float32(used)/float32(total) per dimension, summed, times the weight 10 (all float32).
+        terms = (
+            _f32(_f32(used) / _f32(count)),
+            _f32(_f32(ucores) / _f32(tcores)),
+            _f32(_f32(umem) / _f32(tmem)),
+        )
+        score = _f32(10 * _f32(_f32(terms[0] + terms[1]) + terms[2]))
+    return NodeSummary(
+        score=score,
+        vendor_cards=vendor,
+        has_mig=has_mig,
+        open_cards=tuple(open_cards),
+        max_free_cores=max((c[1] for c in open_cards), default=-1),
+    )
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NodeState:
     """Everything the core needs to know about one node to place a pod on it.
 
     ``devices`` keep registration order. ``pair_scores[a][b]`` is the topology score between two
     card uuids (spec-scheduler §12). ``cordoned`` holds the uuids of ``hami.io/device-cordon``.
+    ``positions`` (uuid -> index in ``devices``) and ``summary`` are derived at construction.
     """
 
     name: str
     devices: tuple[DeviceState, ...]
     pair_scores: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     cordoned: frozenset[str] = frozenset()
+    positions: Mapping[str, int] = field(init=False, repr=False, compare=False)
+    summary: NodeSummary = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        positions: dict[str, int] = {}
+        for i, state in enumerate(self.devices):
+            positions.setdefault(state.device.uuid, i)
+        object.__setattr__(self, "positions", positions)
+        object.__setattr__(self, "summary", summarize(self.devices, self.cordoned))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NamespaceQuota:
+    """A namespace's device quota (spec-scheduler §14), passed into the core as data.
+
+    ``memory_limit`` / ``cores_limit`` come from ResourceQuota ``limits.<gpumem>`` / ``limits.<gpucores>``
+    (``None`` = not set; the memory limit already multiplied by ``memoryFactor`` when > 1); the used
+    amounts are the collapsed usage (§6) of the namespace's tracked pods, kept by the caller.
+    """
+
+    memory_limit: int | None = None
+    cores_limit: int | None = None
+    memory_used: int = 0
+    cores_used: int = 0
+
+    @property
+    def limited(self) -> bool:
+        return self.memory_limit is not None or self.cores_limit is not None
+
+    def allows(self, memory: int, cores: int) -> bool:
+        """``used + request > limit`` fails, equality passes; an unset limit never fails."""
+        if self.memory_limit is not None and self.memory_used + memory > self.memory_limit:
+            return False
+        return not (self.cores_limit is not None and self.cores_used + cores > self.cores_limit)
 
 
 # ------------------------------------------------------------------------------------------ requests

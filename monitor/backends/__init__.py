@@ -1,1 +1,29 @@
-"""Card discovery backends behind one interface: NVML (real cards) and simulated (cards from a file)."""
+"""Card discovery backends behind one interface: NVML (real cards) and simulated (cards from a file).
+
+``open_backend`` is the one factory: ``nvml`` and ``auto`` load NVML (``auto`` never falls back to the
+simulator: a node without a driver simply has no cards), ``sim`` reads the YAML file. The NVML module is
+imported lazily so pynvml loads only where NVML is used.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from monitor.backends.base import Backend, BackendError, BackendUnavailable, Card, Link, MigProfileInfo
+
+__all__ = ["Backend", "BackendError", "BackendUnavailable", "Card", "Link", "MigProfileInfo", "open_backend"]
+
+
+def open_backend(kind: str, *, sim_devices: Path | None = None, topology: bool = False) -> Backend:
+    """Build the backend named by ``--backend``; raises :class:`BackendUnavailable` with the reason."""
+    if kind == "sim":
+        if sim_devices is None:
+            raise BackendUnavailable("--backend sim needs --sim-devices FILE (env HAMI_SIM_DEVICES)")
+        from monitor.backends.sim import SimBackend
+
+        return SimBackend(sim_devices)
+    if kind in ("nvml", "auto"):
+        from monitor.backends.nvml import NvmlBackend
+
+        return NvmlBackend(topology=topology)
+    raise BackendUnavailable(f"unknown backend {kind!r}: expected auto, nvml or sim")

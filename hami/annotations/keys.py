@@ -1,10 +1,6 @@
-"""THE annotation codec: every annotation key and every value format of the HAMi protocol.
+"""Every annotation and label key of the HAMi protocol (spec-scheduler §5.1, §15, §16, §17).
 
-Owns key constants and encode/decode of: node registration (JSON, and the legacy colon form read),
-pair scores, pod device lists (``hami.io/vgpu-devices-to-allocate`` / ``-allocated``), node lock
-value, handshake, bind phase, MIG allocations, the pod steering annotations. Nothing else in the
-project splits annotation strings. Decoders are strict and raise :class:`AnnotationError` naming the
-key and the offending text. Pure: imports ``hami.core.model`` and the stdlib only (no ``os``/``time``).
+Owns the key strings only; formats live beside them in the codec package. Pure: stdlib only.
 """
 
 from __future__ import annotations

@@ -1,0 +1,161 @@
+"""Node lock value (``hami.io/mutex.lock``, spec-scheduler §16) and handshake (``hami.io/node-handshake``,
+spec-scheduler §5.3).
+
+Lock value: ``<RFC3339 time>,<namespace>,<pod name>``; a bare RFC3339 time is the legacy form (no
+owner). With commas there must be exactly three parts; anything else, or a bad time, is an error.
+
+Handshake: ``Requesting_<YYYY-MM-DD HH:MM:SS>`` written by the scheduler (local wall-clock time, no
+zone); older agents wrote ``Reported <time>`` and older schedulers ``Deleted_<time>``. HAMi treats an
+unreadable handshake as "no stamp" rather than an error, so :func:`decode_handshake` never raises.
+
+Pure: stdlib only; the caller passes ``now``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+
+from hami.annotations.errors import AnnotationError
+from hami.annotations.keys import NODE_LOCK
+
+_RFC3339 = re.compile(
+    r"(?P<date>[0-9]{4}-[0-9]{2}-[0-9]{2})T(?P<clock>[0-9]{2}:[0-9]{2}:[0-9]{2})(?:\.(?P<frac>[0-9]+))?"
+    r"(?P<zone>Z|[+-][0-9]{2}:[0-9]{2})"
+)
+_HANDSHAKE_TIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]+)?")
+HANDSHAKE_TIME_FORMAT = "%Y-%m-%d %H:%M:%S"
+
+
+# ------------------------------------------------------------------------------------------ node lock
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeLockValue:
+    """Who holds a node lock since when. ``namespace``/``name`` are None for a legacy (bare time) lock."""
+
+    time: datetime.datetime  # aware
+    namespace: str | None = None
+    name: str | None = None
+
+    @property
+    def legacy(self) -> bool:
+        return self.namespace is None
+
+    def owned_by(self, namespace: str, name: str) -> bool:
+        """True when this lock names that pod (HAMi checks the ``,<ns>,<name>`` suffix)."""
+        return self.namespace == namespace and self.name == name
+
+    def expired(self, now: datetime.datetime, timeout: datetime.timedelta) -> bool:
+        """True when the lock is older than ``timeout`` at ``now`` (then anyone may take it over)."""
+        return now - self.time > timeout
+
+
+def format_rfc3339(moment: datetime.datetime) -> str:
+    """Go's ``time.RFC3339``: whole seconds, ``Z`` for UTC, else ``+hh:mm``."""
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        raise ValueError(f"{moment!r} has no time zone; pass an aware datetime")
+    offset = moment.utcoffset() or datetime.timedelta()
+    stamp = moment.strftime("%Y-%m-%dT%H:%M:%S")
+    if not offset:
+        return stamp + "Z"
+    minutes = int(offset.total_seconds()) // 60
+    sign = "+" if minutes >= 0 else "-"
+    hours, mins = divmod(abs(minutes), 60)
+    return f"{stamp}{sign}{hours:02d}:{mins:02d}"
+
+
+def parse_rfc3339(text: str) -> datetime.datetime | None:
+    """An RFC3339 time (fraction allowed, as Go's parser allows it), or None."""
+    match = _RFC3339.fullmatch(text)
+    if match is None:
+        return None
+    frac = (match["frac"] or "")[:6].ljust(6, "0")
+    zone = "+00:00" if match["zone"] == "Z" else match["zone"]
+    try:
+        return datetime.datetime.fromisoformat(f"{match['date']}T{match['clock']}.{frac}{zone}")
+    except ValueError:
+        return None
+
+
+def encode_node_lock(value: NodeLockValue) -> str:
+    """``<RFC3339>,<ns>,<name>``, or the bare time for a legacy value (tests only: we never write one)."""
+    stamp = format_rfc3339(value.time)
+    if value.namespace is None and value.name is None:
+        return stamp
+    if not value.namespace or not value.name or "," in value.namespace + value.name:
+        raise ValueError(
+            f"lock owner {value.namespace!r}/{value.name!r} must be two non-empty names without ','"
+        )
+    return f"{stamp},{value.namespace},{value.name}"
+
+
+def decode_node_lock(text: str) -> NodeLockValue:
+    parts = text.split(",")
+    if len(parts) not in (1, 3):
+        raise AnnotationError(
+            NODE_LOCK, text, f"malformed lock: expected <time>,<namespace>,<pod>, got {len(parts)} parts"
+        )
+    moment = parse_rfc3339(parts[0])
+    if moment is None:
+        raise AnnotationError(NODE_LOCK, text, f"malformed lock: {parts[0]!r} is not an RFC3339 time")
+    if len(parts) == 1:
+        return NodeLockValue(time=moment)
+    return NodeLockValue(time=moment, namespace=parts[1], name=parts[2])
+
+
+# ------------------------------------------------------------------------------------------ handshake
+
+
+class HandshakeKind(StrEnum):
+    REQUESTING = "Requesting"  # written by the scheduler: "Requesting_<time>"
+    REPORTED = "Reported"  # older agents: "Reported <time>"
+    DELETED = "Deleted"  # older schedulers after declaring the node gone: "Deleted_<time>"
+    OTHER = "other"  # anything else, including an empty value
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Handshake:
+    """A decoded handshake. ``time`` is naive local wall-clock time; None when absent or unreadable."""
+
+    kind: HandshakeKind
+    time: datetime.datetime | None = None
+
+
+def encode_handshake(kind: HandshakeKind, at: datetime.datetime) -> str:
+    """``Requesting_2024-05-01 10:00:00`` (``at`` as local wall-clock time; its zone is dropped)."""
+    stamp = at.strftime(HANDSHAKE_TIME_FORMAT)
+    if kind is HandshakeKind.REPORTED:
+        return f"{kind.value} {stamp}"
+    if kind is HandshakeKind.OTHER:
+        raise ValueError("only Requesting, Reported and Deleted handshakes are written")
+    return f"{kind.value}_{stamp}"
+
+
+def decode_handshake(text: str | None) -> Handshake:
+    """Classify a handshake like HAMi: contains ``Requesting`` -> requesting with the time after the
+    first ``_`` if it parses; never raises (an unreadable stamp counts as healthy in HAMi)."""
+    if text is None:
+        return Handshake(kind=HandshakeKind.OTHER)
+    if HandshakeKind.REQUESTING.value in text:
+        kind = HandshakeKind.REQUESTING
+    elif text.startswith(HandshakeKind.REPORTED.value):
+        kind = HandshakeKind.REPORTED
+    elif text.startswith(HandshakeKind.DELETED.value):
+        kind = HandshakeKind.DELETED
+    else:
+        return Handshake(kind=HandshakeKind.OTHER)
+    separator = " " if kind is HandshakeKind.REPORTED else "_"
+    _, found, stamp = text.partition(separator)
+    return Handshake(kind=kind, time=_handshake_time(stamp) if found else None)
+
+
+def _handshake_time(stamp: str) -> datetime.datetime | None:
+    if _HANDSHAKE_TIME.fullmatch(stamp) is None:
+        return None
+    try:
+        return datetime.datetime.strptime(stamp[:19], HANDSHAKE_TIME_FORMAT)
+    except ValueError:
+        return None

@@ -1,0 +1,250 @@
+"""READ FIRST: the one function the scheduler calls — place one pod on a set of nodes.
+
+``allocate(request, nodes, policy, quotas=..., now=...)`` returns :class:`Decisions`: per node an
+:class:`~hami.core.model.Allocation` (grants per container, init containers first) or a
+:class:`~hami.core.model.Rejection` (HAMi's reason text + whether it is resolvable), and ``best()``,
+the node the node policy picks (binpack: highest node score, spread: lowest; ties by node name).
+``fit_node`` is the same decision for one node (bind recomputes with it on fresh state).
+
+Pod level per node (spec-scheduler §7 step 4): init containers each run on a fresh copy of the
+node's usage, app containers run in order on one shared copy that accumulates their picks;
+containers without a request get an empty entry; the node score is the usage before the pod.
+
+Speed: the verdict of most nodes comes from :mod:`hami.core.precheck` and the node's precomputed
+summary; full allocations and rejection texts are built lazily, only for the nodes asked about.
+
+Pure: stdlib only; must not import a Kubernetes client, aiohttp, kopf, grpc, pynvml, ``logging``,
+``os`` or ``time``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, replace
+from datetime import datetime
+
+from hami.core import precheck
+from hami.core.fit import FitResult, Steering, fit_container
+from hami.core.model import (
+    NVIDIA,
+    Allocation,
+    Decision,
+    DeviceMode,
+    DeviceState,
+    Grant,
+    MigAllocation,
+    NamespaceQuota,
+    NodeState,
+    PodRequest,
+    Reason,
+    Rejection,
+    is_vendor_card,
+)
+from hami.core.quota import Entries, QuotaGate
+from hami.core.score import BINPACK, SPREAD, GpuPolicy, card_score, node_score, order_cards, parse_gpu_policy
+from hami.core.usage import add_grant
+
+__all__ = ["Decisions", "Policy", "allocate", "fit_node", "node_rejection", "node_score"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Policy:
+    """Cluster defaults (``--node-scheduler-policy`` / ``--gpu-scheduler-policy``); pods may override."""
+
+    node_policy: str = BINPACK
+    gpu_policy: str = SPREAD
+
+
+def node_rejection(node: str, reason: str, *, resolvable: bool = False) -> Rejection:
+    """A node-level rejection (``NodeInsufficientDevice``, ``node unregistered``, ...): no card counts."""
+    return Rejection(node=node, reasons={}, total=0, message=str(reason), resolvable=resolvable)
+
+
+def fit_node(
+    request: PodRequest,
+    node: NodeState,
+    policy: Policy,
+    *,
+    quotas: Mapping[str, NamespaceQuota] | None = None,
+    now: datetime | None = None,
+) -> Decision:
+    """Place the pod on one node (§7 step 4), or say why not and whether it ever could.
+
+    ``now`` is accepted for interface stability; no rule of this commit depends on the time.
+    """
+    del now
+    quota = (quotas or {}).get(request.namespace)
+    gpu = parse_gpu_policy(request.gpu_policy or policy.gpu_policy)
+    outcome = _place(request, node, gpu, quota)
+    if isinstance(outcome, Allocation):
+        return outcome
+    reasons, total, message = outcome
+    resolvable = False
+    if reasons:  # node-level reasons (too few cards, unknown type) never resolve
+        empty = replace(node, devices=tuple(DeviceState(device=s.device) for s in node.devices))
+        idle_quota = replace(quota, memory_used=0, cores_used=0) if quota is not None else None
+        resolvable = isinstance(_place(request, empty, gpu, idle_quota), Allocation)
+    return Rejection(node=node.name, reasons=reasons, total=total, message=message, resolvable=resolvable)
+
+
+_Failure = tuple[Mapping[str, int], int, str]
+
+
+def _place(
+    request: PodRequest, node: NodeState, gpu: GpuPolicy, quota: NamespaceQuota | None
+) -> Allocation | _Failure:
+    steer = Steering.of(request, gpu, node.cordoned, node.pair_scores)
+    gated = quota if quota is not None and quota.limited else None
+    vendor = [i for i, s in enumerate(node.devices) if is_vendor_card(s.device)]
+    fresh = node.devices
+    shared = list(node.devices)
+    grants: list[tuple[Grant, ...]] = []
+    entries: list[Entries] = []
+    migs: list[MigAllocation] = []
+    for position, container in enumerate(request.containers):
+        if container is None or container.nums <= 0:
+            grants.append(())
+            entries.append(())
+            continue
+        if container.type != NVIDIA:
+            return {}, 0, Reason.DEVICE_TYPE_NOT_FOUND.value
+        is_init = position < request.init_count
+        cards = [(fresh if is_init else shared)[i] for i in vendor]
+        scores = [card_score(c, container, request.weights) for c in cards]
+        order = order_cards(cards, scores, gpu, request.numa_bind)
+        mig_exempt = (request.vgpu_mode is None or "mig" in request.vgpu_mode) and any(
+            c.device.mode == DeviceMode.MIG for c in cards
+        )
+        if container.nums > len(cards) and not mig_exempt:
+            return {}, 0, Reason.NODE_INSUFFICIENT_DEVICE.value
+        gate = None
+        if gated is not None:
+            gate = QuotaGate(
+                quota=gated, earlier=tuple(entries), position=position, init_count=request.init_count
+            )
+        result: FitResult = fit_container([cards[o] for o in order], container, steer, gate)
+        if not result.ok:
+            return result.reasons, result.total, result.message
+        chosen: list[Grant] = []
+        for k, pick in enumerate(result.picks):
+            at = vendor[order[pick.slot]]
+            chosen.append(
+                Grant(uuid=pick.uuid, type=container.type, memory_mib=pick.memory, cores=pick.cores)
+            )
+            if pick.reservation is not None:
+                migs.append(
+                    MigAllocation(
+                        container_index=position,
+                        device_index=k,
+                        gpu_uuid=pick.uuid,
+                        profile=pick.reservation.profile,
+                        placement=pick.reservation.placement,
+                    )
+                )
+            if not is_init:
+                shared[at] = add_grant(shared[at], pick.memory, pick.cores, pick.reservation)
+        grants.append(tuple(chosen))
+        entries.append(tuple((g.uuid, g.memory_mib, g.cores) for g in chosen))
+    return Allocation(node=node.name, devices=tuple(grants), mig=tuple(migs), score=node.summary.score)
+
+
+class Decisions:
+    """The decision for every candidate node; full Allocations/Rejections are computed on demand."""
+
+    __slots__ = ("_cache", "_fits", "_gpu", "_nodes", "_policy", "_quotas", "_request", "_spread")
+
+    def __init__(
+        self,
+        request: PodRequest,
+        nodes: Iterable[NodeState],
+        policy: Policy,
+        quotas: Mapping[str, NamespaceQuota] | None,
+    ) -> None:
+        self._request = request
+        self._policy = policy
+        self._quotas = quotas
+        self._nodes: dict[str, NodeState] = {}
+        self._fits: dict[str, bool] = {}
+        self._cache: dict[str, Decision] = {}
+        self._spread = (request.node_policy or policy.node_policy) == SPREAD
+        self._gpu = parse_gpu_policy(request.gpu_policy or policy.gpu_policy)
+        quota = (quotas or {}).get(request.namespace)
+        plan = precheck.plan(request, self._gpu, quota)
+        for node in nodes:
+            self._nodes[node.name] = node
+            fits = precheck.verdict(plan, node.summary) if plan is not None else None
+            if fits is None:
+                decision = self[node.name]
+                fits = isinstance(decision, Allocation)
+            self._fits[node.name] = fits
+
+    def __getitem__(self, name: str) -> Decision:
+        """The full decision for one node (KeyError for a node that was not a candidate)."""
+        decision = self._cache.get(name)
+        if decision is None:
+            node = self._nodes[name]
+            decision = fit_node(self._request, node, self._policy, quotas=self._quotas)
+            self._cache[name] = decision
+        return decision
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._nodes)
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def fits(self, name: str) -> bool:
+        """Cheap: whether the pod fits ``name`` (no allocation is built)."""
+        return self._fits[name]
+
+    @property
+    def fitting(self) -> tuple[str, ...]:
+        return tuple(n for n, ok in self._fits.items() if ok)
+
+    def score(self, name: str) -> float:
+        """The node score (usage before this pod, 0..30) used to rank fitting nodes."""
+        return node_score(self._nodes[name])
+
+    def rejections(self) -> dict[str, Rejection]:
+        """Every failing node's rejection (computes the texts; meant for the total-failure path)."""
+        out: dict[str, Rejection] = {}
+        for name, ok in self._fits.items():
+            if not ok:
+                decision = self[name]
+                assert isinstance(decision, Rejection)
+                out[name] = decision
+        return out
+
+    def ranked(self) -> list[str]:
+        """Fitting nodes, best first: binpack highest score first, spread lowest; ties by name."""
+        sign = 1.0 if self._spread else -1.0
+        return sorted(self.fitting, key=lambda n: (sign * self._nodes[n].summary.score, n))
+
+    def best(self) -> Allocation | None:
+        """The node the node policy picks, with its full allocation; None when nothing fits."""
+        sign = 1.0 if self._spread else -1.0
+        best_name: str | None = None
+        best_key = (0.0, "")
+        for name, ok in self._fits.items():
+            if ok:
+                key = (sign * self._nodes[name].summary.score, name)
+                if best_name is None or key < best_key:
+                    best_name, best_key = name, key
+        if best_name is None:
+            return None
+        decision = self[best_name]
+        assert isinstance(decision, Allocation), f"precheck and Fit disagree on {best_name}"
+        return decision
+
+
+def allocate(
+    request: PodRequest,
+    nodes: Iterable[NodeState],
+    policy: Policy,
+    *,
+    quotas: Mapping[str, NamespaceQuota] | None = None,
+    now: datetime | None = None,
+) -> Decisions:
+    """Decide the pod against every node. ``now`` is accepted for interface stability (unused)."""
+    del now
+    return Decisions(request, nodes, policy, quotas)

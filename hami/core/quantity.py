@@ -1,0 +1,129 @@
+"""Kubernetes resource quantities (``"1"``, ``"500m"``, ``"16Gi"``, ``"1e3"``): a small strict parser.
+
+Owns the suffix table, the exact value of a quantity (a :class:`~fractions.Fraction`, never a float)
+and the "plain integer" test HAMi applies to device resources (Go's ``Quantity.AsInt64``).
+Pure: stdlib only; must not import a Kubernetes client, ``logging``, ``os`` or ``time``.
+
+Grammar (``k8s.io/apimachinery/pkg/api/resource``)::
+
+    quantity = sign? digits ("." digits?)? suffix | sign? "." digits suffix
+    suffix   = "" | "n" | "u" | "m" | "k" | "M" | "G" | "T" | "P" | "E"   (decimal SI)
+             | "Ki" | "Mi" | "Gi" | "Ti" | "Pi" | "Ei"                   (binary SI)
+             | ("e" | "E") sign? digits                                  (decimal exponent)
+
+"Plain integer" (Go ``AsInt64`` succeeding) is stricter than "the value is whole": Go keeps the
+digits as written, so ``"1.0"``, ``"1000m"`` and ``"16.0Gi"`` are *not* plain integers although their
+values are whole, while ``"1.5k"`` (= 1500) is. The API server canonicalises quantities (``"1.0"`` is
+stored as ``"1"``), so this only matters for text that did not go through it (tests, dry runs).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Final
+
+#: suffix -> (base, exponent): the multiplier is base ** exponent.
+SUFFIXES: Final[dict[str, tuple[int, int]]] = {
+    "": (10, 0),
+    "n": (10, -9),
+    "u": (10, -6),
+    "m": (10, -3),
+    "k": (10, 3),
+    "M": (10, 6),
+    "G": (10, 9),
+    "T": (10, 12),
+    "P": (10, 15),
+    "E": (10, 18),
+    "Ki": (2, 10),
+    "Mi": (2, 20),
+    "Gi": (2, 30),
+    "Ti": (2, 40),
+    "Pi": (2, 50),
+    "Ei": (2, 60),
+}
+
+INT64_MIN: Final = -(2**63)
+INT64_MAX: Final = 2**63 - 1
+INT32_MIN: Final = -(2**31)
+INT32_MAX: Final = 2**31 - 1
+
+# Go's fast path keeps at most 18 decimal digits in an int64 (``maxInt64Factors``).
+_MAX_INT64_DIGITS: Final = 18
+
+_QUANTITY = re.compile(
+    r"(?P<sign>[+-]?)(?:(?P<num>[0-9]+)(?:\.(?P<frac>[0-9]*))?|\.(?P<frac_only>[0-9]+))"
+    r"(?P<suffix>[a-zA-Z]*(?:[+-]?[0-9]+)?)"
+)
+_EXPONENT = re.compile(r"[eE](?P<exp>[+-]?[0-9]+)")
+
+
+class QuantityError(ValueError):
+    """Text that is not a Kubernetes quantity; ``.text`` holds it and the message quotes it."""
+
+    def __init__(self, text: str, why: str) -> None:
+        super().__init__(f"{text!r} is not a quantity: {why}")
+        self.text = text
+
+
+@dataclass(frozen=True, slots=True)
+class Quantity:
+    """A parsed quantity: the text as written, its exact value, and the Go-compatible int view."""
+
+    text: str
+    value: Fraction
+    plain_int: int | None  # Go's AsInt64(): the integer, or None when Go would say "not ok"
+
+    @property
+    def is_whole(self) -> bool:
+        return self.value.denominator == 1
+
+
+def parse_quantity(text: str) -> Quantity:
+    """Parse a Kubernetes quantity strictly: no spaces, known suffixes only."""
+    match = _QUANTITY.fullmatch(text)
+    if match is None:
+        raise QuantityError(text, "expected a number with an optional suffix such as m, k, Mi or Gi")
+    num = match["num"] if match["num"] is not None else ""
+    frac = match["frac"] if match["frac"] is not None else (match["frac_only"] or "")
+    base, exponent = _suffix(text, match["suffix"])
+    digits = int(num + frac) if num + frac else 0
+    magnitude = Fraction(digits, 10 ** len(frac)) * Fraction(base) ** exponent
+    negative = match["sign"] == "-"
+    value = -magnitude if negative else magnitude
+    return Quantity(text=text, value=value, plain_int=_go_as_int64(num, frac, base, exponent, value))
+
+
+def plain_int(text: str) -> int | None:
+    """The integer a quantity stands for when Go's ``AsInt64`` would accept it, else None.
+
+    Raises :class:`QuantityError` when the text is not a quantity at all.
+    """
+    return parse_quantity(text).plain_int
+
+
+def _suffix(text: str, suffix: str) -> tuple[int, int]:
+    if suffix in SUFFIXES:
+        return SUFFIXES[suffix]
+    exp = _EXPONENT.fullmatch(suffix)
+    if exp is None:
+        raise QuantityError(text, f"unknown suffix {suffix!r}")
+    return 10, int(exp["exp"])
+
+
+def _go_as_int64(num: str, frac: str, base: int, exponent: int, value: Fraction) -> int | None:
+    """Mirror Go: only the int64 fast path with a non-negative scale yields an int64."""
+    significant = num.lstrip("0") or "0"
+    if base == 10:
+        # scale = exponent - fractional digits; a negative scale (``1.0``, ``1000m``) is "not ok".
+        if len(significant) + len(frac) > _MAX_INT64_DIGITS or exponent - len(frac) < 0:
+            return None
+    else:
+        # binary suffixes with a fraction, or too many digits for the suffix, leave the fast path.
+        precision = 15 - len(significant) - int(exponent * 3 / 10) - 1
+        if frac or precision < 0:
+            return None
+    if value.denominator != 1 or not INT64_MIN <= value.numerator <= INT64_MAX:
+        return None
+    return value.numerator

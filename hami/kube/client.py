@@ -1,0 +1,128 @@
+"""The Kubernetes API client factory and the one place raw API calls are made and their errors mapped.
+
+Owns: building the official (sync) ``kubernetes`` ``ApiClient`` from a kubeconfig or the in-cluster
+service account, the request timeout every call carries, running calls off the event loop
+(``asyncio.to_thread``: the sync client must never block the loop, which may also be serving a local
+test API server), decoding raw JSON responses (``_preload_content=False``: objects travel as plain
+dicts, never as client model classes) and the error hierarchy (:class:`KubeError`, :class:`NotFound`,
+:class:`Conflict`). Imports: ``kubernetes``, ``urllib3``; nothing from ``hami.scheduler`` or above.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import urllib3
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+#: Seconds one API request may take before it fails (a hanging apiserver must not hang a bind).
+DEFAULT_TIMEOUT = 30.0
+
+
+class KubeError(Exception):
+    """An API request failed: ``status`` is the HTTP code (0 for transport errors and timeouts)."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}" if status else f"{reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+
+class NotFound(KubeError):
+    """404: the object does not exist."""
+
+
+class Conflict(KubeError):
+    """409: the object already exists or changed underneath us."""
+
+
+class Gone(KubeError):
+    """410: a watch's resourceVersion is too old; the caller must list again."""
+
+
+class HamiApiClient(client.ApiClient):  # type: ignore[misc]
+    """The official ``ApiClient`` plus the per-request timeout our helpers pass on every call."""
+
+    def __init__(self, configuration: Any, *, request_timeout: float = DEFAULT_TIMEOUT) -> None:
+        super().__init__(configuration)
+        self.request_timeout = request_timeout
+
+
+def load_api_client(kubeconfig: str | None, *, request_timeout: float = DEFAULT_TIMEOUT) -> Any:
+    """Build an ``ApiClient``: the given kubeconfig file, else in-cluster, else ``~/.kube/config``.
+
+    Connection errors are retried twice by urllib3; a read is never retried (a POST or PATCH that
+    timed out may have been applied; the caller decides).
+    """
+    configuration = client.Configuration()
+    if kubeconfig:
+        if not Path(kubeconfig).is_file():
+            raise KubeError(0, "Config", f"kubeconfig file not found: {kubeconfig!r}")
+        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    else:
+        try:
+            config.load_incluster_config(client_configuration=configuration)
+        except config.ConfigException:
+            config.load_kube_config(client_configuration=configuration)
+    configuration.retries = urllib3.Retry(total=2, connect=2, read=0, status=0, other=0, redirect=2)
+    configuration.connection_pool_maxsize = 64
+    return HamiApiClient(configuration, request_timeout=request_timeout)
+
+
+def timeout_of(api: Any) -> float:
+    """The per-request timeout for ``api`` (clients not built by :func:`load_api_client` get the default)."""
+    value = getattr(api, "request_timeout", DEFAULT_TIMEOUT)
+    return float(value)
+
+
+def core_api(api: Any) -> Any:
+    return client.CoreV1Api(api)
+
+
+def error_from(exc: BaseException) -> KubeError:
+    """Map a client exception to our hierarchy, keeping the API's Status reason and message."""
+    if isinstance(exc, KubeError):
+        return exc
+    if isinstance(exc, ApiException):
+        status = int(exc.status or 0)
+        reason = str(exc.reason or "")
+        message = str(exc.body or "")
+        try:
+            body = json.loads(exc.body) if exc.body else None
+        except ValueError:
+            body = None
+        if isinstance(body, dict):
+            reason = str(body.get("reason") or reason)
+            message = str(body.get("message") or message)
+        kind = {404: NotFound, 409: Conflict, 410: Gone}.get(status, KubeError)
+        return kind(status, reason, message)
+    if isinstance(exc, urllib3.exceptions.MaxRetryError) and exc.reason is not None:
+        cause = error_from(exc.reason)
+        return KubeError(cause.status, cause.reason, str(exc))
+    if isinstance(exc, urllib3.exceptions.TimeoutError):
+        return KubeError(0, "Timeout", str(exc))
+    if isinstance(exc, urllib3.exceptions.HTTPError | OSError):
+        return KubeError(0, "Transport", str(exc))
+    raise exc
+
+
+def _call_json_sync(method: Callable[..., Any], *args: Any, timeout: float, **kwargs: Any) -> Any:
+    try:
+        response = method(*args, _preload_content=False, _request_timeout=timeout, **kwargs)
+        data = response.data
+    except Exception as exc:  # mapped below; anything unknown re-raises from error_from
+        raise error_from(exc) from exc
+    if not data:
+        return {}
+    return json.loads(data)
+
+
+async def call_json(api: Any, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run one client call in a worker thread and return the decoded JSON body (``{}`` when empty)."""
+    return await asyncio.to_thread(_call_json_sync, method, *args, timeout=timeout_of(api), **kwargs)

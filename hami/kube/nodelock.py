@@ -1,0 +1,156 @@
+"""The per-node lock (``hami.io/mutex.lock``) that serialises bind → device-plugin Allocate on a node.
+
+Owns acquire and release as compare-and-set JSON patches: a ``test`` op on the value just read, then
+``replace``/``add``/``remove``. Any non-2xx answer to the patch means another writer got there first
+(a real API server answers 422 to a failed ``test``, the embedded one 500), so the lock is re-read and
+the decision made again; nothing is ever PUT. Value format and parsing belong to the codec
+(``NodeLockValue``, spec-scheduler §16): ``<RFC3339 time>,<namespace>,<pod>``, or a bare time (legacy).
+
+Rules (spec-scheduler §16): a lock older than ``expiry`` is taken over; a lock whose holder pod is gone
+(404) is taken over; the same pod re-acquiring succeeds (re-entrant); a fresh legacy lock is busy until
+it expires; an unreadable value is busy. Release removes the key only when this pod owns it (or it is
+a legacy value, which anyone may release). Imports ``hami.kube`` modules and the codec only.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping
+from typing import Any
+
+from hami.annotations import NODE_LOCK, AnnotationError, NodeLockValue, decode_node_lock, encode_node_lock
+from hami.kube.client import KubeError, NotFound
+from hami.kube.nodes import get_node, json_patch_node
+from hami.kube.pods import get_pod
+
+#: JSON-pointer of the lock annotation (``/`` in the key escaped as ``~1``).
+LOCK_POINTER = "/metadata/annotations/" + NODE_LOCK.replace("~", "~0").replace("/", "~1")
+DEFAULT_EXPIRY = datetime.timedelta(minutes=5)
+#: How many lost compare-and-set races to absorb before giving up.
+CAS_ATTEMPTS = 5
+
+
+class NodeLockBusy(KubeError):
+    """Another pod holds the node lock (HAMi's contention error)."""
+
+    def __init__(self, node: str, message: str) -> None:
+        super().__init__(0, "NodeLocked", message)
+        self.node = node
+
+
+def go_duration(delta: datetime.timedelta) -> str:
+    """Format like Go's ``time.Duration.String`` for whole seconds: ``5m0s``, ``1h0m0s``, ``30s``."""
+    seconds = int(delta.total_seconds())
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes}m{secs}s"
+    if minutes:
+        return f"{minutes}m{secs}s"
+    return f"{secs}s"
+
+
+def _aware(moment: datetime.datetime) -> datetime.datetime:
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=datetime.UTC)
+
+
+def _cas_operations(
+    metadata: Mapping[str, Any], current: str | None, value: str | None
+) -> list[dict[str, Any]]:
+    """JSON patch that sets the lock to ``value`` (``None`` removes it) only if nothing changed."""
+    annotations = metadata.get("annotations")
+    if current is not None:
+        change = {"op": "remove", "path": LOCK_POINTER} if value is None else {"op": "replace", "path": LOCK_POINTER, "value": value}
+        return [{"op": "test", "path": LOCK_POINTER, "value": current}, change]
+    # JSON patch cannot test that a key is absent: test the enclosing object instead.
+    if isinstance(annotations, Mapping):
+        return [
+            {"op": "test", "path": "/metadata/annotations", "value": dict(annotations)},
+            {"op": "add", "path": LOCK_POINTER, "value": value},
+        ]
+    return [
+        {"op": "test", "path": "/metadata", "value": dict(metadata)},
+        {"op": "add", "path": "/metadata/annotations", "value": {NODE_LOCK: value}},
+    ]
+
+
+async def _pod_exists(api: Any, namespace: str, name: str) -> bool:
+    try:
+        await get_pod(api, namespace, name)
+    except NotFound:
+        return False
+    return True
+
+
+async def acquire_node_lock(
+    api: Any,
+    node: str,
+    namespace: str,
+    pod: str,
+    *,
+    now: datetime.datetime,
+    expiry: datetime.timedelta = DEFAULT_EXPIRY,
+) -> str:
+    """Take the lock on ``node`` for ``namespace/pod``; returns the lock value now stored.
+
+    Raises :class:`NodeLockBusy` when a live holder has it, :class:`~hami.kube.client.NotFound` when
+    the node is gone, and :class:`KubeError` for other API failures of the reads.
+    """
+    now = _aware(now)
+    value = encode_node_lock(NodeLockValue(time=now, namespace=namespace, name=pod))
+    busy = f"node {node} has been locked within {go_duration(expiry)}"
+    for _ in range(CAS_ATTEMPTS):
+        obj = await get_node(api, node)
+        metadata: Mapping[str, Any] = obj.get("metadata") or {}
+        current = (metadata.get("annotations") or {}).get(NODE_LOCK)
+        if current:
+            try:
+                held = decode_node_lock(current)
+            except AnnotationError as exc:
+                raise NodeLockBusy(node, f"node {node} has an unreadable lock {current!r}: {exc}") from exc
+            if held.namespace == namespace and held.name == pod:
+                return str(current)  # re-entrant (also: our own earlier patch that timed out but landed)
+            if now - _aware(held.time) <= expiry:
+                if held.namespace is None or held.name is None:
+                    raise NodeLockBusy(node, busy)  # a fresh legacy lock has no holder to check
+                if await _pod_exists(api, held.namespace, held.name):
+                    raise NodeLockBusy(node, f"{busy} by {held.namespace}/{held.name}")
+            # expired, or the holder pod is gone: take it over with the same compare-and-set
+        try:
+            await json_patch_node(api, node, _cas_operations(metadata, current, value))
+        except NotFound:
+            raise
+        except KubeError:
+            continue  # lost the race (or the answer was lost): re-read and decide again
+        return value
+    raise NodeLockBusy(node, f"node {node}: lock changed under us {CAS_ATTEMPTS} times in a row")
+
+
+async def release_node_lock(api: Any, node: str, namespace: str, pod: str) -> bool:
+    """Remove the lock if ``namespace/pod`` holds it (or it is a legacy value); True when removed.
+
+    A lock held by another pod, an unreadable value, a missing lock or a missing node are left alone.
+    """
+    for _ in range(CAS_ATTEMPTS):
+        try:
+            obj = await get_node(api, node)
+        except NotFound:
+            return False
+        metadata: Mapping[str, Any] = obj.get("metadata") or {}
+        current = (metadata.get("annotations") or {}).get(NODE_LOCK)
+        if not current:
+            return False
+        try:
+            held = decode_node_lock(current)
+        except AnnotationError:
+            return False
+        if held.namespace is not None and (held.namespace, held.name) != (namespace, pod):
+            return False
+        try:
+            await json_patch_node(api, node, _cas_operations(metadata, current, None))
+        except NotFound:
+            return False
+        except KubeError:
+            continue
+        return True
+    raise KubeError(0, "NodeLockRelease", f"node {node}: lock changed under us {CAS_ATTEMPTS} times in a row")

@@ -1,0 +1,175 @@
+"""List + watch of Nodes or Pods in a background thread that feeds an asyncio loop.
+
+Owns the informer-like loop: list (raw JSON), hand the full list to the loop, then watch from the
+list's resourceVersion and hand every event over; when a watch ends (server timeout, client read
+timeout, dropped connection) watch again from the last resourceVersion seen; on ``410 Gone`` (an
+HTTP 410 or an ``ERROR`` event with code 410) list again; on other errors wait ``backoff`` seconds and
+list again. Callbacks run on the loop (``call_soon_threadsafe``), never in the thread. Some API
+servers re-send every object as ``ADDED`` on each reconnect: consumers must treat events as
+idempotent upserts. Imports ``hami.kube.client`` and ``urllib3``; nothing above ``hami.kube``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, Literal
+
+import urllib3
+
+from hami.kube.client import Gone, KubeError, core_api, error_from, timeout_of
+
+logger = logging.getLogger(__name__)
+
+Kind = Literal["nodes", "pods"]
+ListCallback = Callable[[list[dict[str, Any]]], None]
+EventCallback = Callable[[str, dict[str, Any]], None]
+ErrorCallback = Callable[[KubeError], None]
+
+
+def _lines(response: Any) -> Iterator[bytes]:
+    """Newline-delimited chunks of a streamed response body."""
+    buffer = b""
+    for chunk in response.stream(amt=None, decode_content=False):
+        buffer += chunk
+        *complete, buffer = buffer.split(b"\n")
+        yield from (line for line in complete if line.strip())
+    if buffer.strip():
+        yield buffer
+
+
+class ListWatcher:
+    """Keeps one resource kind flowing into ``on_list`` / ``on_event`` until :meth:`stop`."""
+
+    def __init__(
+        self,
+        api: Any,
+        kind: Kind,
+        *,
+        loop: asyncio.AbstractEventLoop,
+        on_list: ListCallback,
+        on_event: EventCallback,
+        on_error: ErrorCallback | None = None,
+        watch_seconds: int = 300,
+        backoff: float = 1.0,
+    ) -> None:
+        self._api = api
+        self._kind = kind
+        self._loop = loop
+        self._on_list = on_list
+        self._on_event = on_event
+        self._on_error = on_error
+        self._watch_seconds = watch_seconds
+        self._backoff = backoff
+        self._stopping = threading.Event()
+        self._guard = threading.Lock()
+        self._response: Any = None
+        self._thread = threading.Thread(target=self._run, name=f"hami-watch-{kind}", daemon=True)
+        #: how many watch requests were opened (each reconnect counts); for health and tests
+        self.watches_opened = 0
+        self.lists_done = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the thread: interrupt the open stream and wait for the thread to end."""
+        self._stopping.set()
+        with self._guard:
+            response = self._response
+        if response is not None:
+            try:
+                response.shutdown()
+            except (ValueError, RuntimeError, OSError):
+                pass  # already released or closed: the thread is leaving anyway
+        self._thread.join(timeout)
+
+    # ------------------------------------------------------------------------------------- thread
+
+    def _deliver(self, callback: Callable[..., None], *args: Any) -> None:
+        try:
+            self._loop.call_soon_threadsafe(callback, *args)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            self._stopping.set()
+
+    def _method(self) -> Any:
+        core = core_api(self._api)
+        return core.list_node if self._kind == "nodes" else core.list_pod_for_all_namespaces
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                version = self._list()
+                while not self._stopping.is_set():
+                    version = self._watch(version)
+            except Gone:
+                logger.info("watch of %s: resourceVersion too old, listing again", self._kind)
+            except KubeError as exc:
+                if self._stopping.is_set():
+                    return
+                logger.warning("list/watch of %s failed: %s", self._kind, exc)
+                if self._on_error is not None:
+                    self._deliver(self._on_error, exc)
+                self._stopping.wait(self._backoff)
+
+    def _list(self) -> str:
+        try:
+            response = self._method()(_preload_content=False, _request_timeout=timeout_of(self._api))
+            body = json.loads(response.data or b"{}")
+        except Exception as exc:
+            raise error_from(exc) from exc
+        self.lists_done += 1
+        self._deliver(self._on_list, list(body.get("items") or []))
+        return str((body.get("metadata") or {}).get("resourceVersion") or "")
+
+    def _watch(self, version: str) -> str:
+        """One watch request; returns the last resourceVersion seen when the stream ends."""
+        try:
+            response = self._method()(
+                watch=True,
+                resource_version=version or None,
+                allow_watch_bookmarks=True,
+                timeout_seconds=self._watch_seconds,
+                _preload_content=False,
+                _request_timeout=(timeout_of(self._api), self._watch_seconds + 30),
+            )
+        except Exception as exc:
+            raise error_from(exc) from exc
+        self.watches_opened += 1
+        with self._guard:
+            self._response = response
+        try:
+            for line in _lines(response):
+                version = self._handle(line, version)
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            # read timeout, dropped connection or our own shutdown(): the watch simply ended
+            logger.debug("watch of %s ended: %s", self._kind, exc)
+        finally:
+            with self._guard:
+                self._response = None
+            response.close()  # never reuse a connection whose stream was cut short
+            response.release_conn()
+        return version
+
+    def _handle(self, line: bytes, version: str) -> str:
+        try:
+            event = json.loads(line)
+            kind = str(event["type"])
+            obj = event["object"]
+        except (ValueError, KeyError, TypeError):
+            logger.warning("watch of %s: skipping an unreadable event line %r", self._kind, line[:200])
+            return version
+        if kind == "ERROR":
+            code = int(obj.get("code") or 0) if isinstance(obj, dict) else 0
+            if code == 410:
+                raise Gone(410, str(obj.get("reason") or "Gone"), str(obj.get("message") or ""))
+            raise KubeError(code, "WatchError", json.dumps(obj)[:500])
+        if not isinstance(obj, dict):
+            return version
+        version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+        if kind != "BOOKMARK":
+            self._deliver(self._on_event, kind, obj)
+        return version

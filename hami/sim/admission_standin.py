@@ -1,0 +1,215 @@
+"""SIMULATION ONLY: the admission step of kube-apiserver, which the embedded apiserver (kmock) lacks.
+
+kmock stores MutatingWebhookConfigurations but never calls them. Pods of the demo are therefore
+submitted through :meth:`AdmissionStandIn.submit`, which does what kube-apiserver does on a pod
+CREATE: apply the defaults our webhook relies on (``schedulerName: default-scheduler``, requests
+from limits for extended resources, a ``uid``, ``status.phase: Pending``), send an AdmissionReview v1
+over HTTPS to every matching webhook of every MutatingWebhookConfiguration (URL and ``caBundle`` read
+from the configuration our webhook created), apply the returned JSONPatch, honour ``failurePolicy``,
+and then create the pod — or report the refusal. Must not import ``webhook``, ``monitor`` or the
+Kubernetes client.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import copy
+import datetime
+import json
+import ssl
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import jsonpatch
+
+from hami.sim.kubeapi import MWC_PATH, JsonDict, SimApi, pods_path
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Admitted:
+    """The pod was created; ``pod`` is what the apiserver stored, ``warnings`` what webhooks said."""
+
+    pod: JsonDict
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Refused:
+    """A webhook denied the pod (or failed under ``failurePolicy: Fail``); nothing was created."""
+
+    namespace: str
+    name: str
+    webhook: str
+    message: str
+    code: int = 400
+
+
+Outcome = Admitted | Refused
+
+
+class AdmissionStandIn:
+    """Submits pods through the cluster's mutating webhooks, as kube-apiserver would."""
+
+    def __init__(self, api: SimApi, session: aiohttp.ClientSession) -> None:
+        self._api = api
+        self._session = session
+
+    async def submit(self, pod: Mapping[str, Any]) -> Outcome:
+        body = apply_defaults(pod)
+        meta = body["metadata"]
+        warnings: list[str] = []
+        for config in await self._api.list_objects(MWC_PATH):
+            for hook in config.get("webhooks") or []:
+                if not _matches(hook, body):
+                    continue
+                result = await self._call(hook, body)
+                if isinstance(result, str):  # refused: the message
+                    return Refused(
+                        namespace=meta["namespace"],
+                        name=meta["name"],
+                        webhook=hook.get("name", "?"),
+                        message=result,
+                    )
+                body, more = result
+                warnings += more
+        stored = await self._api.create(pods_path(meta["namespace"]), body)
+        return Admitted(pod=stored, warnings=tuple(warnings))
+
+    async def _call(self, hook: Mapping[str, Any], pod: JsonDict) -> tuple[JsonDict, list[str]] | str:
+        """One webhook call: the patched pod and warnings, or the refusal message."""
+        name = str(hook.get("name", "?"))
+        fail_closed = hook.get("failurePolicy", "Fail") != "Ignore"
+        try:
+            review = await self._post(hook, pod)
+        except (aiohttp.ClientError, TimeoutError, ssl.SSLError, ValueError) as exc:
+            if not fail_closed:
+                return pod, [f"webhook {name} failed and is ignored: {exc}"]
+            return f'Internal error occurred: failed calling webhook "{name}": {exc}'
+        response = review.get("response") or {}
+        if not response.get("allowed"):
+            status = response.get("status") or {}
+            return f'admission webhook "{name}" denied the request: {status.get("message", "(no message)")}'
+        warnings = [str(w) for w in response.get("warnings") or []]
+        patch_text = response.get("patch")
+        if not patch_text:
+            return pod, warnings
+        if response.get("patchType", "JSONPatch") != "JSONPatch":
+            return f'webhook "{name}" answered an unsupported patchType {response.get("patchType")!r}'
+        try:
+            operations = json.loads(base64.b64decode(patch_text))
+            patched: JsonDict = jsonpatch.apply_patch(pod, operations)
+        except (binascii.Error, ValueError, jsonpatch.JsonPatchException) as exc:
+            return f'webhook "{name}" answered a patch that does not apply: {exc}'
+        return patched, warnings
+
+    async def _post(self, hook: Mapping[str, Any], pod: JsonDict) -> JsonDict:
+        client_config = hook.get("clientConfig") or {}
+        url = client_config.get("url")
+        if not url:
+            raise ValueError(
+                f"clientConfig has no url (service references need cluster DNS): {client_config}"
+            )
+        context = ssl.create_default_context()
+        if client_config.get("caBundle"):
+            context = ssl.create_default_context(cadata=base64.b64decode(client_config["caBundle"]).decode())
+        meta = pod["metadata"]
+        review = {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": str(uuid.uuid4()),
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
+                "requestResource": {"group": "", "version": "v1", "resource": "pods"},
+                "operation": "CREATE",
+                "namespace": meta["namespace"],
+                "name": meta["name"],
+                "userInfo": {"username": "hami-demo", "groups": ["system:authenticated"]},
+                "object": pod,
+                "oldObject": None,
+                "dryRun": False,
+                "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
+            },
+        }
+        timeout = aiohttp.ClientTimeout(total=float(hook.get("timeoutSeconds") or 10))
+        async with self._session.post(url, json=review, ssl=context, timeout=timeout) as response:
+            if response.status != 200:
+                raise ValueError(f"HTTP {response.status}: {(await response.text())[:300]}")
+            answer: JsonDict = await response.json(content_type=None)
+            return answer
+
+
+def apply_defaults(pod: Mapping[str, Any]) -> JsonDict:
+    """What kube-apiserver fills in before admission (only the fields our components read)."""
+    body: JsonDict = copy.deepcopy(dict(pod))
+    body.setdefault("apiVersion", "v1")
+    body.setdefault("kind", "Pod")
+    meta = body.setdefault("metadata", {})
+    if not meta.get("name"):
+        raise ValueError("pod has no metadata.name (generateName is not supported by the embedded apiserver)")
+    meta.setdefault("namespace", "default")
+    meta.setdefault("uid", str(uuid.uuid4()))
+    meta.setdefault("creationTimestamp", datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    spec = body.setdefault("spec", {})
+    spec.setdefault("schedulerName", "default-scheduler")
+    spec.setdefault("restartPolicy", "Always")
+    for container in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+        resources = container.get("resources") or {}
+        # quantities are stored as strings (YAML `nvidia.com/gpu: 1` arrives as a number)
+        limits = {k: str(v) for k, v in (resources.get("limits") or {}).items()}
+        requests = {k: str(v) for k, v in (resources.get("requests") or {}).items()}
+        if limits:  # requests default to limits (for extended resources they must be equal)
+            container["resources"] = {**resources, "limits": limits, "requests": {**limits, **requests}}
+        elif requests:
+            container["resources"] = {**resources, "requests": requests}
+    body["status"] = {"phase": "Pending"}
+    return body
+
+
+def _matches(hook: Mapping[str, Any], pod: Mapping[str, Any]) -> bool:
+    """Does the webhook's rules + objectSelector select a v1 pod CREATE?"""
+    selected = False
+    for rule in hook.get("rules") or []:
+        operations = rule.get("operations") or []
+        groups, versions, kinds = (
+            rule.get("apiGroups") or [],
+            rule.get("apiVersions") or [],
+            rule.get("resources") or [],
+        )
+        if (
+            ("CREATE" in operations or "*" in operations)
+            and ("" in groups or "*" in groups)
+            and ("v1" in versions or "*" in versions)
+            and ("pods" in kinds or "*" in kinds)
+        ):
+            selected = True
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return selected and selector_matches(hook.get("objectSelector") or {}, labels)
+
+
+def selector_matches(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    """A Kubernetes LabelSelector (``matchLabels`` + ``matchExpressions``) against ``labels``."""
+    for key, value in (selector.get("matchLabels") or {}).items():
+        if labels.get(key) != value:
+            return False
+    for expression in selector.get("matchExpressions") or []:
+        key, operator, values = (
+            expression.get("key"),
+            expression.get("operator"),
+            expression.get("values") or [],
+        )
+        present = key in labels
+        if operator == "In" and not (present and labels[key] in values):
+            return False
+        if operator == "NotIn" and present and labels[key] in values:
+            return False
+        if operator == "Exists" and not present:
+            return False
+        if operator == "DoesNotExist" and present:
+            return False
+    return True

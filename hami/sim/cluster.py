@@ -1,0 +1,177 @@
+"""The simulated cluster description: which nodes exist, their labels and their simulated cards.
+
+Owns the cluster file format (the default is ``hami/sim/cluster.yaml``, shipped as package data; its
+header documents the format), its strict loader, and what the demo derives from it: the Node objects
+to create, each node's devices file for ``hami-monitor --backend sim`` and its per-node agent config.
+Card entries are passed to the agent as written (the agent's parser validates them in full); here we
+only check what the cluster needs: unique node names and card uuids. Simulation only. Must not import
+``webhook``, ``monitor`` or the Kubernetes client.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+MODES = ("hami-core", "mig")
+
+
+class ClusterFileError(ValueError):
+    """The cluster file is malformed; the message names the file, the entry and the field."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeSpec:
+    """One simulated node: its name, labels, operating mode and its cards/links (agent's sim format)."""
+
+    name: str
+    labels: Mapping[str, str]
+    mode: str = "hami-core"
+    cards: tuple[Mapping[str, Any], ...]
+    links: tuple[Mapping[str, Any], ...] = ()
+
+    @property
+    def card_uuids(self) -> tuple[str, ...]:
+        return tuple(str(card["uuid"]) for card in self.cards)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterSpec:
+    """The whole simulated cluster; ``device_config`` is HAMi's device-config document (or empty)."""
+
+    nodes: tuple[NodeSpec, ...]
+    device_config: Mapping[str, Any] = field(default_factory=dict)
+    source: str = "<text>"
+
+
+def default_cluster_text() -> str:
+    """The packaged default cluster file (4 nodes: A100 x8, V100 x4, A10 x2, MIG A100)."""
+    return resources.files("hami.sim").joinpath("cluster.yaml").read_text(encoding="utf-8")
+
+
+def load_cluster(path: Path | None = None) -> ClusterSpec:
+    """Load ``path``, or the packaged default when None; raises :class:`ClusterFileError`."""
+    if path is None:
+        return parse_cluster(default_cluster_text(), source="hami/sim/cluster.yaml")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ClusterFileError(f"cluster file {str(path)!r}: cannot read: {exc}") from exc
+    return parse_cluster(text, source=str(path))
+
+
+def parse_cluster(text: str, *, source: str = "<text>") -> ClusterSpec:
+    where = f"cluster file {source!r}"
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ClusterFileError(f"{where}: not valid YAML: {exc}") from exc
+    if not isinstance(document, Mapping):
+        raise ClusterFileError(f"{where}: top level must be a mapping with 'nodes', got {text[:60]!r}")
+    raw_nodes = document.get("nodes")
+    if not isinstance(raw_nodes, list) or not raw_nodes:
+        raise ClusterFileError(f"{where}: 'nodes' must be a non-empty list, got {raw_nodes!r}")
+    device_config = document.get("device_config") or {}
+    if not isinstance(device_config, Mapping):
+        raise ClusterFileError(f"{where}: 'device_config' must be a mapping, got {device_config!r}")
+    nodes = tuple(_node(entry, f"{where}: nodes[{i}]") for i, entry in enumerate(raw_nodes))
+    names: set[str] = set()
+    uuids: set[str] = set()
+    for node in nodes:
+        if node.name in names:
+            raise ClusterFileError(f"{where}: duplicate node name {node.name!r}")
+        names.add(node.name)
+        for uuid in node.card_uuids:
+            if uuid in uuids:
+                raise ClusterFileError(f"{where}: node {node.name!r}: card uuid {uuid!r} is used twice")
+            uuids.add(uuid)
+    return ClusterSpec(nodes=nodes, device_config=dict(device_config), source=source)
+
+
+def _node(entry: Any, where: str) -> NodeSpec:
+    if not isinstance(entry, Mapping):
+        raise ClusterFileError(f"{where}: must be a mapping, got {entry!r}")
+    name = entry.get("name")
+    if not isinstance(name, str) or not _DNS_LABEL.match(name):
+        raise ClusterFileError(f"{where}.name: must be a DNS label (a-z, 0-9, '-'), got {name!r}")
+    where = f"{where} ({name})"
+    labels = entry.get("labels") or {}
+    if not isinstance(labels, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
+    ):
+        raise ClusterFileError(f"{where}.labels: must map strings to strings (quote on/off), got {labels!r}")
+    mode = entry.get("mode", "hami-core")
+    if mode not in MODES:
+        raise ClusterFileError(f"{where}.mode: must be one of {', '.join(MODES)}, got {mode!r}")
+    cards = entry.get("cards")
+    if not isinstance(cards, list) or not cards:
+        raise ClusterFileError(f"{where}.cards: must be a non-empty list, got {cards!r}")
+    for j, card in enumerate(cards):
+        if not isinstance(card, Mapping) or not isinstance(card.get("uuid"), str) or not card["uuid"]:
+            raise ClusterFileError(f"{where}.cards[{j}].uuid: required string, got {card!r}")
+    links = entry.get("links") or []
+    if not isinstance(links, list) or not all(isinstance(link, Mapping) for link in links):
+        raise ClusterFileError(f"{where}.links: must be a list of {{a, b, score}}, got {links!r}")
+    return NodeSpec(name=name, labels=dict(labels), mode=mode, cards=tuple(cards), links=tuple(links))
+
+
+# ------------------------------------------------------------------------------- what the demo derives
+
+
+def node_object(node: NodeSpec) -> dict[str, Any]:
+    """The Node the demo creates (what kubelet would register): labels, Ready, no GPU annotations.
+
+    The node agent adds the registration annotations; the kubelet stand-in adds the device-plugin
+    resource to ``status.capacity`` once the plugin registers.
+    """
+    labels = {"kubernetes.io/hostname": node.name, "kubernetes.io/os": "linux", **node.labels}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": node.name, "labels": labels, "annotations": {}},
+        "spec": {},
+        "status": {
+            "capacity": {"cpu": "64", "memory": "512Gi", "pods": "110"},
+            "allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110"},
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}],
+        },
+    }
+
+
+def devices_document(node: NodeSpec) -> dict[str, Any]:
+    """The node's ``--sim-devices`` file content (cards and links as written in the cluster file)."""
+    return {"cards": [dict(card) for card in node.cards], "links": [dict(link) for link in node.links]}
+
+
+def agent_config_document(node: NodeSpec) -> dict[str, Any]:
+    """The node's per-node agent override (HAMi device-plugin ``config.json`` shape)."""
+    return {"nodeconfig": [{"name": node.name, "operatingmode": node.mode}]}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeFiles:
+    """Where one node's files were written."""
+
+    devices: Path
+    config: Path
+    kubelet_dir: Path
+
+
+def write_node_files(node: NodeSpec, root: Path) -> NodeFiles:
+    """Write the node's devices file, agent config and an empty kubelet device-plugin dir under ``root``."""
+    base = root / node.name
+    kubelet_dir = base / "dp"  # short: unix socket paths are limited to 107 bytes
+    kubelet_dir.mkdir(parents=True, exist_ok=True)
+    devices = base / "devices.yaml"
+    devices.write_text(yaml.safe_dump(devices_document(node), sort_keys=False), encoding="utf-8")
+    config = base / "config.json"
+    config.write_text(json.dumps(agent_config_document(node), indent=2), encoding="utf-8")
+    return NodeFiles(devices=devices, config=config, kubelet_dir=kubelet_dir)

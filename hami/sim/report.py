@@ -1,0 +1,165 @@
+"""What happened to each demo pod: decided yet, and the table ``hami demo`` prints.
+
+Owns :func:`is_decided` (refused at admission, Running/Failed, or unschedulable with no cluster change
+since the last try), :func:`describe` (one pod -> a :class:`PodReport` read from the pod's annotations
+through the codec: node, and per container the cards with memory and cores from
+``hami.io/vgpu-devices-allocated``, or why it is pending) and :func:`render` (fixed-width text).
+Must not import ``webhook``, ``monitor`` or the Kubernetes client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hami.annotations import (
+    POD_BIND_PHASE,
+    POD_DEVICES_ALLOCATED,
+    POD_MIG_ALLOCATIONS,
+    AnnotationError,
+    decode_mig_allocations,
+    decode_pod_devices,
+)
+from hami.sim.admission_standin import Refused
+from hami.sim.cluster import ClusterSpec
+from hami.sim.scheduler_standin import SchedulerStandIn
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CardLine:
+    container: str
+    card: str  # "#3 GPU-a837d17c"
+    model: str
+    memory_mib: int
+    cores: int
+    profile: str = ""  # MIG profile when the card is in MIG mode
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PodReport:
+    name: str  # namespace/name
+    node: str = ""
+    status: str  # Running / Pending / Failed / Refused / ...
+    cards: tuple[CardLine, ...] = ()
+    details: tuple[str, ...] = field(default_factory=tuple)  # why it is pending / refused / failed
+
+
+def is_decided(pod: Mapping[str, Any] | None, refused: Refused | None, scheduler: SchedulerStandIn) -> bool:
+    if refused is not None:
+        return True
+    if pod is None:
+        return False
+    if ((pod.get("status") or {}).get("phase") or "Pending") in ("Running", "Failed", "Succeeded"):
+        return True
+    return not (pod.get("spec") or {}).get("nodeName") and scheduler.settled(pod)
+
+
+def card_index(cluster: ClusterSpec) -> dict[str, tuple[int, str]]:
+    """uuid -> (position on its node, model) for every card of the cluster."""
+    return {
+        str(card["uuid"]): (i, str(card.get("model", "")))
+        for node in cluster.nodes
+        for i, card in enumerate(node.cards)
+    }
+
+
+def describe(
+    name: str,
+    pod: Mapping[str, Any] | None,
+    refused: Refused | None,
+    scheduler: SchedulerStandIn,
+    cards: Mapping[str, tuple[int, str]],
+) -> PodReport:
+    if refused is not None:
+        return PodReport(name=name, status="Refused", details=(refused.message,))
+    if pod is None:
+        return PodReport(name=name, status="Missing", details=("the pod does not exist",))
+    spec, status = pod.get("spec") or {}, pod.get("status") or {}
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    phase = status.get("phase") or "Pending"
+    node = str(spec.get("nodeName") or "")
+    if not node:
+        attempt = scheduler.attempt(pod)
+        if attempt is None:
+            return PodReport(name=name, status="Pending", details=("not tried by the scheduler yet",))
+        why = (attempt.message, *(f"{n}: {r}" for n, r in sorted(attempt.failed_nodes.items())))
+        return PodReport(name=name, status="Pending", details=why)
+    bind_phase = annotations.get(POD_BIND_PHASE, "")
+    label = phase if not bind_phase else f"{phase} ({bind_phase})"
+    details: tuple[str, ...] = ()
+    if phase == "Failed":
+        details = (f"{status.get('reason', '')}: {status.get('message', '')}",)
+    try:
+        lines = _card_lines(spec, annotations, cards)
+    except AnnotationError as exc:
+        return PodReport(
+            name=name, node=node, status=label, details=(*details, f"unreadable annotation: {exc}")
+        )
+    return PodReport(name=name, node=node, status=label, cards=lines, details=details)
+
+
+def _card_lines(
+    spec: Mapping[str, Any], annotations: Mapping[str, str], cards: Mapping[str, tuple[int, str]]
+) -> tuple[CardLine, ...]:
+    text = annotations.get(POD_DEVICES_ALLOCATED)
+    if not text:
+        return ()
+    names = [
+        c.get("name", "?") for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
+    ]
+    profiles: dict[tuple[int, int], str] = {}
+    if annotations.get(POD_MIG_ALLOCATIONS):
+        for mig in decode_mig_allocations(annotations[POD_MIG_ALLOCATIONS]):
+            profiles[(mig.container_index, mig.device_index)] = mig.profile
+    lines = []
+    for c, grants in enumerate(decode_pod_devices(text)):
+        container = names[c] if c < len(names) else f"#{c}"
+        for d, grant in enumerate(grants):
+            index, model = cards.get(grant.uuid, (-1, ""))
+            short = grant.uuid[:12] if index < 0 else f"#{index} {grant.uuid[:12]}"
+            lines.append(
+                CardLine(
+                    container=container,
+                    card=short,
+                    model=model,
+                    memory_mib=grant.memory_mib,
+                    cores=grant.cores,
+                    profile=profiles.get((c, d), ""),
+                )
+            )
+    return tuple(lines)
+
+
+_HEADERS = ("POD", "NODE", "CONTAINER", "CARD", "MODEL", "MEMORY", "CORES", "STATUS")
+
+
+def render(reports: Sequence[PodReport]) -> str:
+    """A fixed-width table: one line per granted card, reasons indented under pods without cards."""
+    rows: list[tuple[str, ...]] = []
+    notes: dict[int, tuple[str, ...]] = {}
+    for report in reports:
+        if not report.cards:
+            rows.append((report.name, report.node or "-", "-", "-", "-", "-", "-", report.status))
+        for i, line in enumerate(report.cards):
+            model = f"{line.model} [{line.profile}]" if line.profile else line.model
+            rows.append(
+                (
+                    report.name if i == 0 else "",
+                    report.node if i == 0 else "",
+                    line.container,
+                    line.card,
+                    model,
+                    f"{line.memory_mib} MiB",
+                    f"{line.cores}%",
+                    report.status if i == 0 else "",
+                )
+            )
+        if report.details:
+            notes[len(rows) - 1] = report.details
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(_HEADERS)]
+    out = ["  ".join(h.ljust(w) for h, w in zip(_HEADERS, widths, strict=True)).rstrip()]
+    for n, row in enumerate(rows):
+        out.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+        out.extend(f"    {note}" for note in notes.get(n, ()))
+    return "\n".join(out)

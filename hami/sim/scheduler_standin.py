@@ -1,0 +1,349 @@
+"""SIMULATION ONLY: the part of kube-scheduler that drives a scheduler extender.
+
+The embedded cluster has no kube-scheduler. :class:`SchedulerStandIn` watches pods and nodes and,
+for each pending pod whose ``spec.schedulerName`` is our profile (one pod at a time, oldest first),
+does what kube-scheduler does with an extender configured ``nodeCacheCapable: true``: keep the nodes
+its own plugins would keep (Ready, schedulable, ``nodeSelector`` matches), POST ``/filter`` with node
+names only, POST ``/prioritize`` when more than one node is left (highest weighted score wins; ties go
+to the first node the filter returned instead of a random one, so runs repeat), then POST ``/bind``.
+The JSON is the extender v1 shape (Go field names). An unschedulable pod gets the ``PodScheduled``
+condition and a ``FailedScheduling`` event, and is retried when the cluster changes (a node's labels,
+registration or allocatable change, a node appears, a pod goes away) or after ``flush_after``
+seconds; an error (extender down, bind refused) is retried with exponential backoff.
+Must not import ``hami.scheduler``, ``webhook``, ``monitor`` or the Kubernetes client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import logging
+import uuid
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import aiohttp
+
+from hami.annotations import NODE_HANDSHAKE, NODE_LOCK
+from hami.sim.kubeapi import ApiError, JsonDict, SimApi, key_of, nodes_path, pods_path
+
+logger = logging.getLogger("hami.sim.scheduler_standin")
+
+#: Node annotations that change on every heartbeat or bind and do not change what fits.
+_VOLATILE = frozenset({NODE_HANDSHAKE, NODE_LOCK})
+
+
+@dataclass(slots=True)
+class Attempt:
+    """The last scheduling attempt of one pod (by uid)."""
+
+    kind: Literal["unschedulable", "error", "bound"]
+    message: str
+    generation: int  # the cluster generation the attempt saw
+    retry_at: float  # loop time after which the pod is tried again regardless of changes
+    failed_nodes: dict[str, str] = field(default_factory=dict)
+    node: str = ""
+    failures: int = 0  # consecutive errors, for the backoff
+
+
+class SchedulerStandIn:
+    """kube-scheduler's extender loop over the embedded apiserver (see the module docstring)."""
+
+    def __init__(
+        self,
+        api: SimApi,
+        session: aiohttp.ClientSession,
+        extender_url: str,
+        *,
+        scheduler_name: str = "hami-scheduler",
+        http_timeout: float = 30.0,
+        backoff: tuple[float, float] = (0.2, 5.0),
+        flush_after: float = 60.0,
+    ) -> None:
+        self._api = api
+        self._session = session
+        self._url = extender_url.rstrip("/")
+        self.scheduler_name = scheduler_name
+        self._timeout = aiohttp.ClientTimeout(total=http_timeout)
+        self._backoff = backoff
+        self._flush_after = flush_after
+        self.pods: dict[tuple[str, str], JsonDict] = {}  # insertion order = arrival order
+        self.nodes: dict[str, JsonDict] = {}
+        self._fingerprints: dict[str, Any] = {}
+        self.generation = 0
+        self.attempts: dict[str, Attempt] = {}  # by pod uid (or ns/name when the pod has none)
+        self._changed = asyncio.Event()
+        self.calls: Counter[str] = Counter()  # verb -> how many requests were sent
+
+    # ------------------------------------------------------------------------------- public view
+
+    def attempt(self, pod: Mapping[str, Any]) -> Attempt | None:
+        return self.attempts.get(_ident(pod))
+
+    def settled(self, pod: Mapping[str, Any]) -> bool:
+        """True when the pod is unschedulable and nothing changed since it was last tried."""
+        last = self.attempt(pod)
+        return last is not None and last.kind == "unschedulable" and last.generation == self.generation
+
+    # ------------------------------------------------------------------------------- main loop
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self._watch_nodes(), name="standin-watch-nodes")
+            group.create_task(self._watch_pods(), name="standin-watch-pods")
+            group.create_task(self._loop(), name="standin-schedule")
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            self._changed.clear()
+            pod, wake_at = self._next(loop.time())
+            if pod is None:
+                delay = None if wake_at is None else max(wake_at - loop.time(), 0.0)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), delay)
+                continue
+            await self.schedule_one(pod)
+
+    def _next(self, now: float) -> tuple[JsonDict | None, float | None]:
+        """The oldest pod due for an attempt, else when the next one becomes due."""
+        wake_at: float | None = None
+        for pod in self.pods.values():
+            if not self._ours(pod):
+                continue
+            last = self.attempt(pod)
+            if last is None:
+                return pod, None
+            if last.kind == "bound":
+                continue  # the binding is on its way through the watch
+            if last.kind == "unschedulable" and last.generation != self.generation:
+                return pod, None
+            if now >= last.retry_at:
+                return pod, None
+            wake_at = last.retry_at if wake_at is None else min(wake_at, last.retry_at)
+        return None, wake_at
+
+    def _ours(self, pod: Mapping[str, Any]) -> bool:
+        spec = pod.get("spec") or {}
+        meta = pod.get("metadata") or {}
+        phase = (pod.get("status") or {}).get("phase") or "Pending"
+        return (
+            spec.get("schedulerName") == self.scheduler_name
+            and not spec.get("nodeName")
+            and phase == "Pending"
+            and not meta.get("deletionTimestamp")
+        )
+
+    # ------------------------------------------------------------------------------- one pod
+
+    async def schedule_one(self, pod: JsonDict) -> Attempt:
+        namespace, name = key_of(pod)
+        loop = asyncio.get_running_loop()
+        generation = self.generation
+        previous = self.attempt(pod)
+        candidates, excluded = self._candidates(pod)
+        try:
+            if not candidates:
+                return await self._unschedulable(pod, generation, excluded, {})
+            reply = await self._post("filter", {"Pod": pod, "Nodes": None, "NodeNames": candidates})
+            if reply.get("Error"):
+                raise _ExtenderError(f"filter: {reply['Error']}")
+            feasible = [str(n) for n in reply.get("NodeNames") or []]
+            if not feasible:
+                failed = {
+                    **(reply.get("FailedNodes") or {}),
+                    **(reply.get("FailedAndUnresolvableNodes") or {}),
+                }
+                return await self._unschedulable(pod, generation, excluded, failed)
+            node = feasible[0] if len(feasible) == 1 else await self._prioritize(pod, feasible)
+            bound = await self._post(
+                "bind",
+                {
+                    "PodName": name,
+                    "PodNamespace": namespace,
+                    "PodUID": (pod.get("metadata") or {}).get("uid", ""),
+                    "Node": node,
+                },
+            )
+            if bound.get("Error"):
+                raise _ExtenderError(f"bind to {node}: {bound['Error']}")
+        except (_ExtenderError, aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            failures = previous.failures + 1 if previous is not None and previous.kind == "error" else 1
+            delay = min(self._backoff[0] * 2 ** (failures - 1), self._backoff[1])
+            logger.info("%s/%s: scheduling error (retry in %.1fs): %s", namespace, name, delay, exc)
+            attempt = Attempt(
+                kind="error",
+                message=str(exc),
+                generation=generation,
+                retry_at=loop.time() + delay,
+                failures=failures,
+            )
+            self.attempts[_ident(pod)] = attempt
+            return attempt
+        logger.info("%s/%s: bound to %s", namespace, name, node)
+        message = f"Successfully assigned {namespace}/{name} to {node}"
+        attempt = Attempt(
+            kind="bound", message=message, node=node, generation=generation, retry_at=float("inf")
+        )
+        self.attempts[_ident(pod)] = attempt
+        await self._event(pod, "Normal", "Scheduled", attempt.message)
+        return attempt
+
+    def _candidates(self, pod: Mapping[str, Any]) -> tuple[list[str], Counter[str]]:
+        """Nodes kube-scheduler's own filters keep, sorted by name, and why the others were dropped."""
+        selector = (pod.get("spec") or {}).get("nodeSelector") or {}
+        kept: list[str] = []
+        excluded: Counter[str] = Counter()
+        for name in sorted(self.nodes):
+            node = self.nodes[name]
+            labels = (node.get("metadata") or {}).get("labels") or {}
+            ready = any(
+                c.get("type") == "Ready" and c.get("status") == "True"
+                for c in (node.get("status") or {}).get("conditions") or []
+            )
+            if not ready:
+                excluded["node(s) were not ready"] += 1
+            elif (node.get("spec") or {}).get("unschedulable"):
+                excluded["node(s) were unschedulable"] += 1
+            elif any(labels.get(k) != v for k, v in selector.items()):
+                excluded["node(s) didn't match Pod's node affinity/selector"] += 1
+            else:
+                kept.append(name)
+        return kept, excluded
+
+    async def _prioritize(self, pod: JsonDict, feasible: list[str]) -> str:
+        reply = await self._post("prioritize", {"Pod": pod, "Nodes": None, "NodeNames": feasible})
+        if not isinstance(reply, list):
+            raise _ExtenderError(f"prioritize: expected a HostPriorityList, got {str(reply)[:200]}")
+        scores = {str(entry.get("Host")): int(entry.get("Score") or 0) for entry in reply}
+        return max(feasible, key=lambda n: scores.get(n, 0))  # max() keeps the first of equal scores
+
+    async def _unschedulable(
+        self, pod: JsonDict, generation: int, excluded: Counter[str], failed: Mapping[str, str]
+    ) -> Attempt:
+        reasons = Counter(excluded)
+        for reason in failed.values():
+            reasons[str(reason)] += 1
+        summary = ", ".join(f"{count} {reason}" for reason, count in sorted(reasons.items()))
+        message = f"0/{len(self.nodes)} nodes are available: {summary}."
+        previous = self.attempt(pod)
+        loop = asyncio.get_running_loop()
+        attempt = Attempt(
+            kind="unschedulable",
+            message=message,
+            generation=generation,
+            retry_at=loop.time() + self._flush_after,
+            failed_nodes=dict(failed),
+        )
+        self.attempts[_ident(pod)] = attempt
+        if previous is None or previous.message != message:
+            namespace, name = key_of(pod)
+            logger.info("%s/%s: unschedulable: %s", namespace, name, message)
+            condition = {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": message,
+            }
+            with contextlib.suppress(ApiError):
+                await self._api.merge_patch(
+                    pods_path(namespace, name, "status"), {"status": {"conditions": [condition]}}
+                )
+            await self._event(pod, "Warning", "FailedScheduling", message)
+        return attempt
+
+    async def _post(self, verb: str, body: Mapping[str, Any]) -> Any:
+        self.calls[verb] += 1
+        async with self._session.post(f"{self._url}/{verb}", json=body, timeout=self._timeout) as response:
+            if response.status != 200:
+                raise _ExtenderError(f"{verb}: HTTP {response.status}: {(await response.text())[:300]}")
+            return await response.json(content_type=None)
+
+    async def _event(self, pod: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
+        namespace, name = key_of(pod)
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{name}.{uuid.uuid4().hex[:16]}", "namespace": namespace},
+            "involvedObject": {
+                "kind": "Pod",
+                "apiVersion": "v1",
+                "namespace": namespace,
+                "name": name,
+                "uid": (pod.get("metadata") or {}).get("uid", ""),
+            },
+            "reason": reason,
+            "message": message,
+            "type": kind,
+            "source": {"component": self.scheduler_name},
+            "reportingComponent": self.scheduler_name,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        with contextlib.suppress(ApiError):
+            await self._api.create(f"/api/v1/namespaces/{namespace}/events", event)
+
+    # ------------------------------------------------------------------------------- watches
+
+    async def _watch_nodes(self) -> None:
+        async for kind, node in self._api.watch(nodes_path()):
+            name = str((node.get("metadata") or {}).get("name") or "")
+            if kind == "DELETED":
+                self.nodes.pop(name, None)
+                self._fingerprints.pop(name, None)
+                self._bump()
+                continue
+            self.nodes[name] = node
+            fingerprint = _node_fingerprint(node)
+            if self._fingerprints.get(name) != fingerprint:
+                self._fingerprints[name] = fingerprint
+                self._bump()
+            self._changed.set()
+
+    async def _watch_pods(self) -> None:
+        async for kind, pod in self._api.watch(pods_path()):
+            key = key_of(pod)
+            old = self.pods.get(key)
+            if kind == "DELETED":
+                self.pods.pop(key, None)
+                self.attempts.pop(_ident(pod), None)
+                if (pod.get("spec") or {}).get("nodeName"):
+                    self._bump()  # its cards are free again
+            else:
+                self.pods[key] = pod
+                phase = (pod.get("status") or {}).get("phase")
+                old_phase = ((old or {}).get("status") or {}).get("phase")
+                if phase in ("Succeeded", "Failed") and old_phase != phase:
+                    self._bump()
+            self._changed.set()
+
+    def _bump(self) -> None:
+        self.generation += 1
+        self._changed.set()
+
+
+class _ExtenderError(Exception):
+    """The extender answered with an error (or not in the expected shape)."""
+
+
+def _ident(pod: Mapping[str, Any]) -> str:
+    meta = pod.get("metadata") or {}
+    return str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")
+
+
+def _node_fingerprint(node: Mapping[str, Any]) -> Any:
+    meta = node.get("metadata") or {}
+    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k not in _VOLATILE}
+    status = node.get("status") or {}
+    return (
+        sorted((meta.get("labels") or {}).items()),
+        sorted(annotations.items()),
+        bool((node.get("spec") or {}).get("unschedulable")),
+        sorted((status.get("allocatable") or {}).items()),
+        sorted((c.get("type"), c.get("status")) for c in status.get("conditions") or []),
+    )

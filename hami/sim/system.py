@@ -1,0 +1,248 @@
+"""The whole system on an embedded cluster: apiserver in-process, every component a child process.
+
+Owns :class:`EmbeddedSystem`, an async context manager used by ``hami demo`` and the e2e tests. On
+entry it starts the embedded apiserver (OS-chosen port on 127.0.0.1), writes a kubeconfig, creates the
+Nodes of a :class:`~hami.sim.cluster.ClusterSpec`, then starts, each from its command line and waiting
+(bounded) until it is ready: the kubelet stand-in (``python -m monitor.kubelet_standin``, one process
+for all nodes), one ``hami-monitor --backend sim`` per node, ``hami scheduler`` and ``hami-webhook
+--manage-config``; finally the in-process admission and kube-scheduler stand-ins. On exit — normal,
+error or cancellation — every child process group is stopped (SIGTERM, bounded wait, SIGKILL) before
+the apiserver goes away. Must not import ``webhook``, ``monitor`` or the Kubernetes client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import kmock
+import yaml
+
+from hami.annotations import NODE_REGISTER
+from hami.settings import from_device_config
+from hami.sim.admission_standin import AdmissionStandIn
+from hami.sim.apiserver import embedded_apiserver, write_kubeconfig
+from hami.sim.cluster import ClusterSpec, NodeFiles, node_object, write_node_files
+from hami.sim.kubeapi import MWC_PATH, SimApi, nodes_path
+from hami.sim.processes import Supervisor, free_port, poll_until, python_argv
+from hami.sim.scheduler_standin import SchedulerStandIn
+
+SCHEDULER = "scheduler"
+WEBHOOK = "webhook"
+KUBELET = "kubelet-standin"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SystemOptions:
+    """Knobs of the embedded system (the defaults suit the demo and the e2e tests)."""
+
+    scheduler_name: str = "hami-scheduler"
+    register_interval: float = 1.0
+    ready_limit: float = 60.0  # seconds each component may take to become ready
+    log_level: str = "INFO"
+
+
+class EmbeddedSystem:
+    """``async with EmbeddedSystem(cluster, workdir) as system:`` — see the module docstring."""
+
+    def __init__(
+        self,
+        cluster: ClusterSpec,
+        workdir: Path,
+        options: SystemOptions | None = None,
+        *,
+        progress: Callable[[str], None] = lambda _: None,
+    ) -> None:
+        self.cluster = cluster
+        self.workdir = workdir
+        self.options = options or SystemOptions()
+        self.progress = progress
+        self.resource = from_device_config(cluster.device_config).resources.count
+        self.kubeconfig = workdir / "kubeconfig"
+        self.device_config = workdir / "device-config.yaml"
+        self.supervisor = Supervisor(workdir / "logs")
+        self.node_files: dict[str, NodeFiles] = {}
+        self.scheduler_port = free_port()
+        self.stack = contextlib.AsyncExitStack()
+        # set on entry
+        self.emulator: kmock.KubernetesEmulator | None = None
+        self.url = ""
+        self.api: SimApi
+        self.session: aiohttp.ClientSession
+        self.admission: AdmissionStandIn
+        self.scheduler: SchedulerStandIn
+        self._scheduler_task: asyncio.Task[None] | None = None
+
+    @property
+    def scheduler_url(self) -> str:
+        return f"http://127.0.0.1:{self.scheduler_port}"
+
+    async def __aenter__(self) -> EmbeddedSystem:
+        await self.stack.__aenter__()
+        try:
+            await self._start()
+        except BaseException:
+            await self.stack.aclose()
+            raise
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stack.aclose()
+
+    # ----------------------------------------------------------------------------------- start
+
+    async def _start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.emulator = await self.stack.enter_async_context(embedded_apiserver())
+        self.url = str(self.emulator.url).rstrip("/")
+        write_kubeconfig(self.kubeconfig, self.url)
+        self.progress(f"apiserver   {self.url} (kubeconfig {self.kubeconfig})")
+        self.session = await self.stack.enter_async_context(aiohttp.ClientSession())
+        self.api = SimApi(self.session, self.url)
+        self.device_config.write_text(
+            yaml.safe_dump({"nvidia": {}, **dict(self.cluster.device_config)}, sort_keys=False),
+            encoding="utf-8",
+        )
+        for node in self.cluster.nodes:
+            self.node_files[node.name] = write_node_files(node, self.workdir / "nodes")
+            await self.api.create(nodes_path(), node_object(node))
+        self.progress(f"nodes       {', '.join(n.name for n in self.cluster.nodes)}")
+        await self.stack.enter_async_context(self.supervisor)
+        await self._start_node_side()
+        await self.start_scheduler()
+        await self._start_webhook()
+        self.admission = AdmissionStandIn(self.api, self.session)
+        self.scheduler = SchedulerStandIn(
+            self.api, self.session, self.scheduler_url, scheduler_name=self.options.scheduler_name
+        )
+        self._scheduler_task = asyncio.create_task(self.scheduler.run(), name="kube-scheduler-standin")
+        self.stack.push_async_callback(self._stop_scheduler_standin)
+        self.progress("stand-ins   admission (in-process), kube-scheduler (in-process), kubelet (process)")
+
+    async def _start_node_side(self) -> None:
+        nodes = [f"{name}={files.kubelet_dir}" for name, files in self.node_files.items()]
+        argv = python_argv("-m", "monitor.kubelet_standin", "--kubeconfig", str(self.kubeconfig))
+        for value in nodes:
+            argv += ["--node", value]
+        await self.supervisor.start(KUBELET, [*argv, "--log-level", self.options.log_level])
+
+        async def sockets() -> bool | None:
+            ready = all((f.kubelet_dir / "kubelet.sock").exists() for f in self.node_files.values())
+            return True if ready else None
+
+        await self._wait(sockets, "the kubelet stand-in's kubelet.sock on every node", KUBELET)
+        for node in self.cluster.nodes:
+            files = self.node_files[node.name]
+            await self.supervisor.start(f"monitor-{node.name}", self.monitor_argv(node.name, files))
+        names = [f"monitor-{n.name}" for n in self.cluster.nodes]
+        await self._wait(self._all_registered, "every node agent to register its cards", KUBELET, *names)
+        self.progress(f"monitors    {len(names)} node agents registered, device plugins serving")
+
+    def monitor_argv(self, node: str, files: NodeFiles) -> list[str]:
+        return python_argv(
+            "-m", "monitor",
+            "--kubeconfig", str(self.kubeconfig),
+            "--node-name", node,
+            "--backend", "sim",
+            "--sim-devices", str(files.devices),
+            "--config", str(files.config),
+            "--device-config", str(self.device_config),
+            "--register-interval", str(self.options.register_interval),
+            "--kubelet-dir", str(files.kubelet_dir),
+            "--metrics-listen", f"127.0.0.1:{free_port()}",
+            "--log-level", self.options.log_level,
+        )  # fmt: skip
+
+    async def _all_registered(self) -> bool | None:
+        for node in await self.api.list_objects(nodes_path()):
+            meta, status = node.get("metadata") or {}, node.get("status") or {}
+            if meta.get("name") not in self.node_files:
+                continue
+            if not (meta.get("annotations") or {}).get(NODE_REGISTER):
+                return None
+            if int((status.get("allocatable") or {}).get(self.resource) or 0) <= 0:
+                return None  # the device plugin has not registered with the kubelet stand-in yet
+        return True
+
+    async def start_scheduler(self) -> None:
+        argv = python_argv(
+            "-m", "hami.cli", "scheduler",
+            "--kubeconfig", str(self.kubeconfig),
+            "--listen", f"127.0.0.1:{self.scheduler_port}",
+            "--scheduler-name", self.options.scheduler_name,
+            "--device-config", str(self.device_config),
+            "--log-level", self.options.log_level,
+        )  # fmt: skip
+        await self.supervisor.start(SCHEDULER, argv)
+        await self._wait(
+            lambda: self._http_ok(f"{self.scheduler_url}/readyz"), "the scheduler's /readyz", SCHEDULER
+        )
+        self.progress(f"scheduler   {self.scheduler_url} (extender: /filter /prioritize /bind)")
+
+    async def restart_scheduler(self, *, kill: bool = True) -> None:
+        """Stop the scheduler process (SIGKILL when ``kill``, as a crash) and start it again."""
+        import signal  # local: only the restart path needs it
+
+        await self.supervisor.stop(SCHEDULER, sig=signal.SIGKILL if kill else signal.SIGTERM)
+        await self.start_scheduler()
+
+    async def _start_webhook(self) -> None:
+        port, health = free_port(), free_port()
+        argv = python_argv(
+            "-m", "webhook",
+            "--kubeconfig", str(self.kubeconfig),
+            "--listen", f"127.0.0.1:{port}",
+            "--tls-dir", str(self.workdir / "tls"),
+            "--manage-config",
+            "--scheduler-name", self.options.scheduler_name,
+            "--device-config", str(self.device_config),
+            "--failure-policy", "Fail",
+            "--health-listen", f"127.0.0.1:{health}",
+            "--log-level", self.options.log_level,
+        )  # fmt: skip
+        await self.supervisor.start(WEBHOOK, argv)
+        await self._wait(
+            lambda: self._http_ok(f"http://127.0.0.1:{health}/healthz"), "the webhook's /healthz", WEBHOOK
+        )
+
+        async def configured() -> str | None:
+            for config in await self.api.list_objects(MWC_PATH):
+                for hook in config.get("webhooks") or []:
+                    url = (hook.get("clientConfig") or {}).get("url") or ""
+                    if f":{port}/" in url and (hook.get("clientConfig") or {}).get("caBundle"):
+                        return str(url)
+            return None
+
+        url = await self._wait(
+            configured, "the webhook's MutatingWebhookConfiguration (url + caBundle)", WEBHOOK
+        )
+        self.progress(f"webhook     {url} (MutatingWebhookConfiguration with its CA bundle)")
+
+    async def _http_ok(self, url: str) -> bool | None:
+        try:
+            async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=2)) as response:
+                return True if response.status == 200 else None
+        except (aiohttp.ClientError, TimeoutError):
+            return None
+
+    async def _wait(self, probe: Callable[[], Awaitable[Any]], what: str, *children: str) -> Any:
+        return await poll_until(
+            probe, what=what, limit=self.options.ready_limit, alive=lambda: self.supervisor.check(*children)
+        )
+
+    async def _stop_scheduler_standin(self) -> None:
+        if self._scheduler_task is not None:
+            self._scheduler_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._scheduler_task
+
+    def check_standin(self) -> None:
+        """Raise if the in-process kube-scheduler stand-in died (its exception, not a silent hang)."""
+        task = self._scheduler_task
+        if task is not None and task.done() and not task.cancelled() and task.exception() is not None:
+            raise RuntimeError("the kube-scheduler stand-in stopped") from task.exception()

@@ -1,0 +1,112 @@
+"""ENTRY POINT ``hami-monitor`` / ``python -m monitor``: the node agent wired in one function.
+
+Builds every collaborator at the top (settings, API client, backend, inventory, allocator, device
+plugin service, kubelet runner, registrar) and runs each loop as a named task. A node whose backend
+cannot start (no NVIDIA driver with ``--backend nvml``/``auto``, a bad sim file) logs one clear error
+and retries every minute instead of exiting, so the DaemonSet does not crash-loop. The exporter
+(``monitor.exporter``, a later issue) plugs in here as one more task reading the same inventory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+from hami.kube.client import load_api_client
+from monitor.allocator import Allocator
+from monitor.backends import Backend, BackendUnavailable, open_backend
+from monitor.config import AgentConfig, ConfigError, load_node_settings, parse_agent_config
+from monitor.deviceplugin.kubelet import KubeletRunner
+from monitor.deviceplugin.server import DevicePluginService
+from monitor.inventory import Inventory
+from monitor.registrar import Registrar
+
+log = logging.getLogger("monitor")
+
+#: Seconds between attempts to start a backend that is unavailable (no driver yet, bad file).
+BACKEND_RETRY = 60.0
+
+
+async def open_backend_patiently(config: AgentConfig, retry: float = BACKEND_RETRY) -> Backend:
+    """Open the configured backend, waiting (never exiting) while it is unavailable."""
+    while True:
+        try:
+            return open_backend(
+                config.backend, sim_devices=config.sim_devices, topology=config.topology_score
+            )
+        except BackendUnavailable as exc:
+            level = logging.WARNING if config.backend == "auto" else logging.ERROR
+            log.log(level, "node %s: no card backend (%s); retrying in %gs", config.node_name, exc, retry)
+            await asyncio.sleep(retry)
+
+
+async def run(config: AgentConfig) -> None:
+    """Run the agent until cancelled."""
+    settings = load_node_settings(config)
+    api = load_api_client(config.kubeconfig)
+    backend = await open_backend_patiently(config)
+    log.info(
+        "node %s: using the %s backend, resource %s", config.node_name, backend.name, settings.resource_name
+    )
+    inventory = Inventory(backend)
+    allocator = Allocator(api=api, node_name=config.node_name, settings=settings, hook_path=config.hook_path)
+    service = DevicePluginService(inventory=inventory, settings=settings, allocator=allocator)
+    runner = KubeletRunner(
+        service=service,
+        kubelet_dir=config.kubelet_dir,
+        resource_name=settings.resource_name,
+        preferred_allocation=settings.preferred_allocation,
+        retry=config.retry_interval,
+        node_name=config.node_name,
+    )
+    registrar = Registrar(
+        api=api,
+        node_name=config.node_name,
+        inventory=inventory,
+        settings=settings,
+        interval=config.register_interval,
+        retry=config.retry_interval,
+        refresh=config.refresh_interval,
+    )
+    try:
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(inventory.poll(config.health_interval), name="health-poll")
+            tasks.create_task(registrar.run(), name="registrar")
+            tasks.create_task(runner.run(), name="kubelet-plugin")
+    finally:
+        backend.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        config = parse_agent_config(argv, os.environ)
+    except ConfigError as exc:
+        print(f"hami-monitor: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    async def guarded() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, task.cancel)
+        try:
+            await run(config)
+        except asyncio.CancelledError:
+            log.info("node %s: stopping", config.node_name)
+
+    try:
+        asyncio.run(guarded())
+    except ConfigError as exc:
+        print(f"hami-monitor: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,236 @@
+"""Real cards through NVML (``nvidia-ml-py``, import name ``pynvml``): the project's ONLY pynvml import.
+
+Owns discovery (uuid, index, model, memory, NUMA node from sysfs, MIG profiles), sticky health from XID
+critical-error events (HAMi's ignore list), and NVLink/PCIe pair scores. Tests pass a fake module
+with the same function names that raises pynvml's own ``NVMLError`` subclasses. Must not import grpc,
+the Kubernetes client or the codec.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from pathlib import Path
+from typing import Any
+
+import pynvml
+
+from monitor.backends.base import BackendError, BackendUnavailable, Card, Link, MigProfileInfo
+
+log = logging.getLogger(__name__)
+
+#: XIDs caused by applications, not by the card (HAMi and NVIDIA's plugin ignore them).
+IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+_MIB = 1024 * 1024
+#: PCIe common-ancestor level -> pair score (spec-scheduler §12); each active NVLink adds 100.
+LEVEL_SCORES: tuple[tuple[str, int], ...] = (
+    ("NVML_TOPOLOGY_SYSTEM", 10),  # across CPU sockets
+    ("NVML_TOPOLOGY_NODE", 20),  # same CPU
+    ("NVML_TOPOLOGY_HOSTBRIDGE", 30),
+    ("NVML_TOPOLOGY_MULTIPLE", 40),  # several PCIe switches
+    ("NVML_TOPOLOGY_SINGLE", 50),  # one PCIe switch
+    ("NVML_TOPOLOGY_INTERNAL", 60),  # same board
+)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class NvmlBackend:
+    """Cards from the NVIDIA driver. ``nvml`` defaults to the real module; ``sysfs`` to ``/sys``."""
+
+    def __init__(self, *, nvml: Any = None, sysfs: Path = Path("/sys"), topology: bool = False) -> None:
+        self._nvml: Any = nvml if nvml is not None else pynvml
+        self._sysfs = sysfs
+        self._topology = topology
+        self._unhealthy: set[str] = set()
+        self._all_unhealthy = False
+        self._mig_cache: dict[str, tuple[MigProfileInfo, ...]] = {}
+        self._lock = threading.Lock()  # health state is shared by the registrar and the health poll
+        try:
+            self._nvml.nvmlInit()
+        except pynvml.NVMLError_LibraryNotFound as exc:
+            raise BackendUnavailable(
+                "NVML library not found (libnvidia-ml.so.1): the NVIDIA driver is not installed on this node "
+                "or not mounted into the container; use --backend sim to run without cards"
+            ) from exc
+        except pynvml.NVMLError as exc:
+            raise BackendUnavailable(f"NVML initialisation failed: {exc}") from exc
+        self._open = True
+        self._events: Any = self._create_event_set()
+
+    @property
+    def name(self) -> str:
+        return "nvml"
+
+    def close(self) -> None:
+        if self._open:
+            self._open = False
+            try:
+                self._nvml.nvmlShutdown()
+            except pynvml.NVMLError as exc:  # shutting down anyway; nothing to recover
+                log.warning("NVML shutdown failed: %s", exc)
+
+    # ------------------------------------------------------------------------------------- discovery
+    def cards(self) -> tuple[Card, ...]:
+        try:
+            with self._lock:
+                self._drain_events()
+            count = self._nvml.nvmlDeviceGetCount()
+            return tuple(self._card(self._nvml.nvmlDeviceGetHandleByIndex(i)) for i in range(count))
+        except pynvml.NVMLError as exc:
+            raise BackendError(f"NVML device query failed: {exc}") from exc
+
+    def _card(self, handle: Any) -> Card:
+        nvml = self._nvml
+        uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+        try:
+            memory: int | None = int(nvml.nvmlDeviceGetMemoryInfo(handle).total) // _MIB
+        except pynvml.NVMLError_NotSupported:
+            memory = None  # unified-memory parts (GB10): preConfiguredDeviceMemory applies
+        index = int(nvml.nvmlDeviceGetIndex(handle))
+        return Card(
+            uuid=uuid,
+            index=index,
+            model=_text(nvml.nvmlDeviceGetName(handle)),
+            memory_mib=memory,
+            numa=self._numa(handle, uuid),
+            healthy=not (self._all_unhealthy or uuid in self._unhealthy),
+            mig_profiles=self._mig_profiles(handle, uuid),
+            device_paths=(f"/dev/nvidia{self._minor(handle, index)}",),
+        )
+
+    def _minor(self, handle: Any, index: int) -> int:
+        try:
+            return int(self._nvml.nvmlDeviceGetMinorNumber(handle))
+        except pynvml.NVMLError:
+            return index
+
+    def _bus_id(self, handle: Any) -> str:
+        # NVML spells the PCI domain with 8 digits, sysfs with 4: "00000000:3B:00.0" -> "0000:3b:00.0"
+        bus_id = _text(self._nvml.nvmlDeviceGetPciInfo(handle).busId).lower()
+        return bus_id[4:] if len(bus_id.split(":", 1)[0]) == 8 else bus_id
+
+    def _numa(self, handle: Any, uuid: str) -> int:
+        path = self._sysfs / "bus" / "pci" / "devices" / self._bus_id(handle) / "numa_node"
+        try:
+            node = int(path.read_text().strip())
+        except (OSError, ValueError) as exc:
+            log.info("card %s: NUMA node unknown (%s), using 0", uuid, exc)
+            return 0
+        return max(node, 0)  # -1 = the platform has no NUMA information
+
+    def _mig_profiles(self, handle: Any, uuid: str) -> tuple[MigProfileInfo, ...]:
+        """The card's GPU-instance profiles; hardware facts, so read once per card."""
+        if uuid in self._mig_cache:
+            return self._mig_cache[uuid]
+        nvml, infos = self._nvml, []
+        for profile in range(int(getattr(nvml, "NVML_GPU_INSTANCE_PROFILE_COUNT", 0))):
+            try:
+                info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, profile)
+                places = nvml.nvmlDeviceGetGpuInstancePossiblePlacements(handle, info.id)
+            except pynvml.NVMLError:
+                continue  # profile not offered by this card, or the card has no MIG at all
+            infos.append((info, tuple((int(p.start), int(p.size)) for p in places)))
+        total_sm = max((int(i.multiprocessorCount) for i, _ in infos), default=0)
+        profiles = tuple(
+            MigProfileInfo(
+                name=_text(getattr(info, "name", "")).removeprefix("MIG ") or f"profile-{info.id}",
+                memory_mib=int(info.memorySizeMB),
+                cores=math.ceil(100 * int(info.multiprocessorCount) / total_sm) if total_sm else 0,
+                slice_count=int(info.sliceCount),
+                instance_count=int(info.instanceCount),
+                placements=places,
+            )
+            for info, places in infos
+        )
+        self._mig_cache[uuid] = profiles
+        return profiles
+
+    # ---------------------------------------------------------------------------------------- health
+    def _create_event_set(self) -> Any:
+        nvml = self._nvml
+        try:
+            events = nvml.nvmlEventSetCreate()
+        except pynvml.NVMLError as exc:
+            log.warning("NVML events unavailable, health checks off: %s", exc)
+            return None
+        try:
+            count = nvml.nvmlDeviceGetCount()
+        except pynvml.NVMLError as exc:
+            raise BackendUnavailable(f"NVML device count failed: {exc}") from exc
+        for i in range(count):
+            handle = nvml.nvmlDeviceGetHandleByIndex(i)
+            try:
+                nvml.nvmlDeviceRegisterEvents(handle, pynvml.nvmlEventTypeXidCriticalError, events)
+            except pynvml.NVMLError_NotSupported:
+                log.info("card %d is too old for XID events; its health is not watched", i)
+        return events
+
+    def _drain_events(self) -> None:
+        """Read every pending XID event without waiting; mark the cards they name unhealthy for good."""
+        if self._events is None:
+            return
+        while True:
+            try:
+                data = self._nvml.nvmlEventSetWait(self._events, 0)
+            except pynvml.NVMLError_Timeout:
+                return
+            except pynvml.NVMLError as exc:
+                log.error("NVML event wait failed, marking every card unhealthy: %s", exc)
+                self._all_unhealthy = True
+                return
+            xid = int(data.eventData)
+            if xid in IGNORED_XIDS:
+                continue
+            try:
+                uuid = _text(self._nvml.nvmlDeviceGetUUID(data.device))
+            except pynvml.NVMLError:
+                log.error("XID %d on an unreadable card, marking every card unhealthy", xid)
+                self._all_unhealthy = True
+                continue
+            log.error("XID %d on card %s: marked unhealthy", xid, uuid)
+            self._unhealthy.add(uuid)
+
+    # -------------------------------------------------------------------------------------- topology
+    def links(self) -> tuple[Link, ...]:
+        if not self._topology:
+            return ()
+        nvml = self._nvml
+        try:
+            handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+            uuids = [_text(nvml.nvmlDeviceGetUUID(h)) for h in handles]
+            buses = [self._bus_id(h) for h in handles]
+            levels = {getattr(nvml, k): v for k, v in LEVEL_SCORES if hasattr(nvml, k)}
+            result = []
+            for i in range(len(handles)):
+                for j in range(i + 1, len(handles)):
+                    there = self._nvlinks(handles[i], buses[j])
+                    back = self._nvlinks(handles[j], buses[i])
+                    if there != back:
+                        log.warning(
+                            "asymmetric NVLink count between %s and %s; pair scores 0", uuids[i], uuids[j]
+                        )
+                        score = 0
+                    else:
+                        level = nvml.nvmlDeviceGetTopologyCommonAncestor(handles[i], handles[j])
+                        score = levels.get(level, 0) + 100 * there
+                    result.append(Link(a=uuids[i], b=uuids[j], score=score))
+            return tuple(result)
+        except pynvml.NVMLError as exc:
+            raise BackendError(f"NVML topology query failed: {exc}") from exc
+
+    def _nvlinks(self, handle: Any, peer_bus: str) -> int:
+        count = 0
+        for link in range(int(getattr(self._nvml, "NVML_NVLINK_MAX_LINKS", 0))):
+            try:
+                if not self._nvml.nvmlDeviceGetNvLinkState(handle, link):
+                    continue
+                remote = _text(self._nvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId).lower()
+            except pynvml.NVMLError:
+                continue  # link not present on this card
+            if remote.endswith(peer_bus):
+                count += 1
+        return count

@@ -1,0 +1,193 @@
+"""Simulated cards described in a YAML file, for the demo, tests and GPU-less nodes.
+
+Owns the file format and its strict parser::
+
+    cards:
+      - uuid: GPU-0000          # required, unique
+        model: NVIDIA A100-SXM4-40GB
+        memory_mib: 40960       # omit or null = "not reported" (preConfiguredDeviceMemory applies)
+        numa: 0                 # default 0
+        healthy: true           # default true
+        index: 0                # default: position in the list
+        mig:                    # optional: MIG profiles the card offers
+          - {name: 1g.5gb, memory_mib: 4864, cores: 15, slice_count: 1, instance_count: 7,
+             placements: [{start: 0, size: 1}, ...]}
+    links:                      # optional topology scores (symmetric)
+      - {a: GPU-0000, b: GPU-0001, score: 100}
+
+The file is read again on every call and parsed again only when its bytes changed, so a test or the
+demo can mark a card unhealthy, add or remove one, and the agent sees it on its next poll. Errors name
+the file, the entry and the field. Must not import pynvml, grpc or the Kubernetes client.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from monitor.backends.base import BackendError, BackendUnavailable, Card, Link, MigProfileInfo
+
+
+class SimBackend:
+    """Cards from a YAML file (format in the module docstring)."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._raw: bytes | None = None
+        self._cards: tuple[Card, ...] = ()
+        self._links: tuple[Link, ...] = ()
+        self._lock = threading.Lock()  # the registrar and the health poll may read from two threads
+        if not path.is_file():
+            raise BackendUnavailable(f"simulated devices file {str(path)!r} does not exist")
+        self._refresh()
+
+    @property
+    def name(self) -> str:
+        return "sim"
+
+    def cards(self) -> tuple[Card, ...]:
+        self._refresh()
+        return self._cards
+
+    def links(self) -> tuple[Link, ...]:
+        self._refresh()
+        return self._links
+
+    def close(self) -> None:
+        """Nothing to release: the file is opened per read."""
+
+    def _refresh(self) -> None:
+        with self._lock:
+            self._refresh_locked()
+
+    def _refresh_locked(self) -> None:
+        try:
+            raw = self._path.read_bytes()
+        except OSError as exc:
+            raise BackendError(f"cannot read simulated devices file {str(self._path)!r}: {exc}") from exc
+        if raw == self._raw:
+            return
+        self._cards, self._links = parse_sim_devices(raw.decode("utf-8", errors="replace"), source=self._path)
+        self._raw = raw  # only after a successful parse: a bad edit is reported on every poll
+
+
+def parse_sim_devices(
+    text: str, *, source: Path | str = "<text>"
+) -> tuple[tuple[Card, ...], tuple[Link, ...]]:
+    """Parse the simulated devices document; raises :class:`BackendError` naming file, entry and field."""
+    where = f"simulated devices file {str(source)!r}"
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise BackendError(f"{where}: not valid YAML: {exc}") from exc
+    if document is None:
+        document = {}
+    if not isinstance(document, Mapping):
+        raise BackendError(f"{where}: top level must be a mapping with 'cards', got {text[:80]!r}")
+    raw_cards = _list(document, "cards", where)
+    cards = tuple(_card(entry, i, f"{where}: cards[{i}]") for i, entry in enumerate(raw_cards))
+    seen: set[str] = set()
+    for card in cards:
+        if card.uuid in seen:
+            raise BackendError(f"{where}: duplicate card uuid {card.uuid!r}")
+        seen.add(card.uuid)
+    links = tuple(
+        _link(entry, f"{where}: links[{i}]", seen) for i, entry in enumerate(_list(document, "links", where))
+    )
+    return cards, links
+
+
+def _list(document: Mapping[str, Any], key: str, where: str) -> list[Any]:
+    value = document.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise BackendError(f"{where}: {key!r} must be a list, got {value!r}")
+    return value
+
+
+def _card(entry: Any, position: int, where: str) -> Card:
+    if not isinstance(entry, Mapping):
+        raise BackendError(f"{where}: must be a mapping, got {entry!r}")
+    uuid = _str(entry, "uuid", where, required=True)
+    memory = entry.get("memory_mib")
+    profiles = entry.get("mig") or []
+    if not isinstance(profiles, list):
+        raise BackendError(f"{where}.mig: must be a list, got {profiles!r}")
+    return Card(
+        uuid=uuid,
+        index=_int(entry, "index", where, default=position),
+        model=_str(entry, "model", where, required=False) or "NVIDIA Simulated GPU",
+        memory_mib=None if memory is None else _int(entry, "memory_mib", where, default=0),
+        numa=_int(entry, "numa", where, default=0),
+        healthy=_bool(entry, "healthy", where, default=True),
+        mig_profiles=tuple(_profile(p, f"{where}.mig[{j}]") for j, p in enumerate(profiles)),
+    )
+
+
+def _profile(entry: Any, where: str) -> MigProfileInfo:
+    if not isinstance(entry, Mapping):
+        raise BackendError(f"{where}: must be a mapping, got {entry!r}")
+    placements = entry.get("placements") or []
+    if not isinstance(placements, list):
+        raise BackendError(f"{where}.placements: must be a list, got {placements!r}")
+    pairs = []
+    for k, p in enumerate(placements):
+        if not isinstance(p, Mapping):
+            raise BackendError(f"{where}.placements[{k}]: must be a mapping, got {p!r}")
+        pairs.append(
+            (_int(p, "start", f"{where}.placements[{k}]"), _int(p, "size", f"{where}.placements[{k}]"))
+        )
+    return MigProfileInfo(
+        name=_str(entry, "name", where, required=True),
+        memory_mib=_int(entry, "memory_mib", where),
+        cores=_int(entry, "cores", where),
+        slice_count=_int(entry, "slice_count", where),
+        instance_count=_int(entry, "instance_count", where, default=len(pairs)),
+        placements=tuple(pairs),
+    )
+
+
+def _link(entry: Any, where: str, known: set[str]) -> Link:
+    if not isinstance(entry, Mapping):
+        raise BackendError(f"{where}: must be a mapping, got {entry!r}")
+    a, b = _str(entry, "a", where, required=True), _str(entry, "b", where, required=True)
+    for field_name, uuid in (("a", a), ("b", b)):
+        if uuid not in known:
+            raise BackendError(f"{where}.{field_name}: unknown card uuid {uuid!r}")
+    return Link(a=a, b=b, score=_int(entry, "score", where))
+
+
+def _str(entry: Mapping[str, Any], key: str, where: str, *, required: bool) -> str:
+    value = entry.get(key)
+    if value is None or value == "":
+        if required:
+            raise BackendError(f"{where}.{key}: required, got {value!r}")
+        return ""
+    if not isinstance(value, str):
+        raise BackendError(f"{where}.{key}: must be a string, got {value!r}")
+    return value
+
+
+def _int(entry: Mapping[str, Any], key: str, where: str, *, default: int | None = None) -> int:
+    value = entry.get(key)
+    if value is None:
+        if default is None:
+            raise BackendError(f"{where}.{key}: required, got nothing")
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise BackendError(f"{where}.{key}: must be a non-negative integer, got {value!r}")
+    return int(value)
+
+
+def _bool(entry: Mapping[str, Any], key: str, where: str, *, default: bool) -> bool:
+    value = entry.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise BackendError(f"{where}.{key}: must be true or false, got {value!r}")
+    return value

@@ -1,0 +1,188 @@
+"""Node registration: turn discovered cards into ``hami.io/node-nvidia-register`` and keep it current.
+
+Owns the card → registration rules (spec-node-chart §A.3b, spec-scheduler §5.2) and the loop that
+writes them (§A.5): every ``interval`` seconds rebuild the registration and merge-patch ONLY the
+register (and pair-score) keys when the JSON differs from what the Node carries, or when the last
+patch is older than ``refresh`` (a cheap guard against a lost write); after an error wait ``retry``
+seconds. The comparison is against the Node itself (not a cache of what was sent), so a failed patch
+is retried and an annotation removed by someone else comes back. The node lock key is never written
+here. Imports the codec and ``hami.kube``; must not import grpc or pynvml.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from hami.annotations import NODE_PAIR_SCORES, NODE_REGISTER, encode_node_devices, encode_pair_scores
+from hami.core.model import Device, DeviceMode, MigPlacement, MigProfile
+from hami.kube.client import KubeError
+from hami.kube.nodes import get_node, patch_node_annotations
+from monitor.backends.base import BackendError, Card, Link
+from monitor.config import NodeSettings
+from monitor.inventory import Inventory
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Registration:
+    """What this node registers: cards in discovery order, pair scores, and why cards were left out."""
+
+    devices: tuple[Device, ...]
+    pair_scores: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    skipped: tuple[str, ...] = ()
+
+
+def card_type(model: str) -> str:
+    """HAMi prefixes ``NVIDIA-`` unless the model already starts with ``NVIDIA`` (the scheduler's type
+    pre-filter keeps only types containing ``nvidia``)."""
+    return model if model.startswith("NVIDIA") else f"NVIDIA-{model}"
+
+
+def allowed_mig_profiles(card: Card, allowlist: Mapping[str, Iterable[str]]) -> tuple[MigProfile, ...]:
+    """The card's hardware profiles named in the allowlist entry whose key is part of the model name
+    (case-insensitive), in hardware order."""
+    model = card.model.lower()
+    names: set[str] = set()
+    for key, profiles in allowlist.items():
+        if key.lower() in model:
+            names.update(profiles)
+    return tuple(
+        MigProfile(
+            name=p.name,
+            memory_mib=p.memory_mib,
+            cores=p.cores,
+            slice_count=p.slice_count,
+            placements=tuple(MigPlacement(start=s, size=z) for s, z in p.placements),
+        )
+        for p in card.mig_profiles
+        if p.name in names
+    )
+
+
+def build_registration(cards: Iterable[Card], links: Iterable[Link], settings: NodeSettings) -> Registration:
+    """Apply the node settings to the discovered cards (pure).
+
+    hami-core: ``count`` = split count; ``devmem`` = MiB × memory scaling (truncated, as HAMi's int32
+    conversion); ``devcore`` = 100 × core scaling. MIG: ``count`` = the largest instance count among the
+    allowed profiles, memory unscaled, ``devcore`` 100; a card without an allowed profile is skipped.
+    Filtered cards (uuid or index) and cards without a memory size (and no preconfigured size) are
+    skipped too. Example: a 32768 MiB card, scaling 1.5, split 10 → ``count`` 10, ``devmem`` 49152.
+    """
+    devices: list[Device] = []
+    skipped: list[str] = []
+    mig = settings.mode == DeviceMode.MIG.value
+    for card in cards:
+        if card.uuid in settings.filter_uuids or card.index in settings.filter_indexes:
+            skipped.append(f"{card.uuid}: filtered by the node config")
+            continue
+        memory = card.memory_mib if card.memory_mib is not None else settings.preconfigured_memory
+        if not memory:
+            skipped.append(f"{card.uuid}: memory size unknown and preConfiguredDeviceMemory unset")
+            continue
+        if mig:
+            profiles = allowed_mig_profiles(card, settings.device.mig_profile_allowlist)
+            if not profiles:
+                skipped.append(f"{card.uuid}: no MIG profile of {card.model!r} is in migProfileAllowlist")
+                continue
+            count = max(p.instance_count for p in card.mig_profiles if p.name in {q.name for q in profiles})
+            devmem, devcore = memory, 100
+        else:
+            profiles, count = (), settings.split_count
+            devmem = int(memory * settings.memory_scaling) if settings.memory_scaling != 1 else memory
+            devcore = int(settings.core_scaling * 100)
+        devices.append(
+            Device(
+                uuid=card.uuid,
+                index=card.index,
+                count=count,
+                memory_mib=devmem,
+                cores=devcore,
+                type=card_type(card.model),
+                numa=card.numa,
+                mode=settings.mode,
+                health=card.healthy,
+                mig_profiles=profiles,
+            )
+        )
+    registered = {d.uuid for d in devices}
+    scores: dict[str, dict[str, int]] = {}
+    for link in links:
+        if link.a in registered and link.b in registered:
+            scores.setdefault(link.a, {})[link.b] = link.score
+            scores.setdefault(link.b, {})[link.a] = link.score
+    return Registration(devices=tuple(devices), pair_scores=scores, skipped=tuple(skipped))
+
+
+def registration_annotations(registration: Registration, current: Mapping[str, str]) -> dict[str, str | None]:
+    """The node annotations to hold: register JSON, pair scores when known (removed when they vanish)."""
+    wanted: dict[str, str | None] = {NODE_REGISTER: encode_node_devices(registration.devices)}
+    if registration.pair_scores:
+        wanted[NODE_PAIR_SCORES] = encode_pair_scores(registration.pair_scores)
+    elif NODE_PAIR_SCORES in current:
+        wanted[NODE_PAIR_SCORES] = None
+    return wanted
+
+
+class Registrar:
+    """The registration loop for one node (``run`` never returns; cancel it to stop)."""
+
+    def __init__(
+        self,
+        *,
+        api: Any,
+        node_name: str,
+        inventory: Inventory,
+        settings: NodeSettings,
+        interval: float = 30.0,
+        retry: float = 5.0,
+        refresh: float = 300.0,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self._api, self._node, self._inventory, self._settings = api, node_name, inventory, settings
+        self._interval, self._retry, self._refresh = interval, retry, refresh
+        self._clock = clock  # default: the event loop's clock, the one asyncio.sleep counts in
+        self._last_patch: float | None = None
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.register_once()
+            except (KubeError, BackendError) as exc:
+                log.warning(
+                    "registration of node %s failed, retrying in %gs: %s", self._node, self._retry, exc
+                )
+                await asyncio.sleep(self._retry)
+                continue
+            await asyncio.sleep(self._interval)
+
+    async def register_once(self) -> bool:
+        """One cycle; True when the Node was patched. Raises on API or hardware errors."""
+        cards = await self._inventory.refresh()
+        links = await self._inventory.links()
+        registration = build_registration(cards, links, self._settings)
+        node = await get_node(self._api, self._node)
+        current: Mapping[str, str] = (node.get("metadata") or {}).get("annotations") or {}
+        wanted = registration_annotations(registration, current)
+        changed = any(current.get(key) != value for key, value in wanted.items())
+        now = self._clock() if self._clock is not None else asyncio.get_running_loop().time()
+        due = self._last_patch is not None and now - self._last_patch >= self._refresh
+        if not changed and not due:
+            if self._last_patch is None:
+                self._last_patch = now  # the Node already says what we would write
+            return False
+        await patch_node_annotations(self._api, self._node, wanted)
+        self._last_patch = now
+        healthy = sum(d.health for d in registration.devices)
+        log.info(
+            "registered node %s: %d cards (%d healthy)%s",
+            self._node,
+            len(registration.devices),
+            healthy,
+            f", skipped {'; '.join(registration.skipped)}" if registration.skipped else "",
+        )
+        return True

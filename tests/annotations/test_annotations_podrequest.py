@@ -1,0 +1,177 @@
+"""read_pod_request: containers init-first, steering annotations (§17), scoring weights (§11)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hami.annotations import (
+    POD_GPU_POLICY,
+    POD_NODE_POLICY,
+    POD_NOUSE_GPUTYPE,
+    POD_NOUSE_GPUUUID,
+    POD_NUMA_BIND,
+    POD_SCORING_WEIGHTS,
+    POD_USE_GPUTYPE,
+    POD_USE_GPUUUID,
+    POD_VGPU_MODE,
+    AnnotationError,
+    decode_numa_bind,
+    decode_scoring_weights,
+    encode_scoring_weights,
+    parse_pod_containers,
+    pod_annotation_problems,
+    read_pod_request,
+)
+from hami.core.model import ContainerRequest, ScoringWeights
+from hami.settings import DeviceConfig
+
+CONFIG = DeviceConfig()
+
+
+def make_pod(
+    *,
+    app: list[dict[str, Any]],
+    init: list[dict[str, Any]] | None = None,
+    annotations: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    return {
+        "metadata": {"namespace": "ml", "name": "train", "uid": "u-1", "annotations": annotations or {}},
+        "spec": {"initContainers": init or [], "containers": app},
+    }
+
+
+def container(
+    name: str, limits: dict[str, Any] | None = None, requests: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    return {"name": name, "resources": {"limits": limits or {}, "requests": requests or {}}}
+
+
+def test_init_containers_come_first_and_gpu_less_ones_are_none() -> None:
+    pod = make_pod(
+        init=[container("setup", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"}), container("wait")],
+        app=[container("main", {"nvidia.com/gpu": 2, "nvidia.com/gpucores": "30"}), {"name": "sidecar"}],
+    )
+    request = read_pod_request(pod, CONFIG)
+    assert (request.namespace, request.name, request.uid, request.init_count) == ("ml", "train", "u-1", 2)
+    assert request.containers == (
+        ContainerRequest(nums=1, memory_mib=1000),
+        None,
+        ContainerRequest(nums=2, percentage=100, cores=30),  # plain number in a hand-built dict still parses
+        None,
+    )
+    assert request.has_devices
+    assert [p.name for p in parse_pod_containers(pod, CONFIG)] == ["setup", "wait", "main", "sidecar"]
+
+
+def test_steering_annotations_are_split_trimmed_and_blank_means_no_constraint() -> None:
+    pod = make_pod(
+        app=[container("main", {"nvidia.com/gpu": "1"})],
+        annotations={
+            POD_USE_GPUTYPE: " A100, ,H100 ",
+            POD_NOUSE_GPUTYPE: "   ",
+            POD_USE_GPUUUID: "GPU-0",
+            POD_NOUSE_GPUUUID: "GPU-1 ,GPU-2",
+            POD_NUMA_BIND: "t",
+            POD_VGPU_MODE: "hami-core",
+            POD_GPU_POLICY: " binpack,numa ",
+            POD_NODE_POLICY: "",
+            POD_SCORING_WEIGHTS: "memory=2, slot=0 ,core=1",
+        },
+    )
+    request = read_pod_request(pod, CONFIG)
+    assert request.use_types == ("A100", "H100")
+    assert request.nouse_types == ()
+    assert request.use_uuids == ("GPU-0",)
+    assert request.nouse_uuids == ("GPU-1", "GPU-2")
+    assert request.numa_bind is True
+    assert request.vgpu_mode == "hami-core"
+    assert request.gpu_policy == "binpack,numa"
+    assert request.node_policy is None
+    assert request.weights == ScoringWeights(slot=0, core=1, memory=2)
+
+
+def test_a_pod_without_annotations_or_devices() -> None:
+    request = read_pod_request({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c"}]}}, CONFIG)
+    assert request.containers == (None,)
+    assert not request.has_devices
+    assert (request.namespace, request.uid, request.vgpu_mode, request.gpu_policy) == ("", "", None, None)
+    assert request.weights == ScoringWeights()
+    assert request.numa_bind is False
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("1", True),
+        ("t", True),
+        ("T", True),
+        ("TRUE", True),
+        ("true", True),
+        ("True", True),
+        ("0", False),
+        ("f", False),
+        ("F", False),
+        ("FALSE", False),
+        ("false", False),
+        ("False", False),
+    ],
+)
+def test_numa_bind_parses_like_go(text: str, expected: bool) -> None:
+    assert decode_numa_bind(text, strict=True) is expected
+
+
+@pytest.mark.parametrize("text", ["yes", "tRUE", " true", "", "2"])
+def test_numa_bind_unreadable_is_false_for_the_scheduler_and_an_error_for_the_webhook(text: str) -> None:
+    assert decode_numa_bind(text) is False
+    with pytest.raises(AnnotationError) as caught:
+        decode_numa_bind(text, strict=True)
+    assert (caught.value.key, caught.value.text) == (POD_NUMA_BIND, text)
+    problems = pod_annotation_problems(make_pod(app=[], annotations={POD_NUMA_BIND: text}))
+    assert [p.key for p in problems] == [POD_NUMA_BIND]
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("slot=1,core=1", "expected slot, core, and memory weights"),
+        ("slot=1,core=1,memory=1,extra=1", "expected slot, core, and memory weights"),
+        ("slot=1,core=1,memory", "expected key=value entries"),
+        ("slot=1,core=x,memory=1", '"core" weight must be an integer'),
+        ("slot=1,core=1.5,memory=1", '"core" weight must be an integer'),
+        ("slot=-1,core=1,memory=1", '"slot" weight must not be negative'),
+        ("slot=1,cores=1,memory=1", 'unknown weight "cores"'),
+        ("slot=1,slot=2,memory=1", 'duplicate "slot" weight'),
+        ("slot=0,core=0,memory=0", "at least one weight must be positive"),
+    ],
+)
+def test_scoring_weight_errors_use_hamis_texts(text: str, reason: str) -> None:
+    with pytest.raises(AnnotationError) as caught:
+        decode_scoring_weights(text)
+    assert (caught.value.key, caught.value.text, caught.value.reason) == (POD_SCORING_WEIGHTS, text, reason)
+    pod = make_pod(app=[container("main", {"nvidia.com/gpu": "1"})], annotations={POD_SCORING_WEIGHTS: text})
+    with pytest.raises(AnnotationError):
+        read_pod_request(pod, CONFIG)
+    assert [p.key for p in pod_annotation_problems(pod)] == [POD_SCORING_WEIGHTS]
+
+
+def test_scoring_weights_defaults() -> None:
+    assert decode_scoring_weights(None) == ScoringWeights(slot=1, core=1, memory=1)
+    assert decode_scoring_weights("  ") == ScoringWeights()
+    assert decode_scoring_weights("core=+3,memory=0,slot=0") == ScoringWeights(slot=0, core=3, memory=0)
+    assert pod_annotation_problems(make_pod(app=[])) == ()
+
+
+_weight = st.integers(min_value=0, max_value=2**40)
+
+
+@given(
+    st.builds(ScoringWeights, slot=_weight, core=_weight, memory=_weight).filter(
+        lambda w: w.slot or w.core or w.memory
+    )
+)
+def test_scoring_weights_round_trip(weights: ScoringWeights) -> None:
+    assert decode_scoring_weights(encode_scoring_weights(weights)) == weights

@@ -1,0 +1,400 @@
+"""The chart wires the pieces together the way the code expects.
+
+kube-scheduler's configuration calls routes the extender serves, on the port it listens on; the
+webhook's Service, port, path and certificate names are what the webhook server uses; every
+container's command line is accepted by that component's own flag parser, and the values it yields
+match the objects around it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import re
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import celpy
+import pytest
+import yaml
+
+from hami.settings import ResourceNames
+from monitor.config import load_node_settings, parse_agent_config
+from webhook.config import HANDLER_ID, WEBHOOK_NAME, parse_settings, service_hostnames
+from webhook.registration import desired_webhook
+
+from .rendering import (
+    NAMESPACE,
+    VALUE_SETS,
+    Rendered,
+    argv,
+    container,
+    flags,
+    mount_of_volume,
+    port,
+    render,
+)
+
+SETS = pytest.mark.parametrize("values", VALUE_SETS.values(), ids=VALUE_SETS.keys())
+ROOT = Path(__file__).resolve().parents[2]
+
+#: The extender's routes as agreed between the helpers (used until hami/scheduler/app.py exists).
+AGREED_ROUTES = {
+    ("POST", "/filter"),
+    ("POST", "/prioritize"),
+    ("POST", "/bind"),
+    ("GET", "/healthz"),
+    ("GET", "/readyz"),
+    ("GET", "/metrics"),
+}
+
+#: Field names of kube-scheduler's v1 Extender and ExtenderManagedResource types
+#: (k8s.io/kube-scheduler/config/v1); kube-scheduler decodes its file strictly, so any other key
+#: would stop it from starting.
+EXTENDER_FIELDS = {
+    "urlPrefix",
+    "filterVerb",
+    "preemptVerb",
+    "prioritizeVerb",
+    "weight",
+    "bindVerb",
+    "enableHTTPS",
+    "tlsConfig",
+    "httpTimeout",
+    "nodeCacheCapable",
+    "managedResources",
+    "ignorable",
+}
+MANAGED_RESOURCE_FIELDS = {"name", "ignoredByScheduler"}
+LEADER_ELECTION_FIELDS = {
+    "leaderElect",
+    "leaseDuration",
+    "renewDeadline",
+    "retryPeriod",
+    "resourceLock",
+    "resourceName",
+    "resourceNamespace",
+}
+
+
+def extender_routes() -> set[tuple[str, str]]:
+    """The routes ``hami/scheduler/app.py`` registers (aiohttp ``add_get``/``add_post``/``web.get``...)."""
+    source = ROOT / "hami" / "scheduler" / "app.py"
+    if not source.exists():
+        return AGREED_ROUTES
+    found = {
+        (method.upper(), path)
+        for method, path in re.findall(r"(?:add_|web\.)(get|post)\(\s*[\"'](/[^\"']*)[\"']", source.read_text())
+    }
+    assert found, f"no aiohttp route registrations recognised in {source}; update extender_routes()"
+    return found
+
+
+def expected_names(values: dict[str, Any]) -> ResourceNames:
+    names = values.get("resourceNames", {})
+    defaults = ResourceNames()
+    return ResourceNames(
+        count=names.get("count", defaults.count),
+        memory=names.get("memory", defaults.memory),
+        memory_percentage=names.get("memoryPercentage", defaults.memory_percentage),
+        cores=names.get("cores", defaults.cores),
+        priority=names.get("priority", defaults.priority),
+    )
+
+
+def scheduler_name(values: dict[str, Any]) -> str:
+    return str(values.get("schedulerName", "hami-scheduler"))
+
+
+def kube_scheduler_config(rendered: Rendered) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the scheduler Deployment, the parsed KubeSchedulerConfiguration it runs with)."""
+    deployment = rendered.component("Deployment", "scheduler")
+    kube = container(deployment, "kube-scheduler")
+    (config_flag,) = [a for a in argv(kube) if a.startswith("--config=")]
+    config_path = Path(config_flag.removeprefix("--config="))
+    config_map = rendered.component("ConfigMap", "scheduler")
+    assert mount_of_volume(deployment, kube, configMap=config_map["metadata"]["name"]) == str(config_path.parent)
+    return deployment, yaml.safe_load(config_map["data"][config_path.name])
+
+
+def write_device_config(rendered: Rendered, tmp_path: Path) -> Path:
+    config_map = rendered.component("ConfigMap", "device-config")
+    path = tmp_path / "device-config.yaml"
+    path.write_text(config_map["data"]["device-config.yaml"])
+    return path
+
+
+def local_argv(ctr: dict[str, Any], replace: dict[str, Path]) -> list[str]:
+    """The container's flags, with in-pod file paths swapped for local copies of the same files."""
+    result = []
+    for part in argv(ctr)[1:]:
+        name, _, _ = part[2:].partition("=")
+        result.append(f"--{name}={replace[name]}" if part.startswith("--") and name in replace else part)
+    return result
+
+
+# ------------------------------------------------------------------------------- scheduler
+@SETS
+def test_kube_scheduler_calls_the_extender_beside_it(values: dict[str, Any]) -> None:
+    rendered = render(values)
+    deployment, config = kube_scheduler_config(rendered)
+    assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
+    assert config["kind"] == "KubeSchedulerConfiguration"
+    assert [p["schedulerName"] for p in config["profiles"]] == [scheduler_name(values)]
+
+    (extender,) = config["extenders"]
+    assert set(extender) <= EXTENDER_FIELDS
+    url = urlsplit(extender["urlPrefix"])
+    assert (url.scheme, url.hostname, url.path) == ("http", "127.0.0.1", "")
+    assert extender["enableHTTPS"] is False
+
+    ours = container(deployment, "extender")
+    listen = flags(ours)["listen"]
+    assert url.port == int(listen.rpartition(":")[2]) == port(ours, "http")
+    assert listen.startswith("0.0.0.0:")  # kubelet's probes reach it on the pod IP
+
+    routes = extender_routes()
+    for verb_key in ("filterVerb", "prioritizeVerb", "bindVerb"):
+        assert ("POST", f"/{extender[verb_key]}") in routes, verb_key
+    assert "preemptVerb" not in extender
+    for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
+        assert ours[probe]["httpGet"]["path"] == path and ("GET", path) in routes
+    assert extender["nodeCacheCapable"] is True
+    assert extender["weight"] >= 1
+    assert re.fullmatch(r"\d+s", extender["httpTimeout"]) and int(extender["httpTimeout"][:-1]) >= 10
+
+    managed = extender["managedResources"]
+    assert all(set(m) <= MANAGED_RESOURCE_FIELDS and m["ignoredByScheduler"] is True for m in managed)
+    assert [m["name"] for m in managed] == list(expected_names(values).managed)
+
+
+@SETS
+def test_leader_election_uses_the_profile_lease(values: dict[str, Any]) -> None:
+    rendered = render(values)
+    _, config = kube_scheduler_config(rendered)
+    election = config["leaderElection"]
+    assert set(election) <= LEADER_ELECTION_FIELDS
+    assert election["leaderElect"] is True
+    assert (election["resourceName"], election["resourceNamespace"]) == (scheduler_name(values), NAMESPACE)
+    if values.get("rbac", {}).get("create", True):
+        role = rendered.one("Role", f"{rendered.component('Deployment', 'scheduler')['metadata']['name']}-leader-election")
+        named = [r for r in role["rules"] if r.get("resourceNames")]
+        assert named == [
+            {
+                "apiGroups": ["coordination.k8s.io"],
+                "resources": ["leases"],
+                "resourceNames": [scheduler_name(values)],
+                "verbs": ["get", "update"],
+            }
+        ]
+
+
+@SETS
+def test_extender_flags_carry_the_chart_settings(values: dict[str, Any]) -> None:
+    rendered = render(values)
+    deployment = rendered.component("Deployment", "scheduler")
+    ours = container(deployment, "extender")
+    assert argv(ours)[:2] == ["hami", "scheduler"]
+    given = flags(ours)
+    scheduler = values.get("scheduler", {})
+    assert given["scheduler-name"] == scheduler_name(values)
+    assert given["node-scheduler-policy"] == scheduler.get("nodeSchedulerPolicy", "binpack")
+    assert given["gpu-scheduler-policy"] == scheduler.get("gpuSchedulerPolicy", "spread")
+    device_config = rendered.component("ConfigMap", "device-config")["metadata"]["name"]
+    assert Path(given["device-config"]).parent == Path(mount_of_volume(deployment, ours, configMap=device_config))
+
+
+def test_extender_flags_are_accepted_by_its_parser() -> None:
+    if importlib.util.find_spec("hami.scheduler.main") is None:
+        pytest.skip("hami.scheduler.main (the `hami scheduler` subcommand) is not written yet")
+    module = importlib.import_module("hami.scheduler.main")
+    parser = argparse.ArgumentParser(prog="hami scheduler")
+    module.add_arguments(parser)
+    for values in VALUE_SETS.values():
+        ours = container(render(values).component("Deployment", "scheduler"), "extender")
+        args = parser.parse_args(argv(ours)[2:])
+        assert vars(args)["scheduler_name"] == scheduler_name(values)
+
+
+# ------------------------------------------------------------------------------- webhook
+@SETS
+def test_webhook_server_and_its_service_agree(values: dict[str, Any], tmp_path: Path) -> None:
+    rendered = render(values)
+    deployment = rendered.component("Deployment", "webhook")
+    ours = container(deployment, "webhook")
+    assert argv(ours)[0] == "hami-webhook"
+    settings = parse_settings(
+        local_argv(ours, {"device-config": write_device_config(rendered, tmp_path)}), env={}
+    )
+    service = rendered.component("Service", "webhook")
+    (webhook,) = rendered.component("MutatingWebhookConfiguration", "webhook")["webhooks"]
+    target = webhook["clientConfig"]["service"]
+
+    # the API server -> Service:443 -> container port "https" -> the address Kopf listens on
+    (service_port,) = service["spec"]["ports"]
+    assert (target["name"], target["namespace"]) == (service["metadata"]["name"], NAMESPACE)
+    assert target["port"] == service_port["port"] == 443
+    assert settings.listen.port == port(ours, service_port["targetPort"])
+    assert target["path"] == f"/{HANDLER_ID}"
+    assert webhook["name"] == WEBHOOK_NAME
+    # the certificate it checks is for the name the API server uses
+    assert (settings.service_name, settings.service_namespace) == (service["metadata"]["name"], NAMESPACE)
+    assert settings.manage_config is False
+    assert settings.failure_policy == webhook["failurePolicy"] == values.get("webhook", {}).get("failurePolicy", "Fail")
+    # health probes hit the health listener
+    assert ours["readinessProbe"]["httpGet"]["port"] == "health"
+    assert settings.health_listen.port == port(ours, "health")
+    # the mutation uses the chart's scheduler and resource names
+    assert settings.mutation.scheduler_name == scheduler_name(values)
+    assert settings.mutation.device.resources == expected_names(values)
+
+
+@SETS
+def test_webhook_configuration_is_the_one_the_webhook_would_write(values: dict[str, Any], tmp_path: Path) -> None:
+    """The chart's entry equals webhook.registration.desired_webhook (apart from how it is reached)."""
+    rendered = render(values)
+    ours = container(rendered.component("Deployment", "webhook"), "webhook")
+    settings = parse_settings(
+        local_argv(ours, {"device-config": write_device_config(rendered, tmp_path)}), env={}
+    )
+    (entry,) = rendered.component("MutatingWebhookConfiguration", "webhook")["webhooks"]
+    desired = desired_webhook(settings, client_config={})
+    extra_namespaces = values.get("webhook", {}).get("namespaceSelector", {}).get("matchExpressions", [])
+    desired["namespaceSelector"]["matchExpressions"] += extra_namespaces
+    # the chart reaches the webhook through its Service, Kopf's own config through a URL
+    entry = {k: v for k, v in entry.items() if k != "clientConfig"}
+    desired = {k: v for k, v in desired.items() if k != "clientConfig"}
+    assert entry == desired
+
+
+@pytest.mark.parametrize(
+    ("pod", "sent"),
+    [
+        ({"containers": [{"name": "a", "resources": {"limits": {"{count}": "1"}}}]}, True),
+        ({"containers": [{"name": "a", "resources": {"requests": {"{memory}": "1000"}}}]}, True),
+        ({"containers": [{"name": "a"}], "initContainers": [{"name": "i", "resources": {"limits": {"{cores}": "30"}}}]}, True),
+        ({"containers": [{"name": "a", "resources": {"limits": {"cpu": "1", "nvidia.com/gpu-other": "1"}}}]}, False),
+        ({"containers": [{"name": "a"}]}, False),
+        ({"containers": [{"name": "a", "resources": {}}]}, False),
+        ({"labels": {"hami.io/webhook": "ignore"}, "containers": [{"name": "a", "resources": {"limits": {"{count}": "1"}}}]}, False),
+        # an "ignored" pod pretending to be allocated already is still checked
+        ({"labels": {"hami.io/webhook": "ignore"}, "annotations": {"hami.io/vgpu-devices-allocated": "x"}, "containers": [{"name": "a"}]}, True),
+        ({"labels": {"hami.io/vgpu-node": "n1"}, "containers": [{"name": "a"}]}, True),
+    ],
+)
+@pytest.mark.parametrize("value_set", ["defaults", "custom-resource-names"])
+def test_only_pods_asking_for_our_resources_are_sent(pod: dict[str, Any], sent: bool, value_set: str) -> None:
+    """Evaluate the rendered CEL matchCondition (with a CEL interpreter) against pods."""
+    values = VALUE_SETS[value_set]
+    names = expected_names(values)
+    text = json.dumps(pod)
+    for token, name in (("{count}", names.count), ("{memory}", names.memory), ("{cores}", names.cores)):
+        text = text.replace(token, name)
+    spec = json.loads(text)
+    metadata = {k: spec.pop(k) for k in ("labels", "annotations") if k in spec}
+    obj = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "ns", **metadata}, "spec": spec}
+    (entry,) = render(values).component("MutatingWebhookConfiguration", "webhook")["webhooks"]
+    (condition,) = entry["matchConditions"]
+    environment = celpy.Environment()
+    program = environment.program(environment.compile(condition["expression"]))
+    assert bool(program.evaluate({"object": celpy.json_to_cel(obj)})) is sent
+
+
+def test_own_certificate_jobs_name_the_webhook_objects() -> None:
+    rendered = render()
+    deployment = rendered.component("Deployment", "webhook")
+    ours = container(deployment, "webhook")
+    tls_dir = flags(ours)["tls-dir"]
+    (secret,) = [v["secret"]["secretName"] for v in deployment["spec"]["template"]["spec"]["volumes"] if "secret" in v]
+    assert mount_of_volume(deployment, ours, secret=secret) == tls_dir
+    service = rendered.component("Service", "webhook")["metadata"]["name"]
+    config = rendered.component("MutatingWebhookConfiguration", "webhook")["metadata"]["name"]
+
+    jobs = {job["metadata"]["name"]: job for job in rendered.of_kind("Job")}
+    create, inject = jobs["hami-certgen-create"], jobs["hami-certgen-inject"]
+    assert argv(container(create, "certgen"))[:4] == ["python", "-m", "webhook.certs", "secret"]
+    assert flags(container(create, "certgen")) == {
+        "namespace": NAMESPACE,
+        "secret": secret,
+        "service": service,
+        "days": "3650",
+    }
+    assert argv(container(inject, "certgen"))[:4] == ["python", "-m", "webhook.certs", "inject"]
+    assert flags(container(inject, "certgen")) == {"namespace": NAMESPACE, "secret": secret, "webhook-config": config}
+    # the Secret exists before the webhook pods start; the configuration exists before its CA is injected
+    assert create["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
+    assert inject["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
+    assert "cert-manager.io/inject-ca-from" not in (
+        rendered.component("MutatingWebhookConfiguration", "webhook")["metadata"].get("annotations") or {}
+    )
+    assert rendered.of_kind("Certificate") == []
+
+
+@pytest.mark.parametrize("value_set", ["cert-manager", "cert-manager-own-issuer"])
+def test_cert_manager_issues_the_certificate_the_webhook_serves(value_set: str) -> None:
+    rendered = render(VALUE_SETS[value_set])
+    assert rendered.of_kind("Job") == []
+    deployment = rendered.component("Deployment", "webhook")
+    ours = container(deployment, "webhook")
+    certificate = rendered.one("Certificate")
+    assert mount_of_volume(deployment, ours, secret=certificate["spec"]["secretName"]) == flags(ours)["tls-dir"]
+    config = rendered.component("MutatingWebhookConfiguration", "webhook")
+    assert config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == (
+        f"{NAMESPACE}/{certificate['metadata']['name']}"
+    )
+    # exactly the names the webhook checks its certificate against
+    service = rendered.component("Service", "webhook")["metadata"]["name"]
+    covered = [*certificate["spec"]["dnsNames"], *certificate["spec"]["ipAddresses"]]
+    assert sorted(covered) == sorted(service_hostnames(service, NAMESPACE))
+    issuers = rendered.of_kind("Issuer")
+    reference = certificate["spec"]["issuerRef"]
+    if value_set == "cert-manager":
+        (issuer,) = issuers
+        assert issuer["spec"] == {"selfSigned": {}}
+        assert reference["name"] == issuer["metadata"]["name"] and reference["kind"] == "Issuer"
+    else:
+        assert issuers == [] and reference == {"name": "corp-ca", "kind": "ClusterIssuer"}
+
+
+# ------------------------------------------------------------------------------- node agent
+@pytest.mark.parametrize("value_set", ["defaults", "custom-resource-names", "everything-on", "custom-scheduler-name"])
+def test_node_agent_flags_are_accepted_and_match_its_mounts(value_set: str, tmp_path: Path) -> None:
+    values = VALUE_SETS[value_set]
+    rendered = render(values)
+    agent = rendered.component("DaemonSet", "node-agent")
+    ours = container(agent, "node-agent")
+    assert argv(ours)[0] == "hami-monitor"
+    env = {e["name"]: e for e in ours["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+
+    node_config = rendered.component("ConfigMap", "node-agent")
+    local = {"device-config": write_device_config(rendered, tmp_path), "config": tmp_path / "config.json"}
+    (tmp_path / "config.json").write_text(node_config["data"]["config.json"])
+    if "sim-devices" in flags(ours):
+        local["sim-devices"] = tmp_path / "sim-devices.yaml"
+        (tmp_path / "sim-devices.yaml").write_text(node_config["data"]["sim-devices.yaml"])
+    config = parse_agent_config(local_argv(ours, local), {"NODE_NAME": "node-1"})
+
+    # the kubelet's device-plugin directory is the host's, at the same path
+    (host_dir,) = [v["hostPath"]["path"] for v in agent["spec"]["template"]["spec"]["volumes"] if "hostPath" in v]
+    assert str(config.kubelet_dir) == host_dir == values.get("nodeAgent", {}).get("kubeletDir", "/var/lib/kubelet/device-plugins")
+    assert [m["mountPath"] for m in ours["volumeMounts"] if m["name"] == "device-plugins"] == [host_dir]
+    # the files it reads are in the ConfigMaps it mounts
+    given = flags(ours)
+    node_mount = mount_of_volume(agent, ours, configMap=node_config["metadata"]["name"])
+    assert Path(given["config"]).parent == Path(node_mount)
+    device_map = rendered.component("ConfigMap", "device-config")["metadata"]["name"]
+    assert Path(given["device-config"]).parent == Path(mount_of_volume(agent, ours, configMap=device_map))
+    # metrics port = container port = Service target
+    assert config.metrics_listen == f"0.0.0.0:{port(ours, 'metrics')}"
+    assert config.backend == values.get("nodeAgent", {}).get("backend", "auto")
+    gpu_policy = values.get("scheduler", {}).get("gpuSchedulerPolicy", "spread")
+    assert config.topology_score is ("topology-aware" in gpu_policy)
+
+    settings = load_node_settings(config)
+    assert settings is not None  # both files parse with the agent's own loader
+    if value_set == "everything-on":
+        assert str(config.hook_path) == "/usr/local/vgpu"
+        assert agent["spec"]["template"]["spec"]["runtimeClassName"] == "nvidia"

@@ -1,0 +1,98 @@
+"""List + watch threads against the embedded API server: events arrive, ended watches resume, 410 relists."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import kmock
+import pytest
+
+from hami.kube.watch import ListWatcher
+
+NODES = kmock.resource("v1/nodes")
+
+
+class Feed:
+    """Collects what a watcher hands to the loop, in order."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+
+    def on_list(self, items: list[dict[str, Any]]) -> None:
+        self.queue.put_nowait(("LIST", sorted(i["metadata"]["name"] for i in items)))
+
+    def on_event(self, kind: str, obj: dict[str, Any]) -> None:
+        self.queue.put_nowait((kind, obj["metadata"]["name"]))
+
+    async def next(self) -> tuple[str, Any]:
+        return await asyncio.wait_for(self.queue.get(), timeout=10)
+
+    async def until(self, wanted: tuple[str, Any]) -> None:
+        while (got := await self.next()) != wanted:
+            pass
+
+
+@pytest.fixture
+async def feed(api: Any) -> AsyncIterator[tuple[Feed, ListWatcher]]:
+    feed = Feed()
+    watcher = ListWatcher(api, "nodes", loop=asyncio.get_running_loop(), on_list=feed.on_list,
+                          on_event=feed.on_event, backoff=0.05)
+    yield feed, watcher
+    await asyncio.to_thread(watcher.stop)
+
+
+def _node(name: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
+
+
+async def test_list_then_live_events(apiserver: kmock.KubernetesEmulator, feed: tuple[Feed, ListWatcher]) -> None:
+    events, watcher = feed
+    await apiserver.post("/api/v1/nodes", json=_node("n1"))
+    watcher.start()
+    assert await events.next() == ("LIST", ["n1"])
+    await events.until(("ADDED", "n1"))  # the embedded server replays existing objects on connect
+    await apiserver.post("/api/v1/nodes", json=_node("n2"))
+    assert await events.next() == ("ADDED", "n2")
+    await apiserver.patch("/api/v1/nodes/n1", json={"metadata": {"labels": {"x": "y"}}})
+    assert await events.next() == ("MODIFIED", "n1")
+    await apiserver.delete("/api/v1/nodes/n2")
+    assert await events.next() == ("DELETED", "n2")
+
+
+async def test_a_watch_that_ends_is_resumed(apiserver: kmock.KubernetesEmulator, feed: tuple[Feed, ListWatcher]) -> None:
+    events, watcher = feed
+    apiserver[kmock.action.WATCH, NODES][:1] << b""  # the first watch stream ends at once
+    watcher.start()
+    assert await events.next() == ("LIST", [])
+    await apiserver.post("/api/v1/nodes", json=_node("late"))
+    await events.until(("ADDED", "late"))
+    assert watcher.watches_opened >= 2
+    assert watcher.lists_done == 1  # a plain end re-watches, it does not relist
+
+
+async def test_gone_makes_it_list_again(apiserver: kmock.KubernetesEmulator, feed: tuple[Feed, ListWatcher]) -> None:
+    events, watcher = feed
+    expired = {"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old"}}
+    apiserver[kmock.action.WATCH, NODES][:1] << (json.dumps(expired) + "\n").encode()
+    await apiserver.post("/api/v1/nodes", json=_node("n1"))
+    watcher.start()
+    assert await events.next() == ("LIST", ["n1"])
+    assert await events.next() == ("LIST", ["n1"])
+    assert watcher.lists_done == 2
+
+
+async def test_list_errors_are_retried(apiserver: kmock.KubernetesEmulator, api: Any) -> None:
+    (apiserver ** 10)[kmock.action.LIST, NODES][:2] << 500  # ahead of the listing reaction
+    events = Feed()
+    errors: list[int] = []
+    watcher = ListWatcher(api, "nodes", loop=asyncio.get_running_loop(), on_list=events.on_list,
+                          on_event=events.on_event, on_error=lambda e: errors.append(e.status), backoff=0.01)
+    watcher.start()
+    try:
+        assert await events.next() == ("LIST", [])
+    finally:
+        await asyncio.to_thread(watcher.stop)
+    assert errors == [500, 500]

@@ -1,0 +1,261 @@
+"""The pure admission decision (spec-scheduler §4): tables of pods -> spec changes or refusal messages."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from webhook_cases import CORES, DEFAULT, GPU, MEM, PCT, PRIO, REFUSALS, ctr, make_pod
+
+from hami.annotations import INTERNAL_POD_ANNOTATIONS
+from hami.settings import DeviceConfig, ResourceNames
+from webhook.config import MutationSettings
+from webhook.mutation import Admit, Refuse, apply, plan
+
+
+def admitted(pod: dict[str, Any], settings: MutationSettings = DEFAULT) -> dict[str, Any]:
+    """The pod as stored after the plan; fails the test on a refusal."""
+    decision = plan(pod, settings)
+    assert isinstance(decision, Admit), decision
+    return apply(pod, decision)
+
+
+def limits_of(pod: dict[str, Any], index: int = 0, key: str = "containers") -> dict[str, str]:
+    limits: dict[str, str] = pod["spec"][key][index]["resources"]["limits"]
+    return limits
+
+
+# ------------------------------------------------------------------------------------------ mutations
+
+
+@pytest.mark.parametrize(
+    ("limits", "expected"),
+    [
+        # a bare card request is exclusive: gpucores 100 means "needs an unused card" (§8)
+        ({GPU: "1"}, {GPU: "1", CORES: "100"}),
+        ({GPU: "2"}, {GPU: "2", CORES: "100"}),
+        # memory keeps the card shareable: nothing to add
+        ({GPU: "1", MEM: "3000"}, {GPU: "1", MEM: "3000"}),
+        ({GPU: "1", PCT: "50"}, {GPU: "1", PCT: "50"}),
+        # a 100 % memory share is a whole card, hence exclusive too
+        ({GPU: "1", PCT: "100"}, {GPU: "1", PCT: "100", CORES: "100"}),
+        # cores given: left alone
+        ({GPU: "1", CORES: "30"}, {GPU: "1", CORES: "30"}),
+        # only memory/cores: the count defaults to defaultGPUNum (1)
+        ({MEM: "3000"}, {MEM: "3000", GPU: "1"}),
+        ({CORES: "40"}, {CORES: "40", GPU: "1"}),
+        ({PCT: "100"}, {PCT: "100", GPU: "1", CORES: "100"}),
+        ({PCT: "25"}, {PCT: "25", GPU: "1"}),
+    ],
+)
+def test_limits_defaults(limits: dict[str, str], expected: dict[str, str]) -> None:
+    result = admitted(make_pod(ctr(limits=dict(limits))))
+    assert limits_of(result) == expected
+    assert result["spec"]["schedulerName"] == "hami-scheduler"
+
+
+def test_bare_card_changes_exactly_scheduler_and_cores() -> None:
+    decision = plan(make_pod(ctr(limits={GPU: "1"})), DEFAULT)
+    assert decision == Admit(
+        spec={
+            "containers": [
+                {"name": "main", "image": "cuda:12", "resources": {"limits": {GPU: "1", CORES: "100"}}}
+            ],
+            "schedulerName": "hami-scheduler",
+        },
+        notes=(
+            "container main: nvidia.com/gpucores set to 100 (a whole card)",
+            "schedulerName set to hami-scheduler",
+        ),
+    )
+
+
+def test_the_submitted_pod_is_not_modified() -> None:
+    pod = make_pod(ctr(limits={GPU: "1"}))
+    plan(pod, DEFAULT)
+    assert pod == make_pod(ctr(limits={GPU: "1"}))
+
+
+def test_unchanged_containers_are_not_in_the_plan() -> None:
+    decision = plan(make_pod(ctr(limits={GPU: "1", MEM: "1000"})), DEFAULT)
+    assert isinstance(decision, Admit)
+    assert decision.spec == {"schedulerName": "hami-scheduler"}
+
+
+def test_count_in_requests_counts_as_a_card_request() -> None:
+    pod = make_pod({"name": "main", "resources": {"requests": {GPU: "1"}, "limits": {MEM: "1000"}}})
+    result = admitted(pod)
+    assert result["spec"]["schedulerName"] == "hami-scheduler"
+    assert GPU not in limits_of(result)  # not injected: the count is given (in requests)
+
+
+def test_default_gpu_num_is_configurable() -> None:
+    settings = replace(DEFAULT, device=DeviceConfig(default_gpu_num=2))
+    assert limits_of(admitted(make_pod(ctr(limits={MEM: "1000"})), settings))[GPU] == "2"
+
+
+def test_exclusive_when_no_memory_resource_is_configured() -> None:
+    # With the memory resource name unset, HAMi treats a card without a percentage as exclusive.
+    device = DeviceConfig(resources=ResourceNames(memory=""))
+    settings = replace(DEFAULT, device=device)
+    assert limits_of(admitted(make_pod(ctr(limits={GPU: "1"})), settings))[CORES] == "100"
+
+
+def test_priority_becomes_env() -> None:
+    result = admitted(make_pod(ctr(limits={GPU: "1", MEM: "1000", PRIO: "1"})))
+    assert result["spec"]["containers"][0]["env"] == [{"name": "CUDA_TASK_PRIORITY", "value": "1"}]
+
+
+def test_existing_env_entry_is_replaced_in_place() -> None:
+    env = [
+        {"name": "A", "value": "x"},
+        {"name": "CUDA_TASK_PRIORITY", "value": "0"},
+        {"name": "B", "value": "y"},
+    ]
+    result = admitted(make_pod(ctr(limits={GPU: "1", MEM: "1000", PRIO: "1"}, env=env)))
+    assert result["spec"]["containers"][0]["env"] == [
+        {"name": "A", "value": "x"},
+        {"name": "CUDA_TASK_PRIORITY", "value": "1"},
+        {"name": "B", "value": "y"},
+    ]
+
+
+FORCE_ENV = [{"name": "GPU_CORE_UTILIZATION_POLICY", "value": "force"}]
+
+
+@pytest.mark.parametrize(("policy", "env"), [("force", FORCE_ENV), ("default", None), ("", None)])
+def test_core_policy_env(policy: str, env: list[dict[str, str]] | None) -> None:
+    settings = replace(DEFAULT, device=DeviceConfig(gpu_core_policy=policy))
+    result = admitted(make_pod(ctr(limits={GPU: "1", MEM: "1000"})), settings)
+    assert result["spec"]["containers"][0].get("env") == env
+
+
+def test_runtime_class_set_when_configured_and_absent() -> None:
+    settings = replace(DEFAULT, device=DeviceConfig(runtime_class_name="nvidia"))
+    assert admitted(make_pod(ctr(limits={GPU: "1"})), settings)["spec"]["runtimeClassName"] == "nvidia"
+    kept = admitted(make_pod(ctr(limits={GPU: "1"}), runtimeClassName="kata"), settings)
+    assert kept["spec"]["runtimeClassName"] == "kata"
+    # no runtime class on pods that ask for no card
+    decision = plan(make_pod(ctr(limits={"cpu": "1"})), settings)
+    assert decision == Admit(notes=("no container asks for a managed resource",))
+
+
+def test_overwrite_env_hides_cards_from_other_containers_of_a_gpu_pod() -> None:
+    settings = replace(DEFAULT, device=DeviceConfig(overwrite_env=True))
+    result = admitted(
+        make_pod(ctr(limits={GPU: "1", MEM: "1"}), ctr("sidecar", limits={"cpu": "1"})), settings
+    )
+    assert "env" not in result["spec"]["containers"][0]
+    assert result["spec"]["containers"][1]["env"] == [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "none"}]
+
+
+def test_init_containers_are_mutated_and_route_the_pod() -> None:
+    pod = make_pod(ctr("app", limits={"cpu": "1"}), init=(ctr("warmup", limits={GPU: "1"}),))
+    result = admitted(pod)
+    assert limits_of(result, key="initContainers") == {GPU: "1", CORES: "100"}
+    assert result["spec"]["containers"] == pod["spec"]["containers"]
+    assert result["spec"]["schedulerName"] == "hami-scheduler"
+
+
+@pytest.mark.parametrize("scheduler", ["", "default-scheduler", "hami-scheduler"])
+def test_our_pods_get_our_scheduler(scheduler: str) -> None:
+    pod = make_pod(ctr(limits={GPU: "1", MEM: "1"}), **({"schedulerName": scheduler} if scheduler else {}))
+    assert admitted(pod)["spec"]["schedulerName"] == "hami-scheduler"
+
+
+def test_already_ours_needs_no_scheduler_change() -> None:
+    decision = plan(make_pod(ctr(limits={GPU: "1", MEM: "1"}), schedulerName="hami-scheduler"), DEFAULT)
+    assert decision == Admit(spec={}, notes=())
+
+
+UNTOUCHED: list[tuple[str, dict[str, Any], MutationSettings, str]] = [
+    ("no GPU", make_pod(ctr(limits={"cpu": "1"})), DEFAULT, "no container asks for a managed resource"),
+    (
+        "privileged without GPU",
+        make_pod(ctr(limits={"cpu": "1"}, securityContext={"privileged": True})),
+        DEFAULT,
+        "no container asks for a managed resource",
+    ),
+    (
+        "foreign scheduler",
+        make_pod(ctr(limits={GPU: "1"}), schedulerName="volcano"),
+        DEFAULT,
+        "scheduler 'volcano' is not ours",
+    ),
+    (
+        "default-scheduler without forcing",
+        make_pod(ctr(limits={GPU: "1"}), schedulerName="default-scheduler"),
+        replace(DEFAULT, force_overwrite_default_scheduler=False),
+        "scheduler 'default-scheduler' is not ours",
+    ),
+    (
+        "ignored by label, even with bad values",
+        make_pod(ctr(limits={GPU: "99", CORES: "500"}), labels={"hami.io/webhook": "ignore"}),
+        DEFAULT,
+        "pod labelled hami.io/webhook=ignore",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("pod", "settings", "note"), [c[1:] for c in UNTOUCHED], ids=[c[0] for c in UNTOUCHED]
+)
+def test_untouched(pod: dict[str, Any], settings: MutationSettings, note: str) -> None:
+    assert plan(pod, settings) == Admit(notes=(note,))
+
+
+# ------------------------------------------------------------------------------------------- refusals
+
+
+@pytest.mark.parametrize(("pod", "message", "code"), [r[1:] for r in REFUSALS], ids=[r[0] for r in REFUSALS])
+def test_refusals(pod: dict[str, Any], message: str, code: int) -> None:
+    assert plan(pod, DEFAULT) == Refuse(message=message, code=code)
+
+
+def test_count_zero_default_refuses_memory_only() -> None:
+    settings = replace(DEFAULT, device=DeviceConfig(default_gpu_num=0))
+    assert plan(make_pod(ctr("t", limits={MEM: "1000"})), settings) == Refuse(
+        message='container "t": asks for nvidia.com/gpumem without nvidia.com/gpu, '
+        "and defaultGPUNum is 0; set the card count",
+        code=422,
+    )
+
+
+def test_max_cards_is_configurable() -> None:
+    settings = replace(DEFAULT, max_cards_per_container=4)
+    assert isinstance(plan(make_pod(ctr(limits={GPU: "4"})), settings), Admit)
+    assert plan(make_pod(ctr("t", limits={GPU: "5"})), settings) == Refuse(
+        message='container "t": nvidia.com/gpu "5" asks for more than 4 cards', code=422
+    )
+
+
+@pytest.mark.parametrize("key", INTERNAL_POD_ANNOTATIONS)
+@pytest.mark.parametrize(
+    "pod_kind",
+    ["gpu", "no-gpu", "ignored", "foreign-scheduler"],
+)
+def test_forged_internal_annotation_refused_on_every_new_pod(key: str, pod_kind: str) -> None:
+    limits = {"cpu": "1"} if pod_kind == "no-gpu" else {GPU: "1"}
+    extra: dict[str, Any] = {"schedulerName": "volcano"} if pod_kind == "foreign-scheduler" else {}
+    labels = {"hami.io/webhook": "ignore"} if pod_kind == "ignored" else None
+    pod = make_pod(ctr(limits=limits), annotations={key: "forged", "other": "x"}, labels=labels, **extra)
+    assert plan(pod, DEFAULT) == Refuse(
+        message=f"annotation {key} is written by HAMi only; a new pod may not carry it", code=403
+    )
+
+
+def test_all_forged_keys_are_listed() -> None:
+    pod = make_pod(
+        ctr(limits={GPU: "1"}), annotations={"hami.io/bind-phase": "success", "hami.io/vgpu-node": "n"}
+    )
+    assert plan(pod, DEFAULT) == Refuse(
+        message="annotation hami.io/vgpu-node is written by HAMi only; "
+        "annotation hami.io/bind-phase is written by HAMi only; a new pod may not carry it",
+        code=403,
+    )
+
+
+def test_user_steering_annotations_are_welcome() -> None:
+    pod = make_pod(ctr(limits={GPU: "1"}), annotations={"nvidia.com/use-gputype": "A100"})
+    assert isinstance(plan(pod, DEFAULT), Admit)

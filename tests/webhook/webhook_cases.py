@@ -1,0 +1,138 @@
+"""Shared pod builders and the refusal table, used by the pure tests and the HTTPS tests alike."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from webhook.config import MutationSettings
+
+DEFAULT = MutationSettings()
+
+
+def ctr(name: str = "main", limits: dict[str, str] | None = None, **extra: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"name": name, "image": "cuda:12"}
+    if limits is not None:
+        body["resources"] = {"limits": limits}
+    body.update(extra)
+    return body
+
+
+def make_pod(
+    *containers: dict[str, Any],
+    init: tuple[dict[str, Any], ...] = (),
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+    **spec: Any,
+) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": "p", "namespace": "default"}
+    if labels:
+        metadata["labels"] = labels
+    if annotations:
+        metadata["annotations"] = annotations
+    body: dict[str, Any] = {"containers": list(containers), **spec}
+    if init:
+        body["initContainers"] = list(init)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": body}
+
+
+GPU, MEM, PCT, CORES, PRIO = (
+    "nvidia.com/gpu",
+    "nvidia.com/gpumem",
+    "nvidia.com/gpumem-percentage",
+    "nvidia.com/gpucores",
+    "nvidia.com/priority",
+)
+
+
+REFUSALS: list[tuple[str, dict[str, Any], str, int]] = [
+    (
+        "cores above 100",
+        make_pod(ctr("train", limits={GPU: "1", CORES: "150"})),
+        'container "train": nvidia.com/gpucores "150" must be between 0 and 100 (percent of a card)',
+        422,
+    ),
+    (
+        "negative cores",
+        make_pod(ctr("train", limits={GPU: "1", CORES: "-1"})),
+        'container "train": nvidia.com/gpucores "-1" must not be negative',
+        422,
+    ),
+    (
+        "percentage 0",
+        make_pod(ctr("train", limits={GPU: "1", PCT: "0"})),
+        'container "train": nvidia.com/gpumem-percentage "0" must be between 1 and 100 '
+        "(percent of a card's memory)",
+        422,
+    ),
+    (
+        "percentage above 100",
+        make_pod(ctr("train", limits={GPU: "1", PCT: "101"})),
+        'container "train": nvidia.com/gpumem-percentage "101" must be between 0 and 100',
+        422,
+    ),
+    (
+        "memory in Gi",
+        make_pod(ctr("train", limits={GPU: "1", MEM: "16Gi"})),
+        'container "train": nvidia.com/gpumem "16Gi" is 17179869184 MiB, '
+        "more than the maximum 2147483647 MiB (nvidia.com/gpumem counts MiB: write 16384 for 16 GiB)",
+        422,
+    ),
+    (
+        "memory not whole",
+        make_pod(ctr("train", limits={GPU: "1", MEM: "1.5"})),
+        'container "train": nvidia.com/gpumem "1.5" is not a whole number of MiB',
+        422,
+    ),
+    (
+        "memory not a quantity",
+        make_pod(ctr("train", limits={GPU: "1", MEM: "lots"})),
+        'container "train": nvidia.com/gpumem "lots" is not a quantity; write a whole number of MiB',
+        422,
+    ),
+    (
+        "too many cards",
+        make_pod(ctr("train", limits={GPU: "17"})),
+        'container "train": nvidia.com/gpu "17" asks for more than 16 cards',
+        422,
+    ),
+    (
+        "fractional count",
+        make_pod(ctr("train", limits={GPU: "1.5"})),
+        'container "train": nvidia.com/gpu "1.5" is not a whole number',
+        422,
+    ),
+    (
+        "privileged GPU container",
+        make_pod(ctr("train", limits={GPU: "1"}, securityContext={"privileged": True})),
+        "container train is privileged",
+        403,
+    ),
+    (
+        "privileged sidecar in a GPU pod",
+        make_pod(ctr("train", limits={GPU: "1"}), ctr("debug", securityContext={"privileged": True})),
+        "container debug is privileged",
+        403,
+    ),
+    ("node preset", make_pod(ctr(limits={GPU: "1"}), nodeName="gpu-1"), "pod has node assigned", 403),
+    ("no containers", make_pod(), "pod has no containers", 400),
+    (
+        "two problems, both named",
+        make_pod(ctr("a", limits={GPU: "1", CORES: "101"}), ctr("b", limits={MEM: "2Gi"})),
+        'container "a": nvidia.com/gpucores "101" must be between 0 and 100 (percent of a card); '
+        'container "b": nvidia.com/gpumem "2Gi" is 2147483648 MiB, more than the maximum 2147483647 MiB '
+        "(nvidia.com/gpumem counts MiB: write 16384 for 16 GiB)",
+        422,
+    ),
+    (
+        "init container problem",
+        make_pod(ctr("app"), init=(ctr("warm", limits={CORES: "-5"}),)),
+        'container "warm": nvidia.com/gpucores "-5" must not be negative',
+        422,
+    ),
+    (
+        "forged allocation label",
+        make_pod(ctr(limits={GPU: "1"}), labels={"hami.io/vgpu-node": "gpu-1"}),
+        "label hami.io/vgpu-node is written by HAMi only; a new pod may not carry it",
+        403,
+    ),
+]

@@ -1,0 +1,40 @@
+"""ENTRY POINT ``hami-webhook`` (= ``python -m webhook``): flags -> settings -> the Kopf operator.
+
+Owns process set-up only: logging, parsing flags (env fallbacks ``HAMI_<FLAG>``), clear errors for bad
+configuration (exit code 2) and running :func:`webhook.handlers.run` until SIGINT/SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from webhook.certs import CertificateError
+from webhook.config import ConfigError, parse_settings
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        settings = parse_settings(argv, os.environ)
+    except ConfigError as exc:
+        print(f"hami-webhook: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Imported here so `hami-webhook --help` and flag errors do not pay for importing Kopf.
+    from webhook.handlers import run
+
+    try:
+        asyncio.run(run(settings))
+    except (CertificateError, OSError) as exc:
+        print(f"hami-webhook: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

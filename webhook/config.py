@@ -1,0 +1,213 @@
+"""The webhook's settings: command-line flags (each with an ``HAMI_<FLAG>`` env fallback) and HAMi's
+device-config YAML, folded into one frozen :class:`WebhookSettings` built once in ``__main__``.
+
+Owns flag parsing, ``HOST:PORT`` parsing and the Service DNS names the serving certificate must cover.
+Errors name the flag (or env variable, or file) and the offending text. Must not import kopf, aiohttp
+or the Kubernetes client: the pure mutation reads these settings too.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hami.settings import ConfigError as DeviceConfigError
+from hami.settings import DeviceConfig, from_device_config
+
+#: The Kopf handler id: Kopf serves each admission handler at ``/<id>``, so this is the URL path.
+HANDLER_ID = "webhook"
+#: The webhook's name inside the MutatingWebhookConfiguration (HAMi's chart uses the same).
+WEBHOOK_NAME = "vgpu.hami.io"
+FAILURE_POLICIES = ("Fail", "Ignore")
+
+
+class ConfigError(ValueError):
+    """A flag, env value or config file is wrong; the message names it and the offending text."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Address:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MutationSettings:
+    """What the pure mutation needs (spec-scheduler §2, §4)."""
+
+    scheduler_name: str = "hami-scheduler"
+    #: HAMi's ``--force-overwrite-default-scheduler``: pods naming ``default-scheduler`` are taken over.
+    force_overwrite_default_scheduler: bool = True
+    #: More cards than this in one container is refused (HAMi has no limit; nodes rarely have more).
+    max_cards_per_container: int = 16
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WebhookSettings:
+    """Everything the process needs; see ``docs/webhook.md`` for each knob."""
+
+    kubeconfig: str | None = None
+    listen: Address = field(default_factory=lambda: Address(host="0.0.0.0", port=9443))
+    tls_dir: Path = Path("/etc/hami/tls")
+    manage_config: bool = False
+    config_name: str = "hami-webhook"
+    service_name: str = "hami-webhook"
+    service_namespace: str = "kube-system"
+    failure_policy: str = "Fail"
+    health_listen: Address = field(default_factory=lambda: Address(host="0.0.0.0", port=8081))
+    #: Seconds between re-reads of the certificate files (Kopf restarts its listener when they change).
+    cert_check_interval: float = 60.0
+    log_level: str = "INFO"
+    mutation: MutationSettings = field(default_factory=MutationSettings)
+
+    @property
+    def hostnames(self) -> tuple[str, ...]:
+        return service_hostnames(self.service_name, self.service_namespace)
+
+
+def service_hostnames(service: str, namespace: str) -> tuple[str, ...]:
+    """Every name the apiserver (or a local client) may use to reach the webhook: the certificate SANs."""
+    return (
+        service,
+        f"{service}.{namespace}",
+        f"{service}.{namespace}.svc",
+        f"{service}.{namespace}.svc.cluster.local",
+        "localhost",
+        "127.0.0.1",
+    )
+
+
+def parse_address(flag: str, text: str) -> Address:
+    """``HOST:PORT`` (``[::1]:PORT`` for IPv6); port 0 means an OS-chosen port."""
+    host, sep, port = text.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"{flag} must be HOST:PORT, got {text!r}")
+    return Address(host=host, port=int(port))
+
+
+def _flag_env(flag: str) -> str:
+    return "HAMI_" + flag.upper().replace("-", "_")
+
+
+# flag -> (default text, help). Booleans are listed in _BOOL_FLAGS.
+_FLAGS: dict[str, tuple[str | None, str]] = {
+    "kubeconfig": (None, "kubeconfig file (default: in-cluster, then ~/.kube/config)"),
+    "listen": ("0.0.0.0:9443", "HOST:PORT the HTTPS admission endpoint listens on (path /webhook)"),
+    "tls-dir": (
+        "/etc/hami/tls",
+        "directory with ca.crt, tls.crt, tls.key (made here if absent and writable)",
+    ),
+    "config-name": ("hami-webhook", "name of the MutatingWebhookConfiguration written by --manage-config"),
+    "service-name": ("hami-webhook", "Service name (for the certificate SANs)"),
+    "service-namespace": ("kube-system", "Service namespace (for the certificate SANs)"),
+    "scheduler-name": ("hami-scheduler", "scheduler name set on GPU pods"),
+    "device-config": (None, "HAMi device-config YAML (top-level key nvidia:)"),
+    "failure-policy": ("Fail", "failurePolicy of the managed webhook: Fail or Ignore"),
+    "health-listen": ("0.0.0.0:8081", "HOST:PORT serving GET /healthz"),
+    "max-cards-per-container": ("16", "refuse containers asking for more cards than this"),
+    "cert-check-interval": ("60", "seconds between re-reads of the certificate files"),
+    "log-level": ("INFO", "DEBUG, INFO, WARNING or ERROR"),
+}
+_BOOL_FLAGS: dict[str, tuple[bool, str]] = {
+    "manage-config": (False, "create and keep the MutatingWebhookConfiguration up to date (local runs)"),
+    "force-overwrite-default-scheduler": (True, "take over GPU pods that name default-scheduler"),
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
+    """Declare every flag; a flag's default comes from ``HAMI_<FLAG>`` when that is set."""
+    for flag, (default, help_text) in _FLAGS.items():
+        name = _flag_env(flag)
+        parser.add_argument(f"--{flag}", default=env.get(name, default), help=f"{help_text} [env {name}]")
+    for flag, (default_bool, help_text) in _BOOL_FLAGS.items():
+        name = _flag_env(flag)
+        value = _env_bool(name, env[name]) if name in env else default_bool
+        parser.add_argument(
+            f"--{flag}",
+            action=argparse.BooleanOptionalAction,
+            default=value,
+            help=f"{help_text} [env {name}]",
+        )
+
+
+def _env_bool(name: str, text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ConfigError(f"{name} must be true or false, got {text!r}")
+
+
+def _number(flag: str, text: str, kind: type[int] | type[float], minimum: float) -> Any:
+    try:
+        value = kind(text)
+    except ValueError:
+        raise ConfigError(f"--{flag} must be a number, got {text!r}") from None
+    if value < minimum:
+        raise ConfigError(f"--{flag} must be at least {minimum}, got {text!r}")
+    return value
+
+
+def load_device_config(path: str | None) -> DeviceConfig:
+    """Read HAMi's device-config YAML; errors name the file."""
+    if not path:
+        return DeviceConfig()
+    try:
+        document = yaml.safe_load(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError(f"--device-config {path}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--device-config {path}: not valid YAML: {exc}") from exc
+    if document is not None and not isinstance(document, Mapping):
+        raise ConfigError(f"--device-config {path}: the top level must be a mapping")
+    try:
+        return from_device_config(document)
+    except DeviceConfigError as exc:
+        raise ConfigError(f"--device-config {path}: {exc}") from exc
+
+
+def settings_from_args(args: argparse.Namespace) -> WebhookSettings:
+    """Fold parsed flags into :class:`WebhookSettings`, validating every value."""
+    if args.failure_policy not in FAILURE_POLICIES:
+        raise ConfigError(f"--failure-policy must be Fail or Ignore, got {args.failure_policy!r}")
+    if args.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise ConfigError(f"--log-level must be DEBUG, INFO, WARNING or ERROR, got {args.log_level!r}")
+    mutation = MutationSettings(
+        scheduler_name=args.scheduler_name,
+        force_overwrite_default_scheduler=args.force_overwrite_default_scheduler,
+        max_cards_per_container=_number("max-cards-per-container", args.max_cards_per_container, int, 1),
+        device=load_device_config(args.device_config),
+    )
+    return WebhookSettings(
+        kubeconfig=args.kubeconfig or None,
+        listen=parse_address("--listen", args.listen),
+        tls_dir=Path(args.tls_dir),
+        manage_config=args.manage_config,
+        config_name=args.config_name,
+        service_name=args.service_name,
+        service_namespace=args.service_namespace,
+        failure_policy=args.failure_policy,
+        health_listen=parse_address("--health-listen", args.health_listen),
+        cert_check_interval=_number("cert-check-interval", args.cert_check_interval, float, 0.01),
+        log_level=args.log_level.upper(),
+        mutation=mutation,
+    )
+
+
+def parse_settings(argv: Sequence[str] | None, env: Mapping[str, str]) -> WebhookSettings:
+    parser = argparse.ArgumentParser(
+        prog="hami-webhook", description="HAMi mutating admission webhook (Kopf)."
+    )
+    add_arguments(parser, env)
+    return settings_from_args(parser.parse_args(argv))

@@ -1,0 +1,195 @@
+"""The Kopf wiring: login, the HTTPS admission server, the ``/webhook`` handler, the managed configuration.
+
+Owns :func:`run` (build everything from :class:`WebhookSettings`, then ``kopf.operator``) and the thin
+handlers it registers in its own ``OperatorRegistry`` (no decorators on a global registry: settings and
+shared state are passed in, never module globals):
+
+* ``on.login``: the kubeconfig (or in-cluster account) through ``hami.kube.client``.
+* ``on.mutate('v1', 'pods', id='webhook', operations={'CREATE'})``: applies :func:`webhook.mutation.plan`;
+  a refusal becomes ``kopf.AdmissionError``. Kopf turns ``patch`` into the JSONPatch it returns.
+* with ``--manage-config``, ``on.event`` on our MutatingWebhookConfiguration re-applies the scoping
+  Kopf cannot express (``webhook.registration``).
+
+No pod handler is stateful (no ``on.create``/``on.update``), so Kopf writes no annotations or
+finalizers on pods; Kopf's k8s-event posting is off. Must not import ``kubernetes`` (the client is
+reached only through ``hami.kube``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+
+from hami.kube.client import load_api_client
+from webhook import certs, registration
+from webhook.config import HANDLER_ID, WebhookSettings
+from webhook.mutation import Refuse, plan
+
+logger = logging.getLogger("hami.webhook")
+
+#: How often the renewal task looks at the serving certificate (it renews 30 days before expiry).
+RENEW_CHECK_SECONDS = 3600.0
+
+
+@dataclass(slots=True)
+class Published:
+    """The client config (url + caBundle) the webhook server last published; shared within one run."""
+
+    client_config: dict[str, Any] | None = None
+
+
+class PublishingWebhookServer(kopf.WebhookServer):
+    """Kopf's HTTPS server, also recording each client config it yields (start-up and every rotation)."""
+
+    def __init__(self, *, published: Published, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.published = published
+
+    async def __call__(self, fn: Any) -> AsyncIterator[Any]:
+        async for client_config in super().__call__(fn):
+            self.published.client_config = dict(client_config)
+            yield client_config
+
+
+def operator_settings(settings: WebhookSettings, published: Published) -> kopf.OperatorSettings:
+    """Kopf's settings: standalone, no k8s-event posting, our server and (optionally) managed config."""
+    kopf_settings = kopf.OperatorSettings()
+    kopf_settings.peering.standalone = True
+    kopf_settings.posting.enabled = False
+    tls = settings.tls_dir
+    ca_file = tls / certs.CA_CERT
+    kopf_settings.admission.server = PublishingWebhookServer(
+        published=published,
+        addr=settings.listen.host,
+        port=settings.listen.port or None,  # None: Kopf picks a free port (and re-publishes the URL)
+        certfile=str(tls / certs.TLS_CERT),
+        pkeyfile=str(tls / certs.TLS_KEY),
+        cafile=str(ca_file) if ca_file.exists() else None,
+        file_check_interval=settings.cert_check_interval,
+    )
+    kopf_settings.admission.managed = settings.config_name if settings.manage_config else None
+    return kopf_settings
+
+
+def build_registry(settings: WebhookSettings, published: Published) -> kopf.OperatorRegistry:
+    """Register the handlers of one operator run; everything they need is closed over, not global."""
+    registry = kopf.OperatorRegistry()
+
+    @kopf.on.login(registry=registry)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        api = load_api_client(settings.kubeconfig)
+        conf = api.configuration
+        header = conf.get_api_key_with_prefix("BearerToken") or conf.get_api_key_with_prefix("authorization")
+        scheme, _sep, token = (header or "").rpartition(" ")
+        return kopf.ConnectionInfo(
+            server=conf.host,
+            ca_path=conf.ssl_ca_cert,
+            insecure=not conf.verify_ssl,
+            username=conf.username or None,
+            password=conf.password or None,
+            scheme=scheme or None,
+            token=token or None,
+            certificate_path=conf.cert_file,
+            private_key_path=conf.key_file,
+        )
+
+    @kopf.on.mutate(
+        "v1",
+        "pods",
+        id=HANDLER_ID,
+        operations={"CREATE"},
+        ignore_failures=settings.failure_policy == "Ignore",
+        registry=registry,
+    )
+    async def mutate(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+        pod: dict[str, Any] = dict(body)
+        decision = plan(pod, settings.mutation)
+        metadata = pod.get("metadata") or {}
+        name = f"{metadata.get('namespace')}/{metadata.get('name') or metadata.get('generateName', '')}"
+        if isinstance(decision, Refuse):
+            logger.info("refused pod %s: %s", name, decision.message)
+            raise kopf.AdmissionError(decision.message, code=decision.code)
+        for key, value in decision.spec.items():
+            patch.spec[key] = value
+        logger.debug("admitted pod %s: %s", name, "; ".join(decision.notes))
+
+    @kopf.on.probe(id="certificate", registry=registry)
+    def certificate(**_: Any) -> str:
+        bundle = certs.read_bundle(settings.tls_dir)
+        return "missing" if bundle is None else certs.expiry(bundle.cert).isoformat()
+
+    if settings.manage_config:
+
+        @kopf.on.event(
+            "admissionregistration.k8s.io",
+            "v1",
+            "mutatingwebhookconfigurations",
+            field="metadata.name",
+            value=settings.config_name,
+            registry=registry,
+        )
+        def scope(body: kopf.Body, patch: kopf.Patch, type: str | None, **_: Any) -> None:
+            stored = body.get("webhooks") or []
+            # Empty: not configured yet, or Kopf removed the webhook on exit; never re-add it then.
+            if type == "DELETED" or not stored or published.client_config is None:
+                return
+            desired = registration.desired_webhook(settings, published.client_config)
+            if not registration.up_to_date(stored, desired):
+                logger.info("scoping MutatingWebhookConfiguration %s", settings.config_name)
+                patch["webhooks"] = [desired]
+
+    return registry
+
+
+async def renew_forever(settings: WebhookSettings, *, interval: float = RENEW_CHECK_SECONDS) -> None:
+    """Re-issue our own serving certificate before it expires; Kopf notices the new files by itself."""
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            outcome = await asyncio.to_thread(
+                certs.ensure_certificates, settings.tls_dir, settings.hostnames, now=datetime.now(UTC)
+            )
+        except (OSError, certs.CertificateError) as exc:
+            logger.error("certificate check failed: %s", exc)
+            continue
+        if outcome.action != "loaded":
+            logger.warning("certificates %s: %s", outcome.action, outcome.reason)
+
+
+async def run(
+    settings: WebhookSettings,
+    *,
+    stop_flag: asyncio.Event | threading.Event | None = None,
+    ready_flag: asyncio.Event | threading.Event | None = None,
+) -> None:
+    """Prepare the certificates, then run the operator until ``stop_flag`` (or a signal) stops it."""
+    outcome = await asyncio.to_thread(
+        certs.ensure_certificates, settings.tls_dir, settings.hostnames, now=datetime.now(UTC)
+    )
+    logger.info("certificates in %s %s %s", settings.tls_dir, outcome.action, outcome.reason)
+    published = Published()
+    # Created before kopf.operator starts, so Kopf's shutdown leaves it to us.
+    renewer = asyncio.create_task(renew_forever(settings), name="hami-webhook-cert-renewal")
+    health = settings.health_listen
+    try:
+        await kopf.operator(
+            registry=build_registry(settings, published),
+            settings=operator_settings(settings, published),
+            clusterwide=True,
+            standalone=True,
+            liveness_endpoint=f"http://{health.host}:{health.port}/healthz",
+            stop_flag=stop_flag,
+            ready_flag=ready_flag,
+        )
+    finally:
+        renewer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await renewer

@@ -1,0 +1,275 @@
+"""The admission decision for one new pod: a patch plan or a refusal (spec-scheduler §4). PURE.
+
+Owns :func:`plan`: given the pod as submitted (raw JSON dict) and :class:`MutationSettings`, it returns
+:class:`Admit` (the new value of every top-level ``spec`` field that changes; empty when the pod is left
+alone) or :class:`Refuse` (a message naming the container and the field). Request parsing is the core's
+(:func:`hami.core.requests.parse_container`); this module only adds the webhook's own defaults and
+policies. Must not import kopf, aiohttp, the Kubernetes client, ``logging``, ``os`` or ``time``.
+
+Per pod, in order:
+
+1. A user-set internal annotation (or the ``hami.io/vgpu-node`` label) -> refuse: nobody may forge an
+   allocation. Checked before anything else, even for ignored pods and foreign schedulers.
+2. Pod labelled ``hami.io/webhook: ignore`` -> untouched. (Namespaces with that label are skipped by
+   the webhook configuration's ``namespaceSelector``; the apiserver never sends their pods.)
+3. No containers -> refuse ``pod has no containers``.
+4. Another scheduler named (not ours, not ``default-scheduler`` when forcing) -> untouched.
+5. Each container, init containers first: refuse malformed or out-of-range values; default the card
+   count (``defaultGPUNum``) when only memory/cores are given; the implicit exclusive ``gpucores: 100``
+   for a bare card request; env ``CUDA_TASK_PRIORITY`` / ``GPU_CORE_UTILIZATION_POLICY``.
+6. No container asks for a managed resource -> untouched (no env, no scheduler name).
+7. A privileged container in a GPU pod -> refuse; a preset ``spec.nodeName`` -> refuse.
+8. Set ``spec.schedulerName``, ``runtimeClassName`` (when configured and absent), and
+   ``NVIDIA_VISIBLE_DEVICES=none`` on the pod's non-GPU containers when ``overwriteEnv``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hami.annotations import INTERNAL_POD_ANNOTATIONS, POD_VGPU_NODE, WEBHOOK_IGNORE_LABEL
+from hami.core.quantity import QuantityError, parse_quantity
+from hami.core.requests import lookup, parse_container
+from webhook.config import MutationSettings
+
+IGNORE_VALUE = "ignore"
+DEFAULT_SCHEDULER = "default-scheduler"
+ENV_PRIORITY = "CUDA_TASK_PRIORITY"
+ENV_CORE_POLICY = "GPU_CORE_UTILIZATION_POLICY"
+ENV_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+#: Status codes of refusals: a value the user wrote is invalid, or the pod is not allowed as a whole.
+CODE_INVALID = 422
+CODE_FORBIDDEN = 403
+CODE_BAD_REQUEST = 400
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Admit:
+    """Allow the pod. ``spec`` maps each changed top-level spec field to its whole new value."""
+
+    spec: Mapping[str, Any] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()  # what changed or why nothing did, for the log
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.spec)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Refuse:
+    """Deny the pod; ``message`` names the container and field (several problems joined by ``; ``)."""
+
+    message: str
+    code: int
+
+
+@dataclass(slots=True)
+class _Container:
+    """One container being mutated (a private deep copy, made only when something changes)."""
+
+    original: Mapping[str, Any]
+    uses_gpu: bool = False
+    copy: dict[str, Any] | None = None
+
+    @property
+    def name(self) -> str:
+        return str(self.original.get("name", ""))
+
+    @property
+    def result(self) -> Mapping[str, Any]:
+        return self.copy if self.copy is not None else self.original
+
+    def _own(self) -> dict[str, Any]:
+        if self.copy is None:
+            self.copy = copy.deepcopy(dict(self.original))
+        return self.copy
+
+    def set_limit(self, resource: str, value: str) -> None:
+        resources = self._own().setdefault("resources", {})
+        resources.setdefault("limits", {})[resource] = value
+
+    def set_env(self, name: str, value: str) -> None:
+        """Set env ``name``; an existing plain entry of that name is replaced in place (order kept)."""
+        if any(e.get("name") == name and e.get("value") == value for e in self.original.get("env") or ()):
+            return
+        env: list[dict[str, Any]] = self._own().setdefault("env", [])
+        for entry in env:
+            if entry.get("name") == name:
+                entry.pop("valueFrom", None)
+                entry["value"] = value
+                return
+        env.append({"name": name, "value": value})
+
+
+def plan(pod: Mapping[str, Any], settings: MutationSettings) -> Admit | Refuse:
+    """Decide what happens to ``pod`` (a new pod, as submitted). See the module docstring for the order."""
+    metadata: Mapping[str, Any] = pod.get("metadata") or {}
+    spec: Mapping[str, Any] = pod.get("spec") or {}
+
+    forged = _forged(metadata)
+    if forged:
+        return Refuse(message="; ".join(forged), code=CODE_FORBIDDEN)
+    if (metadata.get("labels") or {}).get(WEBHOOK_IGNORE_LABEL) == IGNORE_VALUE:
+        return Admit(notes=(f"pod labelled {WEBHOOK_IGNORE_LABEL}={IGNORE_VALUE}",))
+    if not spec.get("containers"):
+        return Refuse(message="pod has no containers", code=CODE_BAD_REQUEST)
+    scheduler = spec.get("schedulerName") or ""
+    ours = settings.scheduler_name
+    if (
+        scheduler
+        and scheduler != ours
+        and not (scheduler == DEFAULT_SCHEDULER and settings.force_overwrite_default_scheduler)
+    ):
+        return Admit(notes=(f"scheduler {scheduler!r} is not ours",))
+
+    groups = {key: [_Container(c) for c in spec.get(key) or ()] for key in ("initContainers", "containers")}
+    containers = groups["initContainers"] + groups["containers"]
+    problems: list[str] = []
+    notes: list[str] = []
+    for container in containers:
+        _mutate_container(container, settings, problems, notes)
+    if problems:
+        return Refuse(message="; ".join(problems), code=CODE_INVALID)
+    if not any(c.uses_gpu for c in containers):
+        return Admit(notes=("no container asks for a managed resource",))
+
+    privileged = next((c for c in containers if _privileged(c.original)), None)
+    if privileged is not None:
+        return Refuse(message=f"container {privileged.name} is privileged", code=CODE_FORBIDDEN)
+    if spec.get("nodeName"):
+        return Refuse(message="pod has node assigned", code=CODE_FORBIDDEN)
+
+    device = settings.device
+    if device.overwrite_env:
+        for container in containers:
+            if not container.uses_gpu:
+                container.set_env(ENV_VISIBLE_DEVICES, "none")
+    changes: dict[str, Any] = {}
+    for key, group in groups.items():
+        if any(c.copy is not None for c in group):
+            changes[key] = [c.result for c in group]
+    if ours and scheduler != ours:
+        changes["schedulerName"] = ours
+        notes.append(f"schedulerName set to {ours}")
+    if device.runtime_class_name and not spec.get("runtimeClassName"):
+        changes["runtimeClassName"] = device.runtime_class_name
+        notes.append(f"runtimeClassName set to {device.runtime_class_name}")
+    return Admit(spec=changes, notes=tuple(notes))
+
+
+def apply(pod: Mapping[str, Any], admit: Admit) -> dict[str, Any]:
+    """The pod as it will be stored: a copy with the plan's spec fields replaced (for tests and tools)."""
+    result = copy.deepcopy(dict(pod))
+    result.setdefault("spec", {}).update(copy.deepcopy(dict(admit.spec)))
+    return result
+
+
+def _forged(metadata: Mapping[str, Any]) -> list[str]:
+    annotations: Mapping[str, Any] = metadata.get("annotations") or {}
+    labels: Mapping[str, Any] = metadata.get("labels") or {}
+    found = [
+        f"annotation {key} is written by HAMi only" for key in INTERNAL_POD_ANNOTATIONS if key in annotations
+    ]
+    if POD_VGPU_NODE in labels:
+        found.append(f"label {POD_VGPU_NODE} is written by HAMi only")
+    if found:
+        found[-1] += "; a new pod may not carry it"
+    return found
+
+
+def _privileged(container: Mapping[str, Any]) -> bool:
+    return bool((container.get("securityContext") or {}).get("privileged"))
+
+
+def _texts(resources: Mapping[str, Any], key: str) -> dict[str, str]:
+    """``limits`` or ``requests`` as text (quantities arrive as strings; be lenient with raw numbers)."""
+    values: Mapping[str, Any] = resources.get(key) or {}
+    return {str(k): str(v) for k, v in values.items()}
+
+
+def _int_or_none(text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        return parse_quantity(text).plain_int
+    except QuantityError:
+        return None
+
+
+def _mutate_container(
+    container: _Container, settings: MutationSettings, problems: list[str], notes: list[str]
+) -> None:
+    device = settings.device
+    res = device.resources
+    name = container.name
+    resources: Mapping[str, Any] = container.original.get("resources") or {}
+    limits, requests = _texts(resources, "limits"), _texts(resources, "requests")
+    asked = [r for r in res.managed if r and (r in limits or r in requests)]
+    if not asked:
+        return
+
+    before = len(problems)
+    problems.extend(p.message for p in parse_container(name, limits, requests, device).problems)
+    problems.extend(_range_problems(name, settings, limits, requests, reported=problems[before:]))
+    if len(problems) > before:
+        return
+
+    container.uses_gpu = True
+    if lookup(res.count, limits, requests) is None:
+        if device.default_gpu_num <= 0:
+            problems.append(
+                f'container "{name}": asks for {", ".join(asked)} without {res.count}, '
+                "and defaultGPUNum is 0; set the card count"
+            )
+            return
+        container.set_limit(res.count, str(device.default_gpu_num))
+        notes.append(f"container {name}: {res.count} set to {device.default_gpu_num} (defaultGPUNum)")
+    if lookup(res.cores, limits, requests) is None and _exclusive(settings, limits, requests):
+        container.set_limit(res.cores, "100")
+        notes.append(f"container {name}: {res.cores} set to 100 (a whole card)")
+    if res.priority in limits:
+        container.set_env(ENV_PRIORITY, limits[res.priority])
+    if device.gpu_core_policy and device.gpu_core_policy != "default":
+        container.set_env(ENV_CORE_POLICY, device.gpu_core_policy)
+
+
+def _range_problems(
+    name: str,
+    settings: MutationSettings,
+    limits: Mapping[str, str],
+    requests: Mapping[str, str],
+    *,
+    reported: Sequence[str],
+) -> list[str]:
+    """The webhook's own limits on values the core parser accepts (HAMi clamps or ignores them)."""
+    res = settings.device.resources
+    found: list[str] = []
+
+    def check(resource: str, low: int, high: int, why: str) -> None:
+        text = lookup(resource, limits, requests)
+        value = _int_or_none(text)
+        already = any(f'{resource} "' in message for message in reported)
+        if text is not None and value is not None and not low <= value <= high and not already:
+            found.append(f'container "{name}": {resource} "{text}" {why}')
+
+    check(
+        res.count,
+        0,
+        settings.max_cards_per_container,
+        f"asks for more than {settings.max_cards_per_container} cards",
+    )
+    check(res.cores, 0, 100, "must be between 0 and 100 (percent of a card)")
+    check(res.memory_percentage, 1, 100, "must be between 1 and 100 (percent of a card's memory)")
+    return found
+
+
+def _exclusive(settings: MutationSettings, limits: Mapping[str, str], requests: Mapping[str, str]) -> bool:
+    """HAMi's rule: a card asked for without cores is exclusive unless memory makes it shareable."""
+    res = settings.device.resources
+    percentage = lookup(res.memory_percentage, limits, requests)
+    if percentage is not None:
+        return _int_or_none(percentage) == 100
+    return not res.memory or lookup(res.memory, limits, requests) is None

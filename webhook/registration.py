@@ -1,0 +1,96 @@
+"""The MutatingWebhookConfiguration entry this webhook wants, for ``--manage-config``. PURE.
+
+Owns the scoping Kopf's managed configuration cannot express (Kopf 1.45 writes ``timeoutSeconds: 30``,
+no ``namespaceSelector``, no ``matchConditions``, no ``reinvocationPolicy``): :func:`desired_webhook`
+builds the whole entry, :func:`up_to_date` tells whether the stored one already has it. The Kopf wiring
+(``webhook.handlers``) re-applies it whenever Kopf rewrites the configuration (start-up, certificate
+rotation). Must not import kopf, aiohttp or the Kubernetes client.
+
+Scope, so a webhook outage can never block unrelated pods:
+
+* ``namespaceSelector``: namespaces labelled ``hami.io/webhook: ignore`` are skipped entirely.
+* ``matchConditions`` (CEL, Kubernetes >= 1.28): only pods that ask for a managed resource in an init or
+  app container and are not labelled ``hami.io/webhook: ignore``, **or** that carry an internal
+  annotation (so a pod cannot escape the forged-allocation check by labelling itself ignored — which is
+  why the pod label is matched here and not with an ``objectSelector``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from hami.annotations import INTERNAL_POD_ANNOTATIONS, POD_VGPU_NODE, WEBHOOK_IGNORE_LABEL
+from hami.settings import ResourceNames
+from webhook.config import HANDLER_ID, WEBHOOK_NAME, WebhookSettings
+
+TIMEOUT_SECONDS = 10
+MATCH_CONDITION_NAME = "hami-gpu-pods"
+
+
+def _cel_list(items: Sequence[str]) -> str:
+    return "[" + ", ".join(f"'{item}'" for item in items) + "]"
+
+
+def match_expression(resources: ResourceNames) -> str:
+    """The CEL condition: (asks for a managed resource and not ignored) or carries an internal key."""
+    managed = _cel_list([r for r in resources.managed if r])
+    internal = _cel_list(INTERNAL_POD_ANNOTATIONS)
+    containers = (
+        "(has(object.spec.initContainers) ? object.spec.initContainers : [])"
+        " + (has(object.spec.containers) ? object.spec.containers : [])"
+    )
+    asks = (
+        f"({containers}).exists(c, has(c.resources) && ("
+        f"(has(c.resources.limits) && {managed}.exists(r, r in c.resources.limits)) || "
+        f"(has(c.resources.requests) && {managed}.exists(r, r in c.resources.requests))))"
+    )
+    ignored = (
+        f"(has(object.metadata.labels) && '{WEBHOOK_IGNORE_LABEL}' in object.metadata.labels"
+        f" && object.metadata.labels['{WEBHOOK_IGNORE_LABEL}'] == 'ignore')"
+    )
+    forged = (
+        f"(has(object.metadata.annotations) && {internal}.exists(k, k in object.metadata.annotations))"
+        f" || (has(object.metadata.labels) && '{POD_VGPU_NODE}' in object.metadata.labels)"
+    )
+    return f"{forged} || (!{ignored} && {asks})"
+
+
+def desired_webhook(settings: WebhookSettings, client_config: Mapping[str, Any]) -> dict[str, Any]:
+    """The whole webhook entry; ``client_config`` is what Kopf's server published (url, caBundle)."""
+    config = dict(client_config)
+    if "url" in config:
+        config["url"] = f"{str(config['url']).rstrip('/')}/{HANDLER_ID}"
+    return {
+        "name": WEBHOOK_NAME,
+        "admissionReviewVersions": ["v1"],
+        "clientConfig": config,
+        "rules": [
+            {
+                "apiGroups": [""],
+                "apiVersions": ["v1"],
+                "resources": ["pods"],
+                "operations": ["CREATE"],
+                "scope": "Namespaced",
+            }
+        ],
+        "failurePolicy": settings.failure_policy,
+        "matchPolicy": "Equivalent",
+        "sideEffects": "None",
+        "timeoutSeconds": TIMEOUT_SECONDS,
+        "reinvocationPolicy": "Never",
+        "namespaceSelector": {
+            "matchExpressions": [{"key": WEBHOOK_IGNORE_LABEL, "operator": "NotIn", "values": ["ignore"]}]
+        },
+        "matchConditions": [
+            {"name": MATCH_CONDITION_NAME, "expression": match_expression(settings.mutation.device.resources)}
+        ],
+    }
+
+
+def up_to_date(stored: Sequence[Mapping[str, Any]], desired: Mapping[str, Any]) -> bool:
+    """True when the stored list is our one entry with every field we set (server defaults ignored)."""
+    if len(stored) != 1:
+        return False
+    entry = stored[0]
+    return all(entry.get(key) == value for key, value in desired.items())
