@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -232,13 +233,13 @@ def read_bundle(directory: Path) -> Bundle | None:
 def write_bundle(directory: Path, bundle: Bundle, *, now: datetime) -> None:
     """Replace the files in one atomic step, the way kubelet updates a mounted Secret.
 
-    The files go into a fresh ``..<timestamp>`` directory; ``..data`` is re-pointed at it with one
+    The files go into a fresh ``..<timestamp>.<random>`` directory; ``..data`` is re-pointed at it with one
     ``rename``; each visible name is a symlink through ``..data``. A reader sees the old set or the new
     set, never a mix (Kopf re-reads ``tls.crt`` and ``tls.key`` separately).
     """
     directory.mkdir(parents=True, exist_ok=True)
-    version = directory / f"..{now.strftime('%Y_%m_%d_%H_%M_%S.%f')}"
-    version.mkdir(mode=0o700)
+    # a unique name even for two writes at the same ``now`` (mkdtemp also makes it 0700)
+    version = Path(tempfile.mkdtemp(prefix=f"..{now.strftime('%Y_%m_%d_%H_%M_%S')}.", dir=directory))
     contents = {CA_CERT: bundle.ca_cert, TLS_CERT: bundle.cert, TLS_KEY: bundle.key}
     if bundle.ca_key is not None:
         contents[CA_KEY] = bundle.ca_key

@@ -47,7 +47,9 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "defaults": {},
     "cert-manager": {"webhook": {"certManager": {"enabled": True}}},
     "cert-manager-own-issuer": {
-        "webhook": {"certManager": {"enabled": True, "issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"}}}
+        "webhook": {
+            "certManager": {"enabled": True, "issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"}}
+        }
     },
     "replicas-2": {"scheduler": {"replicas": 2}, "webhook": {"replicas": 2}},
     "custom-resource-names": {
@@ -91,12 +93,16 @@ class Rendered:
 
     def one(self, kind: str, name: str | None = None) -> dict[str, Any]:
         found = [doc for doc in self.of_kind(kind) if name is None or doc["metadata"]["name"] == name]
-        assert len(found) == 1, f"expected one {kind} {name or ''}, found {[d['metadata']['name'] for d in found]}"
+        assert len(found) == 1, (
+            f"expected one {kind} {name or ''}, found {[d['metadata']['name'] for d in found]}"
+        )
         return found[0]
 
     def component(self, kind: str, component: str) -> dict[str, Any]:
         """The one object of ``kind`` labelled app.kubernetes.io/component=``component``."""
-        found = [doc for doc in self.of_kind(kind) if labels(doc).get("app.kubernetes.io/component") == component]
+        found = [
+            doc for doc in self.of_kind(kind) if labels(doc).get("app.kubernetes.io/component") == component
+        ]
         assert len(found) == 1, f"expected one {kind} of component {component}, found {len(found)}"
         return found[0]
 
@@ -157,7 +163,7 @@ def port(ctr: Mapping[str, Any], name: str) -> int:
 
 def mount_of_volume(workload: Mapping[str, Any], ctr: Mapping[str, Any], **source: str) -> str:
     """Where ``ctr`` mounts the volume whose source matches, e.g. ``configMap="x"`` or ``secret="y"``."""
-    (kind, name), = source.items()
+    ((kind, name),) = source.items()
     key = {"configMap": "name", "secret": "secretName"}[kind]
     volumes = [v["name"] for v in pod_spec(workload)["volumes"] if (v.get(kind) or {}).get(key) == name]
     assert len(volumes) == 1, f"no {kind} volume {name}"
@@ -168,7 +174,9 @@ def mount_of_volume(workload: Mapping[str, Any], ctr: Mapping[str, Any], **sourc
 
 # ------------------------------------------------------------------------------------- schemas
 def _schema_dir(version: str) -> Any:
-    return resources.files("kubernetes_validate").joinpath("kubernetes-json-schema", f"v{version}.0-local-strict")
+    return resources.files("kubernetes_validate").joinpath(
+        "kubernetes-json-schema", f"v{version}.0-local-strict"
+    )
 
 
 @functools.cache
@@ -221,3 +229,47 @@ def grants(rendered: Rendered, component: str) -> set[Grant]:
                 for rule in role.get("rules", []):
                     result.update(_rule_grants(rule))
     return result
+
+
+def grant_for_request(method: str, path: str, query: Mapping[str, str] | None = None) -> Grant:
+    """The RBAC permission an API request needs, as the API server's authorizer derives it.
+
+    ``GET /api/v1/nodes`` -> list, ``GET /api/v1/nodes?watch=true`` -> watch, ``GET /api/v1/nodes/n1`` ->
+    get (limited to n1), ``POST .../pods/p/binding`` -> create on ``pods/binding``. Lets an RBAC test map
+    the requests kmock recorded from a component onto :func:`grants` of that component.
+    """
+    parts = [p for p in path.split("?")[0].strip("/").split("/") if p]
+    if parts[:1] == ["api"]:
+        group, rest = "", parts[2:]
+    elif parts[:1] == ["apis"]:
+        group, rest = parts[1], parts[3:]
+    else:
+        raise ValueError(f"not a resource path: {path}")
+    if rest[:1] == ["namespaces"] and len(rest) >= 3:
+        rest = rest[2:]  # namespaced object or collection (a bare .../namespaces/NAME is the namespace)
+    resource, name, sub = rest[0], rest[1] if len(rest) > 1 else "", rest[2] if len(rest) > 2 else ""
+    watching = (query or {}).get("watch") in ("true", "1")
+    verb = {
+        "GET": "watch" if watching else ("get" if name else "list"),
+        "POST": "create",
+        "PUT": "update",
+        "PATCH": "patch",
+        "DELETE": "delete" if name else "deletecollection",
+    }[method.upper()]
+    if sub:
+        return Grant(group=group, resource=f"{resource}/{sub}", verb=verb, name=name)
+    return Grant(
+        group=group,
+        resource=resource,
+        verb=verb,
+        name=name if verb not in ("create", "list", "watch") else "",
+    )
+
+
+def allows(granted: set[Grant], needed: Grant) -> bool:
+    """Whether ``granted`` covers ``needed`` (a rule without resourceNames covers every name)."""
+    return any(
+        (g.group, g.resource, g.verb) == (needed.group, needed.resource, needed.verb)
+        and g.name in ("", needed.name)
+        for g in granted
+    )

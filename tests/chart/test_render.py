@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from hami.settings import DeviceConfig, ResourceNames, from_device_config
+
 from .rendering import (
     CHART,
     CUSTOM_KINDS,
@@ -92,7 +93,9 @@ def test_disruption_budget_only_with_more_than_one_scheduler(replicas: int) -> N
     (budget,) = budgets
     assert budget["spec"]["minAvailable"] == 1
     assert budget["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
-    spread = pod_spec(deployment)["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    spread = pod_spec(deployment)["affinity"]["podAntiAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ]
     assert spread[0]["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
 
 
@@ -155,7 +158,9 @@ def test_our_image_defaults_to_the_app_version() -> None:
     with helm.Chart.load(str(CHART)) as chart:
         app_version = chart.metadata["appVersion"]
     rendered = render()
-    images = {c["image"] for kind in WORKLOADS for w in rendered.of_kind(kind) for c in pod_spec(w)["containers"]}
+    images = {
+        c["image"] for kind in WORKLOADS for w in rendered.of_kind(kind) for c in pod_spec(w)["containers"]
+    }
     assert f"hami-py:{app_version}" in images
     custom = render(VALUE_SETS["everything-on"])
     agent = container(custom.one("DaemonSet", "gpu-node-agent"), "node-agent")
@@ -166,7 +171,11 @@ def test_our_image_defaults_to_the_app_version() -> None:
 @SETS
 def test_device_config_is_what_our_settings_read(values: dict[str, Any]) -> None:
     rendered = render(values)
-    (config_map,) = [d for d in rendered.of_kind("ConfigMap") if labels(d)["app.kubernetes.io/component"] == "device-config"]
+    (config_map,) = [
+        d
+        for d in rendered.of_kind("ConfigMap")
+        if labels(d)["app.kubernetes.io/component"] == "device-config"
+    ]
     parsed = from_device_config(yaml.safe_load(config_map["data"]["device-config.yaml"]))
     names = values.get("resourceNames", {})
     nvidia = values.get("devices", {}).get("nvidia", {})
@@ -199,7 +208,9 @@ def test_pods_roll_when_their_configuration_changes() -> None:
         rendered = render(values)
         return {
             w["metadata"]["name"]: {
-                k: v for k, v in w["spec"]["template"]["metadata"]["annotations"].items() if k.startswith("checksum/")
+                k: v
+                for k, v in w["spec"]["template"]["metadata"]["annotations"].items()
+                if k.startswith("checksum/")
             }
             for kind in ("Deployment", "DaemonSet")
             for w in rendered.of_kind(kind)
@@ -210,9 +221,15 @@ def test_pods_roll_when_their_configuration_changes() -> None:
     for name in before:
         assert before[name]["checksum/device-config"] != after[name]["checksum/device-config"], name
     renamed = checksums({"schedulerName": "other"})
-    assert renamed["hami-scheduler"]["checksum/scheduler-config"] != before["hami-scheduler"]["checksum/scheduler-config"]
+    assert (
+        renamed["hami-scheduler"]["checksum/scheduler-config"]
+        != before["hami-scheduler"]["checksum/scheduler-config"]
+    )
     per_node = checksums({"nodeAgent": {"nodeConfig": [{"name": "n1", "devicesplitcount": 2}]}})
-    assert per_node["hami-node-agent"]["checksum/node-config"] != before["hami-node-agent"]["checksum/node-config"]
+    assert (
+        per_node["hami-node-agent"]["checksum/node-config"]
+        != before["hami-node-agent"]["checksum/node-config"]
+    )
 
 
 def test_node_agent_runs_only_on_labelled_gpu_nodes() -> None:

@@ -86,7 +86,9 @@ def extender_routes() -> set[tuple[str, str]]:
         return AGREED_ROUTES
     found = {
         (method.upper(), path)
-        for method, path in re.findall(r"(?:add_|web\.)(get|post)\(\s*[\"'](/[^\"']*)[\"']", source.read_text())
+        for method, path in re.findall(
+            r"(?:add_|web\.)(get|post)\(\s*[\"'](/[^\"']*)[\"']", source.read_text()
+        )
     }
     assert found, f"no aiohttp route registrations recognised in {source}; update extender_routes()"
     return found
@@ -115,7 +117,9 @@ def kube_scheduler_config(rendered: Rendered) -> tuple[dict[str, Any], dict[str,
     (config_flag,) = [a for a in argv(kube) if a.startswith("--config=")]
     config_path = Path(config_flag.removeprefix("--config="))
     config_map = rendered.component("ConfigMap", "scheduler")
-    assert mount_of_volume(deployment, kube, configMap=config_map["metadata"]["name"]) == str(config_path.parent)
+    assert mount_of_volume(deployment, kube, configMap=config_map["metadata"]["name"]) == str(
+        config_path.parent
+    )
     return deployment, yaml.safe_load(config_map["data"][config_path.name])
 
 
@@ -179,7 +183,9 @@ def test_leader_election_uses_the_profile_lease(values: dict[str, Any]) -> None:
     assert election["leaderElect"] is True
     assert (election["resourceName"], election["resourceNamespace"]) == (scheduler_name(values), NAMESPACE)
     if values.get("rbac", {}).get("create", True):
-        role = rendered.one("Role", f"{rendered.component('Deployment', 'scheduler')['metadata']['name']}-leader-election")
+        role = rendered.one(
+            "Role", f"{rendered.component('Deployment', 'scheduler')['metadata']['name']}-leader-election"
+        )
         named = [r for r in role["rules"] if r.get("resourceNames")]
         assert named == [
             {
@@ -203,7 +209,9 @@ def test_extender_flags_carry_the_chart_settings(values: dict[str, Any]) -> None
     assert given["node-scheduler-policy"] == scheduler.get("nodeSchedulerPolicy", "binpack")
     assert given["gpu-scheduler-policy"] == scheduler.get("gpuSchedulerPolicy", "spread")
     device_config = rendered.component("ConfigMap", "device-config")["metadata"]["name"]
-    assert Path(given["device-config"]).parent == Path(mount_of_volume(deployment, ours, configMap=device_config))
+    assert Path(given["device-config"]).parent == Path(
+        mount_of_volume(deployment, ours, configMap=device_config)
+    )
 
 
 def test_extender_flags_are_accepted_by_its_parser() -> None:
@@ -242,7 +250,11 @@ def test_webhook_server_and_its_service_agree(values: dict[str, Any], tmp_path: 
     # the certificate it checks is for the name the API server uses
     assert (settings.service_name, settings.service_namespace) == (service["metadata"]["name"], NAMESPACE)
     assert settings.manage_config is False
-    assert settings.failure_policy == webhook["failurePolicy"] == values.get("webhook", {}).get("failurePolicy", "Fail")
+    assert (
+        settings.failure_policy
+        == webhook["failurePolicy"]
+        == values.get("webhook", {}).get("failurePolicy", "Fail")
+    )
     # health probes hit the health listener
     assert ours["readinessProbe"]["httpGet"]["port"] == "health"
     assert settings.health_listen.port == port(ours, "health")
@@ -252,7 +264,9 @@ def test_webhook_server_and_its_service_agree(values: dict[str, Any], tmp_path: 
 
 
 @SETS
-def test_webhook_configuration_is_the_one_the_webhook_would_write(values: dict[str, Any], tmp_path: Path) -> None:
+def test_webhook_configuration_is_the_one_the_webhook_would_write(
+    values: dict[str, Any], tmp_path: Path
+) -> None:
     """The chart's entry equals webhook.registration.desired_webhook (apart from how it is reached)."""
     rendered = render(values)
     ours = container(rendered.component("Deployment", "webhook"), "webhook")
@@ -274,13 +288,39 @@ def test_webhook_configuration_is_the_one_the_webhook_would_write(values: dict[s
     [
         ({"containers": [{"name": "a", "resources": {"limits": {"{count}": "1"}}}]}, True),
         ({"containers": [{"name": "a", "resources": {"requests": {"{memory}": "1000"}}}]}, True),
-        ({"containers": [{"name": "a"}], "initContainers": [{"name": "i", "resources": {"limits": {"{cores}": "30"}}}]}, True),
-        ({"containers": [{"name": "a", "resources": {"limits": {"cpu": "1", "nvidia.com/gpu-other": "1"}}}]}, False),
+        (
+            {
+                "containers": [{"name": "a"}],
+                "initContainers": [{"name": "i", "resources": {"limits": {"{cores}": "30"}}}],
+            },
+            True,
+        ),
+        (
+            {
+                "containers": [
+                    {"name": "a", "resources": {"limits": {"cpu": "1", "nvidia.com/gpu-other": "1"}}}
+                ]
+            },
+            False,
+        ),
         ({"containers": [{"name": "a"}]}, False),
         ({"containers": [{"name": "a", "resources": {}}]}, False),
-        ({"labels": {"hami.io/webhook": "ignore"}, "containers": [{"name": "a", "resources": {"limits": {"{count}": "1"}}}]}, False),
+        (
+            {
+                "labels": {"hami.io/webhook": "ignore"},
+                "containers": [{"name": "a", "resources": {"limits": {"{count}": "1"}}}],
+            },
+            False,
+        ),
         # an "ignored" pod pretending to be allocated already is still checked
-        ({"labels": {"hami.io/webhook": "ignore"}, "annotations": {"hami.io/vgpu-devices-allocated": "x"}, "containers": [{"name": "a"}]}, True),
+        (
+            {
+                "labels": {"hami.io/webhook": "ignore"},
+                "annotations": {"hami.io/vgpu-devices-allocated": "x"},
+                "containers": [{"name": "a"}],
+            },
+            True,
+        ),
         ({"labels": {"hami.io/vgpu-node": "n1"}, "containers": [{"name": "a"}]}, True),
     ],
 )
@@ -294,7 +334,12 @@ def test_only_pods_asking_for_our_resources_are_sent(pod: dict[str, Any], sent: 
         text = text.replace(token, name)
     spec = json.loads(text)
     metadata = {k: spec.pop(k) for k in ("labels", "annotations") if k in spec}
-    obj = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "ns", **metadata}, "spec": spec}
+    obj = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p", "namespace": "ns", **metadata},
+        "spec": spec,
+    }
     (entry,) = render(values).component("MutatingWebhookConfiguration", "webhook")["webhooks"]
     (condition,) = entry["matchConditions"]
     environment = celpy.Environment()
@@ -307,7 +352,9 @@ def test_own_certificate_jobs_name_the_webhook_objects() -> None:
     deployment = rendered.component("Deployment", "webhook")
     ours = container(deployment, "webhook")
     tls_dir = flags(ours)["tls-dir"]
-    (secret,) = [v["secret"]["secretName"] for v in deployment["spec"]["template"]["spec"]["volumes"] if "secret" in v]
+    (secret,) = [
+        v["secret"]["secretName"] for v in deployment["spec"]["template"]["spec"]["volumes"] if "secret" in v
+    ]
     assert mount_of_volume(deployment, ours, secret=secret) == tls_dir
     service = rendered.component("Service", "webhook")["metadata"]["name"]
     config = rendered.component("MutatingWebhookConfiguration", "webhook")["metadata"]["name"]
@@ -322,7 +369,11 @@ def test_own_certificate_jobs_name_the_webhook_objects() -> None:
         "days": "3650",
     }
     assert argv(container(inject, "certgen"))[:4] == ["python", "-m", "webhook.certs", "inject"]
-    assert flags(container(inject, "certgen")) == {"namespace": NAMESPACE, "secret": secret, "webhook-config": config}
+    assert flags(container(inject, "certgen")) == {
+        "namespace": NAMESPACE,
+        "secret": secret,
+        "webhook-config": config,
+    }
     # the Secret exists before the webhook pods start; the configuration exists before its CA is injected
     assert create["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
     assert inject["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
@@ -339,7 +390,9 @@ def test_cert_manager_issues_the_certificate_the_webhook_serves(value_set: str) 
     deployment = rendered.component("Deployment", "webhook")
     ours = container(deployment, "webhook")
     certificate = rendered.one("Certificate")
-    assert mount_of_volume(deployment, ours, secret=certificate["spec"]["secretName"]) == flags(ours)["tls-dir"]
+    assert (
+        mount_of_volume(deployment, ours, secret=certificate["spec"]["secretName"]) == flags(ours)["tls-dir"]
+    )
     config = rendered.component("MutatingWebhookConfiguration", "webhook")
     assert config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == (
         f"{NAMESPACE}/{certificate['metadata']['name']}"
@@ -359,7 +412,9 @@ def test_cert_manager_issues_the_certificate_the_webhook_serves(value_set: str) 
 
 
 # ------------------------------------------------------------------------------- node agent
-@pytest.mark.parametrize("value_set", ["defaults", "custom-resource-names", "everything-on", "custom-scheduler-name"])
+@pytest.mark.parametrize(
+    "value_set", ["defaults", "custom-resource-names", "everything-on", "custom-scheduler-name"]
+)
 def test_node_agent_flags_are_accepted_and_match_its_mounts(value_set: str, tmp_path: Path) -> None:
     values = VALUE_SETS[value_set]
     rendered = render(values)
@@ -378,8 +433,14 @@ def test_node_agent_flags_are_accepted_and_match_its_mounts(value_set: str, tmp_
     config = parse_agent_config(local_argv(ours, local), {"NODE_NAME": "node-1"})
 
     # the kubelet's device-plugin directory is the host's, at the same path
-    (host_dir,) = [v["hostPath"]["path"] for v in agent["spec"]["template"]["spec"]["volumes"] if "hostPath" in v]
-    assert str(config.kubelet_dir) == host_dir == values.get("nodeAgent", {}).get("kubeletDir", "/var/lib/kubelet/device-plugins")
+    (host_dir,) = [
+        v["hostPath"]["path"] for v in agent["spec"]["template"]["spec"]["volumes"] if "hostPath" in v
+    ]
+    assert (
+        str(config.kubelet_dir)
+        == host_dir
+        == values.get("nodeAgent", {}).get("kubeletDir", "/var/lib/kubelet/device-plugins")
+    )
     assert [m["mountPath"] for m in ours["volumeMounts"] if m["name"] == "device-plugins"] == [host_dir]
     # the files it reads are in the ConfigMaps it mounts
     given = flags(ours)

@@ -94,7 +94,7 @@ async def test_rotation_is_picked_up_without_restart(operator: Operator, webhook
     context = ssl.create_default_context(cadata=fresh.ca_cert.decode())
     rotated = Webhook(
         url=url, ca=fresh.ca_cert, session=aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context))
-    )  # noqa: E501
+    )
     async with rotated.session:
         response = await rotated.admit(make_pod(ctr(limits={GPU: "1"})))
     assert response["allowed"] is True

@@ -1,0 +1,149 @@
+"""Certificates made with ``cryptography``: SANs, chain, renewal, ownership, atomic writes."""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.x509.oid import ExtendedKeyUsageOID
+from cryptography.x509.verification import PolicyBuilder, Store
+
+from webhook import certs
+from webhook.config import service_hostnames
+
+NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+NAMES = service_hostnames("hami-webhook", "hami-system")
+
+
+def verify(bundle: certs.Bundle, name: str, *, at: datetime = NOW) -> None:
+    """Raise unless ``bundle.cert`` is a valid server certificate for ``name`` under ``bundle.ca_cert``."""
+    ca = x509.load_pem_x509_certificate(bundle.ca_cert)
+    leaf = x509.load_pem_x509_certificate(bundle.cert)
+    subject: x509.DNSName | x509.IPAddress
+    if name[0].isdigit():
+        import ipaddress
+
+        subject = x509.IPAddress(ipaddress.ip_address(name))
+    else:
+        subject = x509.DNSName(name)
+    verifier = PolicyBuilder().store(Store([ca])).time(at).build_server_verifier(subject)
+    verifier.verify(leaf, [])
+
+
+def test_serving_certificate_names_every_service_name() -> None:
+    assert NAMES == (
+        "hami-webhook",
+        "hami-webhook.hami-system",
+        "hami-webhook.hami-system.svc",
+        "hami-webhook.hami-system.svc.cluster.local",
+        "localhost",
+        "127.0.0.1",
+    )
+    bundle = certs.generate(NAMES, now=NOW)
+    assert certs.sans(bundle.cert) == NAMES
+    for name in NAMES:
+        verify(bundle, name)
+    with pytest.raises(x509.verification.VerificationError):
+        verify(bundle, "evil.example.com")
+
+
+def test_ca_and_leaf_roles() -> None:
+    bundle = certs.generate(NAMES, now=NOW)
+    ca = x509.load_pem_x509_certificate(bundle.ca_cert)
+    leaf = x509.load_pem_x509_certificate(bundle.cert)
+    assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca is True
+    assert leaf.extensions.get_extension_for_class(x509.BasicConstraints).value.ca is False
+    eku = leaf.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert list(eku) == [ExtendedKeyUsageOID.SERVER_AUTH]
+    assert leaf.not_valid_after_utc == NOW + certs.SERVING_VALIDITY
+    assert ca.not_valid_after_utc == NOW + certs.CA_VALIDITY
+    # another CA's chain does not verify
+    other = certs.generate(NAMES, now=NOW)
+    with pytest.raises(x509.verification.VerificationError):
+        verify(certs.Bundle(ca_cert=other.ca_cert, cert=bundle.cert, key=bundle.key), "localhost")
+
+
+def test_absent_files_are_generated_then_loaded(tmp_path: Path) -> None:
+    tls = tmp_path / "tls"
+    assert certs.ensure_certificates(tls, NAMES, now=NOW).action == "generated"
+    first = certs.read_bundle(tls)
+    assert first is not None and first.ca_key is not None
+    assert sorted(p.name for p in tls.iterdir() if not p.name.startswith("..")) == sorted(certs.FILES)
+    assert oct((tls / "tls.key").stat().st_mode & 0o777) == "0o600"
+    assert certs.ensure_certificates(tls, NAMES, now=NOW + timedelta(days=1)) == certs.Outcome(
+        action="loaded"
+    )
+    assert certs.read_bundle(tls) == first
+
+
+def test_expiring_serving_certificate_is_renewed_under_the_same_ca(tmp_path: Path) -> None:
+    certs.ensure_certificates(tmp_path, NAMES, now=NOW)
+    before = certs.read_bundle(tmp_path)
+    assert before is not None
+    later = NOW + certs.SERVING_VALIDITY - timedelta(days=29)  # inside the 30-day renewal window
+    outcome = certs.ensure_certificates(tmp_path, NAMES, now=later)
+    assert outcome.action == "renewed"
+    assert outcome.reason.startswith("tls.crt expires 2027-03-01")
+    after = certs.read_bundle(tmp_path)
+    assert after is not None
+    assert after.ca_cert == before.ca_cert and after.ca_key == before.ca_key  # caBundle stays valid
+    assert after.cert != before.cert and after.key != before.key
+    verify(after, "hami-webhook.hami-system.svc", at=later)
+
+
+def test_new_service_name_renews(tmp_path: Path) -> None:
+    certs.ensure_certificates(tmp_path, NAMES, now=NOW)
+    names = service_hostnames("hami-webhook", "other")
+    outcome = certs.ensure_certificates(tmp_path, names, now=NOW)
+    assert outcome.action == "renewed"
+    assert outcome.reason == (
+        "tls.crt does not cover hami-webhook.other, hami-webhook.other.svc, "
+        "hami-webhook.other.svc.cluster.local"
+    )
+    bundle = certs.read_bundle(tmp_path)
+    assert bundle is not None and certs.sans(bundle.cert) == names
+
+
+def test_a_secret_without_ca_key_is_left_to_its_owner(tmp_path: Path) -> None:
+    bundle = certs.generate(NAMES, now=NOW)
+    for name, data in (
+        (certs.CA_CERT, bundle.ca_cert),
+        (certs.TLS_CERT, bundle.cert),
+        (certs.TLS_KEY, bundle.key),
+    ):
+        (tmp_path / name).write_bytes(data)
+    late = NOW + certs.SERVING_VALIDITY - timedelta(days=1)
+    outcome = certs.ensure_certificates(tmp_path, NAMES, now=late)
+    assert outcome.action == "kept"
+    assert "no ca.key, so it is left to its owner" in outcome.reason
+    assert (tmp_path / certs.TLS_CERT).read_bytes() == bundle.cert
+
+
+def test_self_signed_without_ca_crt_is_its_own_bundle(tmp_path: Path) -> None:
+    bundle = certs.generate(NAMES, now=NOW)
+    (tmp_path / certs.TLS_CERT).write_bytes(bundle.cert)
+    (tmp_path / certs.TLS_KEY).write_bytes(bundle.key)
+    loaded = certs.read_bundle(tmp_path)
+    assert loaded is not None and loaded.ca_cert == bundle.cert and loaded.ca_key is None
+
+
+def test_unreadable_certificate_names_the_file(tmp_path: Path) -> None:
+    (tmp_path / certs.TLS_CERT).write_text("not a certificate")
+    (tmp_path / certs.TLS_KEY).write_text("x")
+    with pytest.raises(certs.CertificateError, match=r"tls\.crt: not a PEM certificate"):
+        certs.read_bundle(tmp_path)
+
+
+def test_writes_swap_one_symlink_like_kubelet(tmp_path: Path) -> None:
+    certs.write_bundle(tmp_path, certs.generate(NAMES, now=NOW), now=NOW)
+    second = certs.generate(NAMES, now=NOW)
+    certs.write_bundle(tmp_path, second, now=NOW + timedelta(seconds=1))
+    for name in certs.FILES:
+        assert os.readlink(tmp_path / name) == f"..data/{name}"
+    versions = [p.name for p in tmp_path.iterdir() if p.name.startswith("..") and p.name != "..data"]
+    assert len(versions) == 1 and versions[0].startswith("..2026_03_01_12_00_01.")  # the previous one is gone
+    assert os.readlink(tmp_path / "..data") == versions[0]
+    assert certs.read_bundle(tmp_path) == second

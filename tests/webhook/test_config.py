@@ -1,0 +1,97 @@
+"""Flags, ``HAMI_<FLAG>`` env fallbacks, the device config file, and clear errors for bad values."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from webhook.__main__ import main
+from webhook.config import Address, ConfigError, WebhookSettings, parse_settings
+
+
+def test_defaults() -> None:
+    settings = parse_settings([], {})
+    assert settings == WebhookSettings()
+    assert settings.listen == Address(host="0.0.0.0", port=9443)
+    assert settings.mutation.scheduler_name == "hami-scheduler"
+    assert settings.mutation.force_overwrite_default_scheduler is True
+
+
+def test_env_fallbacks_and_flags_win() -> None:
+    env = {
+        "HAMI_LISTEN": "127.0.0.1:7443",
+        "HAMI_MANAGE_CONFIG": "true",
+        "HAMI_SCHEDULER_NAME": "gpu-sched",
+        "HAMI_FAILURE_POLICY": "Ignore",
+        "HAMI_MAX_CARDS_PER_CONTAINER": "8",
+        "HAMI_FORCE_OVERWRITE_DEFAULT_SCHEDULER": "false",
+    }
+    settings = parse_settings([], env)
+    assert settings.listen == Address(host="127.0.0.1", port=7443)
+    assert settings.manage_config is True
+    assert settings.failure_policy == "Ignore"
+    assert settings.mutation.scheduler_name == "gpu-sched"
+    assert settings.mutation.max_cards_per_container == 8
+    assert settings.mutation.force_overwrite_default_scheduler is False
+    flagged = parse_settings(["--listen", "[::1]:8443", "--no-manage-config", "--scheduler-name", "x"], env)
+    assert flagged.listen == Address(host="::1", port=8443)
+    assert flagged.manage_config is False
+    assert flagged.mutation.scheduler_name == "x"
+
+
+def test_service_names_become_hostnames() -> None:
+    settings = parse_settings(["--service-name", "wh", "--service-namespace", "gpu"], {})
+    assert settings.hostnames == (
+        "wh",
+        "wh.gpu",
+        "wh.gpu.svc",
+        "wh.gpu.svc.cluster.local",
+        "localhost",
+        "127.0.0.1",
+    )
+
+
+def test_device_config_file(tmp_path: Path) -> None:
+    path = tmp_path / "device.yaml"
+    path.write_text("nvidia:\n  runtimeClassName: nvidia\n  defaultGPUNum: 2\n  gpuCorePolicy: force\n")
+    device = parse_settings(["--device-config", str(path)], {}).mutation.device
+    assert (device.runtime_class_name, device.default_gpu_num, device.gpu_core_policy) == (
+        "nvidia",
+        2,
+        "force",
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        (["--listen", "9443"], {}, "--listen must be HOST:PORT, got '9443'"),
+        (["--health-listen", "host:http"], {}, "--health-listen must be HOST:PORT, got 'host:http'"),
+        (["--failure-policy", "Never"], {}, "--failure-policy must be Fail or Ignore, got 'Never'"),
+        (["--max-cards-per-container", "0"], {}, "--max-cards-per-container must be at least 1, got '0'"),
+        (["--cert-check-interval", "soon"], {}, "--cert-check-interval must be a number, got 'soon'"),
+        ([], {"HAMI_MANAGE_CONFIG": "maybe"}, "HAMI_MANAGE_CONFIG must be true or false, got 'maybe'"),
+        (["--log-level", "loud"], {}, "--log-level must be DEBUG, INFO, WARNING or ERROR, got 'loud'"),
+    ],
+)
+def test_bad_values_are_named(argv: list[str], env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_settings(argv, env)
+    assert str(caught.value) == message
+
+
+def test_bad_device_config_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "device.yaml"
+    path.write_text("nvidia:\n  defaultGPUNum: two\n")
+    with pytest.raises(
+        ConfigError, match=r"device\.yaml: nvidia\.defaultGPUNum must be an integer, got 'two'"
+    ):
+        parse_settings(["--device-config", str(path)], {})
+    with pytest.raises(ConfigError, match=r"missing\.yaml: No such file or directory"):
+        parse_settings(["--device-config", str(tmp_path / "missing.yaml")], {})
+
+
+def test_main_reports_configuration_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--listen", "nowhere"]) == 2
+    assert capsys.readouterr().err == "hami-webhook: --listen must be HOST:PORT, got 'nowhere'\n"
