@@ -1,0 +1,181 @@
+"""Why a pod does not fit a node, in words, and the nearest change that would make it fit.
+
+Owns :func:`explain_node`: the node's verdict with HAMi's reason text, plus hints a person can act on:
+"fits if gpumem <= 7000", "fits if gpucores <= 40", "fits if nvidia.com/gpu <= 2", "needs 2 cards on one
+NUMA node, best NUMA node has 1", "fits without the use-gputype preference", "fits when pod ns/name
+ends". Each hint is found by re-running the real fit (:func:`hami.core.allocate.fit_node`) on a changed
+request or node, never by a second implementation of the rules.
+
+Pure: stdlib only; must not import a Kubernetes client, aiohttp, kopf, grpc, pynvml, ``logging``,
+``os`` or ``time``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+
+from hami.core.allocate import Policy, fit_node
+from hami.core.model import (
+    PERCENT_NOT_GIVEN,
+    Allocation,
+    ContainerRequest,
+    NamespaceQuota,
+    NodeState,
+    PodRequest,
+)
+from hami.core.usage import PodUsage, apply_usage
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeExplanation:
+    """One node's verdict for a pod: ``reason`` is HAMi's text (empty when it fits)."""
+
+    node: str
+    fits: bool
+    reason: str = ""
+    resolvable: bool = True
+    hints: tuple[str, ...] = ()
+
+
+def explain_node(
+    request: PodRequest,
+    node: NodeState,
+    policy: Policy,
+    *,
+    quotas: Mapping[str, NamespaceQuota] | None = None,
+    pods: Mapping[str, PodUsage] | None = None,
+    memory_name: str = "gpumem",
+    cores_name: str = "gpucores",
+    count_name: str = "nvidia.com/gpu",
+) -> NodeExplanation:
+    """Explain ``request`` on ``node``. ``pods`` maps "ns/name" to the usage of pods already on it."""
+
+    def fits(r: PodRequest, n: NodeState = node) -> bool:
+        return isinstance(fit_node(r, n, policy, quotas=quotas), Allocation)
+
+    decision = fit_node(request, node, policy, quotas=quotas)
+    if isinstance(decision, Allocation):
+        return NodeExplanation(node=node.name, fits=True)
+    hints: list[str] = []
+    for position, container in enumerate(request.containers):
+        if container is None or container.nums <= 0:
+            continue
+        hints += _container_hints(request, position, container, fits, memory_name, cores_name, count_name)
+    hints += _steering_hints(request, fits)
+    if request.numa_bind and fits(replace(request, numa_bind=False)):
+        hints.append(_numa_hint(request, node))
+    hints += _freeing_hints(request, node, pods or {}, fits)
+    return NodeExplanation(
+        node=node.name,
+        fits=False,
+        reason=decision.message,
+        resolvable=decision.resolvable,
+        hints=tuple(dict.fromkeys(hints)),
+    )
+
+
+def _with(request: PodRequest, position: int, container: ContainerRequest) -> PodRequest:
+    containers = list(request.containers)
+    containers[position] = container
+    return replace(request, containers=tuple(containers))
+
+
+def _largest(low: int, high: int, ok: Callable[[int], bool]) -> int | None:
+    """The largest value in ``[low, high]`` with ``ok`` true, assuming ok is monotone (smaller is easier)."""
+    if high < low or not ok(low):
+        return None
+    while low < high:
+        middle = (low + high + 1) // 2
+        if ok(middle):
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def _container_hints(
+    request: PodRequest,
+    position: int,
+    container: ContainerRequest,
+    fits: Callable[[PodRequest], bool],
+    memory_name: str,
+    cores_name: str,
+    count_name: str,
+) -> list[str]:
+    hints: list[str] = []
+    label = f"container #{position}" if len(request.containers) > 1 else "the container"
+    # memory: absolute MiB, or a percentage of each card
+    if container.memory_mib > 0:
+        best = _largest(
+            1,
+            container.memory_mib - 1,
+            lambda m: fits(_with(request, position, replace(container, memory_mib=m))),
+        )
+        if best is not None:
+            hints.append(f"fits if {label} asks {memory_name} <= {best}")
+    elif container.percentage != PERCENT_NOT_GIVEN:
+        best = _largest(
+            1,
+            container.percentage - 1,
+            lambda p: fits(_with(request, position, replace(container, percentage=p))),
+        )
+        if best is not None:
+            hints.append(f"fits if {label} asks {memory_name}-percentage <= {best}")
+    if container.cores > 0:
+        best = _largest(
+            0, container.cores - 1, lambda c: fits(_with(request, position, replace(container, cores=c)))
+        )
+        if best is not None:
+            hints.append(f"fits if {label} asks {cores_name} <= {best}")
+    if container.nums > 1:
+        best = _largest(
+            1, container.nums - 1, lambda n: fits(_with(request, position, replace(container, nums=n)))
+        )
+        if best is not None:
+            hints.append(f"fits if {label} asks {count_name} <= {best}")
+    return hints
+
+
+def _steering_hints(request: PodRequest, fits: Callable[[PodRequest], bool]) -> list[str]:
+    relaxed = (
+        (request.use_types, replace(request, use_types=()), "nvidia.com/use-gputype"),
+        (request.nouse_types, replace(request, nouse_types=()), "nvidia.com/nouse-gputype"),
+        (request.use_uuids, replace(request, use_uuids=()), "nvidia.com/use-gpuuuid"),
+        (request.nouse_uuids, replace(request, nouse_uuids=()), "nvidia.com/nouse-gpuuuid"),
+    )
+    hints = [
+        f"fits without the {name} annotation" for given, without, name in relaxed if given and fits(without)
+    ]
+    if request.vgpu_mode is not None and fits(replace(request, vgpu_mode=None)):
+        hints.append("fits without the nvidia.com/vgpu-mode annotation")
+    return hints
+
+
+def _numa_hint(request: PodRequest, node: NodeState) -> str:
+    """ "needs 2 cards on one NUMA node, best NUMA node has 1": count per NUMA node the cards that could
+    each take one share of the largest container on their own."""
+    wanted = max((c for c in request.containers if c is not None), key=lambda c: c.nums)
+    single = replace(request, numa_bind=False, containers=(replace(wanted, nums=1),), init_count=0)
+    per_numa: dict[int, int] = {}
+    for state in node.devices:
+        alone = replace(node, devices=(state,))
+        if isinstance(fit_node(single, alone, Policy()), Allocation):
+            per_numa[state.device.numa] = per_numa.get(state.device.numa, 0) + 1
+    layout = "+".join(str(per_numa[n]) for n in sorted(per_numa)) or "0"
+    return f"needs {wanted.nums} cards on one NUMA node; free cards per NUMA node: {layout}"
+
+
+def _freeing_hints(
+    request: PodRequest,
+    node: NodeState,
+    pods: Mapping[str, PodUsage],
+    fits: Callable[[PodRequest, NodeState], bool],
+) -> list[str]:
+    """Pods whose end alone would make room (at most three named, smallest first)."""
+    freeing = [
+        name
+        for name, usage in sorted(pods.items(), key=lambda item: (item[1].memory, item[0]))
+        if fits(request, apply_usage(node, usage, sign=-1))
+    ]
+    return [f"fits when pod {name} ends" for name in freeing[:3]]
