@@ -64,6 +64,8 @@ def operator_settings(settings: WebhookSettings, published: Published) -> kopf.O
     kopf_settings = kopf.OperatorSettings()
     kopf_settings.peering.standalone = True
     kopf_settings.posting.enabled = False
+    # We serve only built-in kinds: no CustomResourceDefinition watch, so no RBAC on CRDs is needed.
+    kopf_settings.scanning.disabled = True
     tls = settings.tls_dir
     ca_file = tls / certs.CA_CERT
     kopf_settings.admission.server = PublishingWebhookServer(

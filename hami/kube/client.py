@@ -46,7 +46,7 @@ class Gone(KubeError):
     """410: a watch's resourceVersion is too old; the caller must list again."""
 
 
-class HamiApiClient(client.ApiClient):  # type: ignore[misc]
+class HamiApiClient(client.ApiClient):
     """The official ``ApiClient`` plus the per-request timeout our helpers pass on every call."""
 
     def __init__(self, configuration: Any, *, request_timeout: float = DEFAULT_TIMEOUT) -> None:
@@ -64,12 +64,12 @@ def load_api_client(kubeconfig: str | None, *, request_timeout: float = DEFAULT_
     if kubeconfig:
         if not Path(kubeconfig).is_file():
             raise KubeError(0, "Config", f"kubeconfig file not found: {kubeconfig!r}")
-        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)  # type: ignore[no-untyped-call]
     else:
         try:
-            config.load_incluster_config(client_configuration=configuration)
+            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
         except config.ConfigException:
-            config.load_kube_config(client_configuration=configuration)
+            config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     configuration.retries = urllib3.Retry(total=2, connect=2, read=0, status=0, other=0, redirect=2)
     configuration.connection_pool_maxsize = 64
     return HamiApiClient(configuration, request_timeout=request_timeout)

@@ -60,7 +60,11 @@ def _cas_operations(
     """JSON patch that sets the lock to ``value`` (``None`` removes it) only if nothing changed."""
     annotations = metadata.get("annotations")
     if current is not None:
-        change = {"op": "remove", "path": LOCK_POINTER} if value is None else {"op": "replace", "path": LOCK_POINTER, "value": value}
+        change = (
+            {"op": "remove", "path": LOCK_POINTER}
+            if value is None
+            else {"op": "replace", "path": LOCK_POINTER, "value": value}
+        )
         return [{"op": "test", "path": LOCK_POINTER, "value": current}, change]
     # JSON patch cannot test that a key is absent: test the enclosing object instead.
     if isinstance(annotations, Mapping):

@@ -54,7 +54,12 @@ async def patch_pod(
     if labels is not None:
         metadata["labels"] = dict(labels)
     pod: dict[str, Any] = await call_json(
-        api, core_api(api).patch_namespaced_pod, name, namespace, {"metadata": metadata}, _content_type=MERGE_PATCH
+        api,
+        core_api(api).patch_namespaced_pod,
+        name,
+        namespace,
+        {"metadata": metadata},
+        _content_type=MERGE_PATCH,
     )
     return pod
 

@@ -12,6 +12,7 @@ idempotent upserts. Imports ``hami.kube.client`` and ``urllib3``; nothing above 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import threading
@@ -77,14 +78,13 @@ class ListWatcher:
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the thread: interrupt the open stream and wait for the thread to end."""
-        self._stopping.set()
-        with self._guard:
+        with self._guard:  # paired with the check in _watch: no stream can open unnoticed
+            self._stopping.set()
             response = self._response
         if response is not None:
-            try:
+            # already released or closed: the thread is leaving anyway
+            with contextlib.suppress(ValueError, RuntimeError, OSError):
                 response.shutdown()
-            except (ValueError, RuntimeError, OSError):
-                pass  # already released or closed: the thread is leaving anyway
         self._thread.join(timeout)
 
     # ------------------------------------------------------------------------------------- thread
@@ -140,6 +140,10 @@ class ListWatcher:
             raise error_from(exc) from exc
         self.watches_opened += 1
         with self._guard:
+            if self._stopping.is_set():
+                response.close()
+                response.release_conn()
+                return version
             self._response = response
         try:
             for line in _lines(response):

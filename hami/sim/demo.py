@@ -124,7 +124,8 @@ async def _main(args: argparse.Namespace) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-async def _show(system: EmbeddedSystem, pods: list[JsonDict], limit: float) -> int:
+async def submit_all(system: EmbeddedSystem, pods: list[JsonDict]) -> tuple[list[str], dict[str, Refused]]:
+    """Submit ``pods`` in order through the admission stand-in: every ``namespace/name``, and the refusals."""
     names: list[str] = []
     refused: dict[str, Refused] = {}
     for pod in pods:
@@ -133,24 +134,41 @@ async def _show(system: EmbeddedSystem, pods: list[JsonDict], limit: float) -> i
             meta = outcome.pod["metadata"]
             names.append(f"{meta['namespace']}/{meta['name']}")
         else:
-            name = f"{outcome.namespace}/{outcome.name}"
-            names.append(name)
-            refused[name] = outcome
-    _say(f"submitted   {len(pods)} example pods ({len(refused)} refused at admission); waiting for decisions")
+            names.append(f"{outcome.namespace}/{outcome.name}")
+            refused[names[-1]] = outcome
+    return names, refused
+
+
+async def wait_decided(
+    system: EmbeddedSystem, names: list[str], refused: Mapping[str, Refused], limit: float
+) -> list[str]:
+    """Poll (bounded by ``limit`` seconds) until every pod is decided; returns the undecided ones."""
     deadline = time.monotonic() + limit
-    stored: dict[str, Any] = {}
     while True:
         system.check_standin()
         system.supervisor.check()
-        stored = {n: system.scheduler.pods.get(_key(n)) for n in names}
-        undecided = [n for n in names if not is_decided(stored[n], refused.get(n), system.scheduler)]
+        undecided = [
+            n
+            for n in names
+            if not is_decided(system.scheduler.pods.get(_key(n)), refused.get(n), system.scheduler)
+        ]
         if not undecided or time.monotonic() >= deadline:
-            break
+            return undecided
         await asyncio.sleep(0.2)
-    # read the final state from the apiserver itself, not from the stand-in's watch cache
-    for name in names:
-        if name not in refused:
-            stored[name] = await system.api.get(pods_path(*_key(name)))
+
+
+async def final_state(
+    system: EmbeddedSystem, names: list[str], refused: Mapping[str, Refused]
+) -> dict[str, Any]:
+    """Each pod as the apiserver stores it now (None for refused ones)."""
+    return {n: None if n in refused else await system.api.get(pods_path(*_key(n))) for n in names}
+
+
+async def _show(system: EmbeddedSystem, pods: list[JsonDict], limit: float) -> int:
+    names, refused = await submit_all(system, pods)
+    _say(f"submitted   {len(pods)} example pods ({len(refused)} refused at admission); waiting for decisions")
+    undecided = await wait_decided(system, names, refused, limit)
+    stored = await final_state(system, names, refused)
     cards = card_index(system.cluster)
     print()
     print(

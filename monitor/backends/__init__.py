@@ -9,9 +9,30 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from monitor.backends.base import Backend, BackendError, BackendUnavailable, Card, Link, MigProfileInfo
+from monitor.backends.base import (
+    Backend,
+    BackendError,
+    BackendUnavailable,
+    Card,
+    Link,
+    LiveUsage,
+    MigProfileInfo,
+    ProcessUsage,
+    live_usage,
+)
 
-__all__ = ["Backend", "BackendError", "BackendUnavailable", "Card", "Link", "MigProfileInfo", "open_backend"]
+__all__ = [
+    "Backend",
+    "BackendError",
+    "BackendUnavailable",
+    "Card",
+    "Link",
+    "LiveUsage",
+    "MigProfileInfo",
+    "ProcessUsage",
+    "live_usage",
+    "open_backend",
+]
 
 
 def open_backend(kind: str, *, sim_devices: Path | None = None, topology: bool = False) -> Backend:

@@ -1,7 +1,8 @@
 """The card-discovery interface every backend implements, and the values it returns.
 
 Owns :class:`Card` (one physical card as the hardware reports it, before any HAMi scaling), its MIG
-profiles, topology :class:`Link` s, the :class:`Backend` protocol and the backend errors. Pure: must
+profiles, topology :class:`Link` s, the :class:`Backend` protocol, the optional :class:`MigBackend`
+protocol with the :class:`MigInstance` it manages (dynamic MIG) and the backend errors. Pure: must
 not import pynvml, grpc, the Kubernetes client or the codec; the registrar turns cards into the
 registration the scheduler reads.
 """
@@ -9,7 +10,7 @@ registration the scheduler reads.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 
 class BackendError(RuntimeError):
@@ -59,6 +60,30 @@ class Link:
     score: int
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProcessUsage:
+    """One process using a card, as the driver reports it (``pid`` is a host PID)."""
+
+    pid: int
+    memory_bytes: int
+    utilization: int | None = None  # SM utilisation of this process, 0-100; None = unknown
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LiveUsage:
+    """What a card is doing right now (the exporter's live view; never used for scheduling).
+
+    ``None`` means the hardware cannot tell; ``processes is None`` means the backend cannot list the
+    processes at all, while ``()`` means it can and there are none.
+    """
+
+    uuid: str
+    memory_used_bytes: int | None = None
+    utilization: int | None = None  # GPU (SM) utilisation, 0-100
+    memory_utilization: int | None = None  # memory-controller utilisation, 0-100
+    processes: tuple[ProcessUsage, ...] | None = None
+
+
 class Backend(Protocol):
     """What the agent needs from the hardware. Methods are blocking: call them via ``to_thread``."""
 
@@ -81,4 +106,61 @@ class Backend(Protocol):
 
     def close(self) -> None:
         """Release the library or files; safe to call twice."""
+        ...
+
+
+@runtime_checkable
+class ReportsUsage(Protocol):
+    """The optional part of a backend: live usage for the exporter. Blocking, like the rest."""
+
+    def usage(self) -> tuple[LiveUsage, ...]:
+        """Per-card live usage (cards the backend cannot measure are left out). Raises
+        :class:`BackendError` on failure."""
+        ...
+
+
+def live_usage(backend: Backend) -> tuple[LiveUsage, ...]:
+    """The backend's live usage, or nothing when it does not report any."""
+    return backend.usage() if isinstance(backend, ReportsUsage) else ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MigInstance:
+    """One GPU instance on a MIG card and the compute instance inside it (dynamic MIG).
+
+    ``compute_instance_id`` and ``mig_uuid`` are ``None`` for a GPU instance without a compute
+    instance (left half-made by an interrupted creation): nothing can run on it.
+    """
+
+    gpu_uuid: str
+    profile: str  # GPU-instance profile name, e.g. "3g.20gb"
+    start: int  # placement: slices [start, start + size)
+    size: int
+    gpu_instance_id: int
+    compute_instance_id: int | None = None
+    mig_uuid: str | None = None  # "MIG-<uuid>": what NVIDIA_VISIBLE_DEVICES names
+
+    def overlaps(self, start: int, size: int) -> bool:
+        return self.start < start + size and start < self.start + self.size
+
+
+@runtime_checkable
+class MigBackend(Protocol):
+    """A backend that can create and destroy MIG instances. Blocking: call via ``to_thread``.
+
+    Errors (unknown card or profile, an illegal or occupied placement, a driver failure) raise
+    :class:`BackendError` naming the card, profile and placement.
+    """
+
+    def mig_instances(self, gpu_uuid: str) -> tuple[MigInstance, ...]:
+        """Every GPU instance on the card now, in GPU-instance id order."""
+        ...
+
+    def create_mig_instance(self, gpu_uuid: str, profile: str, start: int, size: int) -> MigInstance:
+        """Create a GPU instance of ``profile`` at exactly ``[start, start + size)`` and one compute
+        instance spanning it; nothing is left behind when either step fails."""
+        ...
+
+    def destroy_mig_instance(self, gpu_uuid: str, gpu_instance_id: int) -> None:
+        """Destroy the GPU instance and every compute instance inside it."""
         ...

@@ -1,7 +1,8 @@
 """Real cards through NVML (``nvidia-ml-py``, import name ``pynvml``): the project's ONLY pynvml import.
 
 Owns discovery (uuid, index, model, memory, NUMA node from sysfs, MIG profiles), sticky health from XID
-critical-error events (HAMi's ignore list), and NVLink/PCIe pair scores. Tests pass a fake module
+critical-error events (HAMi's ignore list), NVLink/PCIe pair scores, and the exporter's live usage
+(memory used, utilisation, compute processes with their memory and SM share). Tests pass a fake module
 with the same function names that raises pynvml's own ``NVMLError`` subclasses. Must not import grpc,
 the Kubernetes client or the codec.
 """
@@ -16,7 +17,15 @@ from typing import Any
 
 import pynvml
 
-from monitor.backends.base import BackendError, BackendUnavailable, Card, Link, MigProfileInfo
+from monitor.backends.base import (
+    BackendError,
+    BackendUnavailable,
+    Card,
+    Link,
+    LiveUsage,
+    MigProfileInfo,
+    ProcessUsage,
+)
 
 log = logging.getLogger(__name__)
 
@@ -193,6 +202,62 @@ class NvmlBackend:
                 continue
             log.error("XID %d on card %s: marked unhealthy", xid, uuid)
             self._unhealthy.add(uuid)
+
+    # ----------------------------------------------------------------------------------- live usage
+    def usage(self) -> tuple[LiveUsage, ...]:
+        """Memory used, utilisation and compute processes per card. A figure the card does not support
+        is ``None`` rather than an error, so one old card does not blank the whole node."""
+        nvml = self._nvml
+        try:
+            handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+            return tuple(self._usage(handle) for handle in handles)
+        except pynvml.NVMLError as exc:
+            raise BackendError(f"NVML usage query failed: {exc}") from exc
+
+    def _usage(self, handle: Any) -> LiveUsage:
+        nvml = self._nvml
+        uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+        try:
+            used: int | None = int(nvml.nvmlDeviceGetMemoryInfo(handle).used)
+        except pynvml.NVMLError_NotSupported:
+            used = None
+        gpu: int | None = None
+        memory: int | None = None
+        try:
+            rates = nvml.nvmlDeviceGetUtilizationRates(handle)
+            gpu, memory = int(rates.gpu), int(rates.memory)
+        except pynvml.NVMLError_NotSupported:
+            pass  # both stay unknown
+        return LiveUsage(
+            uuid=uuid,
+            memory_used_bytes=used,
+            utilization=gpu,
+            memory_utilization=memory,
+            processes=self._processes(handle),
+        )
+
+    def _processes(self, handle: Any) -> tuple[ProcessUsage, ...] | None:
+        nvml = self._nvml
+        try:
+            running = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        except pynvml.NVMLError_NotSupported:
+            return None
+        shares: dict[int, int] = {}
+        try:
+            # Samples since the driver's buffer start (timestamp 0); the newest one per process wins.
+            for sample in sorted(nvml.nvmlDeviceGetProcessUtilization(handle, 0), key=lambda s: s.timeStamp):
+                shares[int(sample.pid)] = int(sample.smUtil)
+        except pynvml.NVMLError:
+            pass  # NOT_FOUND = no samples yet; NOT_SUPPORTED = old card: memory is still worth reporting
+        return tuple(
+            ProcessUsage(
+                pid=int(p.pid),
+                # usedGpuMemory is None when the driver withholds it (e.g. no permission, MIG)
+                memory_bytes=int(p.usedGpuMemory or 0),
+                utilization=shares.get(int(p.pid)),
+            )
+            for p in running
+        )
 
     # -------------------------------------------------------------------------------------- topology
     def links(self) -> tuple[Link, ...]:

@@ -9,6 +9,10 @@ Owns the file format and its strict parser::
         numa: 0                 # default 0
         healthy: true           # default true
         index: 0                # default: position in the list
+        used_memory_mib: 1024   # optional live usage (exporter only): card memory in use
+        utilization: 35         # optional, 0-100 (GPU); memory_utilization: 0-100 (memory controller)
+        processes:              # optional: processes on the card (host PIDs; [] = none)
+          - {pid: 4242, used_memory_mib: 1000, utilization: 30}
         mig:                    # optional: MIG profiles the card offers
           - {name: 1g.5gb, memory_mib: 4864, cores: 15, slice_count: 1, instance_count: 7,
              placements: [{start: 0, size: 1}, ...]}
@@ -17,19 +21,35 @@ Owns the file format and its strict parser::
 
 The file is read again on every call and parsed again only when its bytes changed, so a test or the
 demo can mark a card unhealthy, add or remove one, and the agent sees it on its next poll. Errors name
-the file, the entry and the field. Must not import pynvml, grpc or the Kubernetes client.
+the file, the entry and the field. Dynamic MIG: GPU instances live in memory only (a restarted agent
+starts with empty cards, as after a driver reload); creation enforces the card's profiles, their legal
+placements and non-overlap, and hands out ``MIG-<uuid4>`` UUIDs shaped like the driver's. Must not
+import pynvml, grpc or the Kubernetes client.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
+import uuid as uuidlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from monitor.backends.base import BackendError, BackendUnavailable, Card, Link, MigProfileInfo
+from monitor.backends.base import (
+    BackendError,
+    BackendUnavailable,
+    Card,
+    Link,
+    LiveUsage,
+    MigInstance,
+    MigProfileInfo,
+    ProcessUsage,
+)
+
+_MIB = 1024 * 1024
 
 
 class SimBackend:
@@ -40,6 +60,8 @@ class SimBackend:
         self._raw: bytes | None = None
         self._cards: tuple[Card, ...] = ()
         self._links: tuple[Link, ...] = ()
+        self._usage: tuple[LiveUsage, ...] = ()
+        self._instances: dict[str, list[MigInstance]] = {}  # card uuid -> its MIG GPU instances
         self._lock = threading.Lock()  # the registrar and the health poll may read from two threads
         if not path.is_file():
             raise BackendUnavailable(f"simulated devices file {str(path)!r} does not exist")
@@ -57,6 +79,11 @@ class SimBackend:
         self._refresh()
         return self._links
 
+    def usage(self) -> tuple[LiveUsage, ...]:
+        """Live usage for the cards whose entry carries usage fields (see the module docstring)."""
+        self._refresh()
+        return self._usage
+
     def close(self) -> None:
         """Nothing to release: the file is opened per read."""
 
@@ -71,15 +98,13 @@ class SimBackend:
             raise BackendError(f"cannot read simulated devices file {str(self._path)!r}: {exc}") from exc
         if raw == self._raw:
             return
-        self._cards, self._links = parse_sim_devices(raw.decode("utf-8", errors="replace"), source=self._path)
+        text = raw.decode("utf-8", errors="replace")
+        self._cards, self._links = parse_sim_devices(text, source=self._path)
+        self._usage = parse_sim_usage(text, source=self._path)
         self._raw = raw  # only after a successful parse: a bad edit is reported on every poll
 
 
-def parse_sim_devices(
-    text: str, *, source: Path | str = "<text>"
-) -> tuple[tuple[Card, ...], tuple[Link, ...]]:
-    """Parse the simulated devices document; raises :class:`BackendError` naming file, entry and field."""
-    where = f"simulated devices file {str(source)!r}"
+def _document(text: str, where: str) -> Mapping[str, Any]:
     try:
         document = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -88,6 +113,71 @@ def parse_sim_devices(
         document = {}
     if not isinstance(document, Mapping):
         raise BackendError(f"{where}: top level must be a mapping with 'cards', got {text[:80]!r}")
+    return document
+
+
+    # ------------------------------------------------------------------------------------ dynamic MIG
+    def mig_instances(self, gpu_uuid: str) -> tuple[MigInstance, ...]:
+        with self._lock:
+            self._mig_card(gpu_uuid)
+            return tuple(sorted(self._instances.get(gpu_uuid, ()), key=lambda i: i.gpu_instance_id))
+
+    def create_mig_instance(self, gpu_uuid: str, profile: str, start: int, size: int) -> MigInstance:
+        with self._lock:
+            card = self._mig_card(gpu_uuid)
+            where = f"simulated card {gpu_uuid}: MIG profile {profile!r} at slices [{start}, {start + size})"
+            info = next((p for p in card.mig_profiles if p.name == profile), None)
+            if info is None:
+                offered = ", ".join(p.name for p in card.mig_profiles)
+                raise BackendError(f"{where}: the card offers no such profile (it offers {offered})")
+            if (start, size) not in info.placements:
+                legal = ", ".join(f"[{a}, {a + b})" for a, b in info.placements)
+                raise BackendError(f"{where}: not a legal placement of the profile (legal: {legal})")
+            present = self._instances.setdefault(gpu_uuid, [])
+            for other in present:
+                if other.overlaps(start, size):
+                    raise BackendError(
+                        f"{where}: overlaps GPU instance {other.gpu_instance_id} ({other.profile} at "
+                        f"[{other.start}, {other.start + other.size}))"
+                    )
+            used = {i.gpu_instance_id for i in present}
+            instance = MigInstance(
+                gpu_uuid=gpu_uuid,
+                profile=profile,
+                start=start,
+                size=size,
+                gpu_instance_id=next(n for n in itertools.count(1) if n not in used),
+                compute_instance_id=0,
+                mig_uuid=f"MIG-{uuidlib.uuid4()}",
+            )
+            present.append(instance)
+            return instance
+
+    def destroy_mig_instance(self, gpu_uuid: str, gpu_instance_id: int) -> None:
+        with self._lock:
+            self._mig_card(gpu_uuid)
+            present = self._instances.get(gpu_uuid, [])
+            kept = [i for i in present if i.gpu_instance_id != gpu_instance_id]
+            if len(kept) == len(present):
+                raise BackendError(f"simulated card {gpu_uuid}: no GPU instance {gpu_instance_id} to destroy")
+            self._instances[gpu_uuid] = kept
+
+    def _mig_card(self, gpu_uuid: str) -> Card:
+        self._refresh_locked()
+        card = next((c for c in self._cards if c.uuid == gpu_uuid), None)
+        if card is None:
+            raise BackendError(f"simulated devices file {str(self._path)!r}: no card {gpu_uuid!r}")
+        if not card.mig_profiles:
+            raise BackendError(f"simulated card {gpu_uuid}: offers no MIG profiles (no 'mig' in the file)")
+        return card
+
+
+def parse_sim_devices(
+    text: str, *, source: Path | str = "<text>"
+) -> tuple[tuple[Card, ...], tuple[Link, ...]]:
+    """Parse the simulated devices document; raises :class:`BackendError` naming file, entry and field."""
+    where = f"simulated devices file {str(source)!r}"
+    document = _document(text, where)
     raw_cards = _list(document, "cards", where)
     cards = tuple(_card(entry, i, f"{where}: cards[{i}]") for i, entry in enumerate(raw_cards))
     seen: set[str] = set()
@@ -99,6 +189,56 @@ def parse_sim_devices(
         _link(entry, f"{where}: links[{i}]", seen) for i, entry in enumerate(_list(document, "links", where))
     )
     return cards, links
+
+
+def parse_sim_usage(text: str, *, source: Path | str = "<text>") -> tuple[LiveUsage, ...]:
+    """The live-usage fields of the document's cards (cards without any are left out)."""
+    where = f"simulated devices file {str(source)!r}"
+    usage = []
+    for i, entry in enumerate(_list(_document(text, where), "cards", where)):
+        here = f"{where}: cards[{i}]"
+        if not isinstance(entry, Mapping):
+            raise BackendError(f"{here}: must be a mapping, got {entry!r}")
+        keys = ("used_memory_mib", "utilization", "memory_utilization", "processes")
+        if all(entry.get(key) is None for key in keys):
+            continue
+        raw_processes = entry.get("processes")
+        if raw_processes is not None and not isinstance(raw_processes, list):
+            raise BackendError(f"{here}.processes: must be a list, got {raw_processes!r}")
+        used = _optional_int(entry, "used_memory_mib", here)
+        usage.append(
+            LiveUsage(
+                uuid=_str(entry, "uuid", here, required=True),
+                memory_used_bytes=None if used is None else used * _MIB,
+                utilization=_percent(entry, "utilization", here),
+                memory_utilization=_percent(entry, "memory_utilization", here),
+                processes=None
+                if raw_processes is None
+                else tuple(_process(p, f"{here}.processes[{j}]") for j, p in enumerate(raw_processes)),
+            )
+        )
+    return tuple(usage)
+
+
+def _process(entry: Any, where: str) -> ProcessUsage:
+    if not isinstance(entry, Mapping):
+        raise BackendError(f"{where}: must be a mapping, got {entry!r}")
+    return ProcessUsage(
+        pid=_int(entry, "pid", where),
+        memory_bytes=_int(entry, "used_memory_mib", where, default=0) * _MIB,
+        utilization=_percent(entry, "utilization", where),
+    )
+
+
+def _optional_int(entry: Mapping[str, Any], key: str, where: str) -> int | None:
+    return None if entry.get(key) is None else _int(entry, key, where)
+
+
+def _percent(entry: Mapping[str, Any], key: str, where: str) -> int | None:
+    value = _optional_int(entry, key, where)
+    if value is not None and value > 100:
+        raise BackendError(f"{where}.{key}: must be a percentage 0-100, got {value!r}")
+    return value
 
 
 def _list(document: Mapping[str, Any], key: str, where: str) -> list[Any]:

@@ -31,7 +31,6 @@ NODE_AGENT = {
     Grant("", "pods", "get"),
     Grant("", "pods", "list"),
     Grant("", "pods", "patch"),
-    Grant("", "events", "create"),
 }
 WEBHOOK = {
     Grant("", "namespaces", "list"),

@@ -8,29 +8,31 @@ from typing import Any
 
 import kmock
 import pytest
+from kmock._internal.rendering import Response  # a reaction's status from a callable
 
 from hami.annotations import NODE_LOCK
 from hami.kube.client import NotFound
 from hami.kube.nodelock import NodeLockBusy, acquire_node_lock, go_duration, release_node_lock
 
+Emulator = kmock.KubernetesEmulator
 NODES = kmock.resource("v1/nodes")
 NOW = datetime.datetime(2026, 5, 1, 10, 0, 0, tzinfo=datetime.UTC)
 OURS = "2026-05-01T10:00:00Z,default,p1"
 
 
-async def _node(k: kmock.KubernetesEmulator, annotations: dict[str, str] | None) -> None:
+async def _node(k: Emulator, annotations: dict[str, str] | None) -> None:
     metadata: dict[str, Any] = {"name": "n1"}
     if annotations is not None:
         metadata["annotations"] = annotations
     await k.post("/api/v1/nodes", json={"apiVersion": "v1", "kind": "Node", "metadata": metadata})
 
 
-async def _pod(k: kmock.KubernetesEmulator, name: str) -> None:
+async def _pod(k: Emulator, name: str) -> None:
     body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"}, "spec": {}}
     await k.post("/api/v1/namespaces/default/pods", json=body)
 
 
-async def _lock(k: kmock.KubernetesEmulator) -> str | None:
+async def _lock(k: Emulator) -> str | None:
     node = await (await k.get("/api/v1/nodes/n1")).json()
     value: str | None = (node["metadata"].get("annotations") or {}).get(NODE_LOCK)
     return value
@@ -38,7 +40,7 @@ async def _lock(k: kmock.KubernetesEmulator) -> str | None:
 
 @pytest.mark.parametrize("annotations", [None, {}, {"other": "x"}, {NODE_LOCK: ""}])
 async def test_a_free_node_is_locked_with_the_exact_value(
-    apiserver: kmock.KubernetesEmulator, api: Any, annotations: dict[str, str] | None
+    apiserver: Emulator, api: Any, annotations: dict[str, str] | None
 ) -> None:
     await _node(apiserver, annotations)
     assert await acquire_node_lock(api, "n1", "default", "p1", now=NOW) == OURS
@@ -50,14 +52,14 @@ async def test_a_free_node_is_locked_with_the_exact_value(
     assert len(patches) == 1 and patches[0].data[0]["op"] == "test"
 
 
-async def test_the_same_pod_reacquires_without_writing(apiserver: kmock.KubernetesEmulator, api: Any) -> None:
+async def test_the_same_pod_reacquires_without_writing(apiserver: Emulator, api: Any) -> None:
     await _node(apiserver, {NODE_LOCK: OURS})
     later = NOW + datetime.timedelta(minutes=1)
     assert await acquire_node_lock(api, "n1", "default", "p1", now=later) == OURS
     assert len(apiserver["patch", NODES]) == 0
 
 
-async def test_a_live_holder_blocks(apiserver: kmock.KubernetesEmulator, api: Any) -> None:
+async def test_a_live_holder_blocks(apiserver: Emulator, api: Any) -> None:
     await _node(apiserver, {NODE_LOCK: "2026-05-01T09:58:00Z,default,holder"})
     await _pod(apiserver, "holder")
     with pytest.raises(NodeLockBusy, match="node n1 has been locked within 5m0s"):
@@ -65,37 +67,40 @@ async def test_a_live_holder_blocks(apiserver: kmock.KubernetesEmulator, api: An
     assert await _lock(apiserver) == "2026-05-01T09:58:00Z,default,holder"
 
 
-async def test_a_lock_whose_holder_pod_is_gone_is_taken_over(apiserver: kmock.KubernetesEmulator, api: Any) -> None:
+async def test_a_lock_whose_holder_pod_is_gone_is_taken_over(apiserver: Emulator, api: Any) -> None:
     await _node(apiserver, {NODE_LOCK: "2026-05-01T09:59:00Z,default,gone"})
     assert await acquire_node_lock(api, "n1", "default", "p1", now=NOW) == OURS
     assert await _lock(apiserver) == OURS
 
 
-async def test_an_expired_lock_is_taken_over_even_with_a_live_holder(
-    apiserver: kmock.KubernetesEmulator, api: Any
-) -> None:
+async def test_an_expired_lock_is_taken_over_even_with_a_live_holder(apiserver: Emulator, api: Any) -> None:
     await _node(apiserver, {NODE_LOCK: "2026-05-01T09:54:59Z,default,holder"})  # 5 min 1 s old
     await _pod(apiserver, "holder")
     assert await acquire_node_lock(api, "n1", "default", "p1", now=NOW) == OURS
     # exactly at the expiry it still holds
-    await apiserver.patch("/api/v1/nodes/n1", json={"metadata": {"annotations": {NODE_LOCK: "2026-05-01T09:55:00Z,default,holder"}}})
+    await apiserver.patch(
+        "/api/v1/nodes/n1",
+        json={"metadata": {"annotations": {NODE_LOCK: "2026-05-01T09:55:00Z,default,holder"}}},
+    )
     with pytest.raises(NodeLockBusy):
         await acquire_node_lock(api, "n1", "default", "p1", now=NOW)
 
 
 async def test_legacy_locks_block_until_expiry_and_anyone_releases_them(
-    apiserver: kmock.KubernetesEmulator, api: Any
+    apiserver: Emulator, api: Any
 ) -> None:
     await _node(apiserver, {NODE_LOCK: "2026-05-01T09:59:00Z"})
     with pytest.raises(NodeLockBusy):
         await acquire_node_lock(api, "n1", "default", "p1", now=NOW)
     assert await release_node_lock(api, "n1", "default", "someone-else") is True
     assert await _lock(apiserver) is None
-    await apiserver.patch("/api/v1/nodes/n1", json={"metadata": {"annotations": {NODE_LOCK: "2026-05-01T09:50:00Z"}}})
+    await apiserver.patch(
+        "/api/v1/nodes/n1", json={"metadata": {"annotations": {NODE_LOCK: "2026-05-01T09:50:00Z"}}}
+    )
     assert await acquire_node_lock(api, "n1", "default", "p1", now=NOW) == OURS
 
 
-async def test_an_unreadable_lock_is_busy_and_named(apiserver: kmock.KubernetesEmulator, api: Any) -> None:
+async def test_an_unreadable_lock_is_busy_and_named(apiserver: Emulator, api: Any) -> None:
     await _node(apiserver, {NODE_LOCK: "yesterday,ns"})
     with pytest.raises(NodeLockBusy, match="'yesterday,ns'"):
         await acquire_node_lock(api, "n1", "default", "p1", now=NOW)
@@ -103,7 +108,7 @@ async def test_an_unreadable_lock_is_busy_and_named(apiserver: kmock.KubernetesE
     assert await _lock(apiserver) == "yesterday,ns"
 
 
-async def test_release_only_removes_our_own_lock(apiserver: kmock.KubernetesEmulator, api: Any) -> None:
+async def test_release_only_removes_our_own_lock(apiserver: Emulator, api: Any) -> None:
     await _node(apiserver, {NODE_LOCK: OURS, "keep": "1"})
     assert await release_node_lock(api, "n1", "default", "p2") is False
     assert await _lock(apiserver) == OURS
@@ -114,36 +119,34 @@ async def test_release_only_removes_our_own_lock(apiserver: kmock.KubernetesEmul
     assert await release_node_lock(api, "ghost", "default", "p1") is False
 
 
-async def test_a_missing_node_is_not_found(apiserver: kmock.KubernetesEmulator, api: Any) -> None:
+async def test_a_missing_node_is_not_found(apiserver: Emulator, api: Any) -> None:
     with pytest.raises(NotFound):
         await acquire_node_lock(api, "n1", "default", "p1", now=NOW)
 
 
 @pytest.mark.parametrize("status", [409, 422, 500])
-async def test_a_lost_race_rereads_and_sees_the_winner(
-    apiserver: kmock.KubernetesEmulator, api: Any, status: int
-) -> None:
+async def test_a_lost_race_rereads_and_sees_the_winner(apiserver: Emulator, api: Any, status: int) -> None:
     await _node(apiserver, {NODE_LOCK: ""})
     await _pod(apiserver, "winner")
 
-    async def someone_else_wins(_: kmock.Request) -> kmock.Response:
+    async def someone_else_wins(_: kmock.Request) -> Response:
         winner = {NODE_LOCK: "2026-05-01T10:00:00Z,default,winner"}
         await apiserver.patch("/api/v1/nodes/n1", json={"metadata": {"annotations": winner}})
-        return kmock.Response(status=status)
+        return Response(status=status)
 
-    (apiserver ** 10)["patch", NODES][:1] << someone_else_wins
+    (apiserver**10)["patch", NODES][:1] << someone_else_wins
     with pytest.raises(NodeLockBusy, match="by default/winner"):
         await acquire_node_lock(api, "n1", "default", "p1", now=NOW)
     assert await _lock(apiserver) == "2026-05-01T10:00:00Z,default,winner"
 
 
-async def test_a_failed_patch_without_a_winner_is_retried(apiserver: kmock.KubernetesEmulator, api: Any) -> None:
+async def test_a_failed_patch_without_a_winner_is_retried(apiserver: Emulator, api: Any) -> None:
     await _node(apiserver, {NODE_LOCK: ""})
-    (apiserver ** 10)["patch", NODES][:2] << 500
+    (apiserver**10)["patch", NODES][:2] << 500
     assert await acquire_node_lock(api, "n1", "default", "p1", now=NOW) == OURS
 
 
-async def test_concurrent_acquirers_get_exactly_one_winner(apiserver: kmock.KubernetesEmulator, api: Any) -> None:
+async def test_concurrent_acquirers_get_exactly_one_winner(apiserver: Emulator, api: Any) -> None:
     await _node(apiserver, {NODE_LOCK: ""})
     names = [f"p{i}" for i in range(8)]
     for name in names:

@@ -12,6 +12,7 @@ import pytest
 
 from hami.kube.watch import ListWatcher
 
+Emulator = kmock.KubernetesEmulator
 NODES = kmock.resource("v1/nodes")
 
 
@@ -31,15 +32,21 @@ class Feed:
         return await asyncio.wait_for(self.queue.get(), timeout=10)
 
     async def until(self, wanted: tuple[str, Any]) -> None:
-        while (got := await self.next()) != wanted:
+        while await self.next() != wanted:
             pass
 
 
 @pytest.fixture
 async def feed(api: Any) -> AsyncIterator[tuple[Feed, ListWatcher]]:
     feed = Feed()
-    watcher = ListWatcher(api, "nodes", loop=asyncio.get_running_loop(), on_list=feed.on_list,
-                          on_event=feed.on_event, backoff=0.05)
+    watcher = ListWatcher(
+        api,
+        "nodes",
+        loop=asyncio.get_running_loop(),
+        on_list=feed.on_list,
+        on_event=feed.on_event,
+        backoff=0.05,
+    )
     yield feed, watcher
     await asyncio.to_thread(watcher.stop)
 
@@ -48,7 +55,7 @@ def _node(name: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
 
 
-async def test_list_then_live_events(apiserver: kmock.KubernetesEmulator, feed: tuple[Feed, ListWatcher]) -> None:
+async def test_list_then_live_events(apiserver: Emulator, feed: tuple[Feed, ListWatcher]) -> None:
     events, watcher = feed
     await apiserver.post("/api/v1/nodes", json=_node("n1"))
     watcher.start()
@@ -62,7 +69,7 @@ async def test_list_then_live_events(apiserver: kmock.KubernetesEmulator, feed: 
     assert await events.next() == ("DELETED", "n2")
 
 
-async def test_a_watch_that_ends_is_resumed(apiserver: kmock.KubernetesEmulator, feed: tuple[Feed, ListWatcher]) -> None:
+async def test_a_watch_that_ends_is_resumed(apiserver: Emulator, feed: tuple[Feed, ListWatcher]) -> None:
     events, watcher = feed
     apiserver[kmock.action.WATCH, NODES][:1] << b""  # the first watch stream ends at once
     watcher.start()
@@ -73,9 +80,12 @@ async def test_a_watch_that_ends_is_resumed(apiserver: kmock.KubernetesEmulator,
     assert watcher.lists_done == 1  # a plain end re-watches, it does not relist
 
 
-async def test_gone_makes_it_list_again(apiserver: kmock.KubernetesEmulator, feed: tuple[Feed, ListWatcher]) -> None:
+async def test_gone_makes_it_list_again(apiserver: Emulator, feed: tuple[Feed, ListWatcher]) -> None:
     events, watcher = feed
-    expired = {"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old"}}
+    expired = {
+        "type": "ERROR",
+        "object": {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old"},
+    }
     apiserver[kmock.action.WATCH, NODES][:1] << (json.dumps(expired) + "\n").encode()
     await apiserver.post("/api/v1/nodes", json=_node("n1"))
     watcher.start()
@@ -84,12 +94,19 @@ async def test_gone_makes_it_list_again(apiserver: kmock.KubernetesEmulator, fee
     assert watcher.lists_done == 2
 
 
-async def test_list_errors_are_retried(apiserver: kmock.KubernetesEmulator, api: Any) -> None:
-    (apiserver ** 10)[kmock.action.LIST, NODES][:2] << 500  # ahead of the listing reaction
+async def test_list_errors_are_retried(apiserver: Emulator, api: Any) -> None:
+    (apiserver**10)[kmock.action.LIST, NODES][:2] << 500  # ahead of the listing reaction
     events = Feed()
     errors: list[int] = []
-    watcher = ListWatcher(api, "nodes", loop=asyncio.get_running_loop(), on_list=events.on_list,
-                          on_event=events.on_event, on_error=lambda e: errors.append(e.status), backoff=0.01)
+    watcher = ListWatcher(
+        api,
+        "nodes",
+        loop=asyncio.get_running_loop(),
+        on_list=events.on_list,
+        on_event=events.on_event,
+        on_error=lambda e: errors.append(e.status),
+        backoff=0.01,
+    )
     watcher.start()
     try:
         assert await events.next() == ("LIST", [])

@@ -83,11 +83,15 @@ def _doc(**node: object) -> str:
         (_doc(mode="time-slicing"), "nodes[0] (n1).mode: must be one of hami-core, mig"),
         (_doc(labels={"gpu": True}), "nodes[0] (n1).labels: must map strings to strings"),
         (
-            yaml.safe_dump({"nodes": [{"name": "a", "cards": [{"uuid": "G"}]}, {"name": "b", "cards": [{"uuid": "G"}]}]}),
+            yaml.safe_dump(
+                {"nodes": [{"name": "a", "cards": [{"uuid": "G"}]}, {"name": "b", "cards": [{"uuid": "G"}]}]}
+            ),
             "node 'b': card uuid 'G' is used twice",
         ),
         (
-            yaml.safe_dump({"nodes": [{"name": "a", "cards": [{"uuid": "G"}]}, {"name": "a", "cards": [{"uuid": "H"}]}]}),
+            yaml.safe_dump(
+                {"nodes": [{"name": "a", "cards": [{"uuid": "G"}]}, {"name": "a", "cards": [{"uuid": "H"}]}]}
+            ),
             "duplicate node name 'a'",
         ),
     ],
@@ -100,5 +104,5 @@ def test_bad_cluster_files_name_the_field(text: str, message: str) -> None:
 
 
 def test_missing_file_is_named(tmp_path: Path) -> None:
-    with pytest.raises(ClusterFileError, match="nope.yaml"):
+    with pytest.raises(ClusterFileError, match=r"nope\.yaml"):
         load_cluster(tmp_path / "nope.yaml")

@@ -33,7 +33,7 @@ def _alive(pid: int) -> bool:
 
 async def _line(path: Path, prefix: str) -> str:
     async def probe() -> str | None:
-        for line in path.read_text().splitlines():
+        for line in (await asyncio.to_thread(path.read_text)).splitlines():
             if line.startswith(prefix):
                 return line
         return None
@@ -76,7 +76,9 @@ async def test_an_error_inside_the_block_still_stops_children(tmp_path: Path) ->
 
 async def test_a_crashed_child_is_reported_with_its_log(tmp_path: Path) -> None:
     async with Supervisor(tmp_path) as supervisor:
-        child = await supervisor.start("crash", [sys.executable, "-c", "print('bad flag --x'); raise SystemExit(3)"])
+        child = await supervisor.start(
+            "crash", [sys.executable, "-c", "print('bad flag --x'); raise SystemExit(3)"]
+        )
         await asyncio.wait_for(child.process.wait(), 10)
         with pytest.raises(ChildFailed) as caught:
             supervisor.check("crash")

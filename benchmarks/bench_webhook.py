@@ -1,0 +1,232 @@
+"""Admission latency of ``hami-webhook`` over loopback HTTPS at a fixed arrival rate.
+
+Set-up: the embedded API server (kmock) in a thread of this process; ``python -m webhook --manage-config``
+as a separate process (as in a cluster); the client reads the URL and caBundle from the
+MutatingWebhookConfiguration the webhook published and POSTs AdmissionReview v1 requests, open loop at
+200 requests/s (each request starts on schedule whether or not earlier ones finished), cycling through
+three pods: a bare-card pod (mutated), a pod refused for ``gpucores: 150``, a shared-card pod.
+Latency = request start to full response. Rows: keep-alive connections (what kube-apiserver does),
+a fresh TLS connection per request, and the pure ``plan`` alone. Target: p99 <= 10 ms (keep-alive).
+
+Duration: ``HAMI_BENCH_WEBHOOK_SECONDS`` (default 30; the fresh-connection row runs a third of it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from benchmarks.table import Table, summary
+from hami.sim.apiserver import embedded_apiserver, write_kubeconfig
+from webhook.config import MutationSettings
+from webhook.mutation import plan
+
+RATE = 200.0
+CONFIG_NAME = "hami-webhook-bench"
+
+
+def _pod(limits: dict[str, str]) -> dict[str, Any]:
+    container = {"name": "main", "image": "cuda:12", "resources": {"limits": limits}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p", "namespace": "default"},
+        "spec": {"containers": [container]},
+    }
+
+
+PODS = (
+    _pod({"nvidia.com/gpu": "1"}),
+    _pod({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "150"}),
+    _pod({"nvidia.com/gpu": "2", "nvidia.com/gpumem": "4000", "nvidia.com/gpucores": "30"}),
+)
+
+
+def _review(pod: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": str(uuid.uuid4()),
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "operation": "CREATE",
+            "namespace": "default",
+            "name": "p",
+            "userInfo": {"username": "bench"},
+            "object": pod,
+            "oldObject": None,
+            "dryRun": False,
+        },
+    }
+
+
+def _free_port() -> int:
+    with contextlib.closing(socket.socket()) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def _apiserver() -> Iterator[str]:
+    """kmock in a thread with its own loop; yields its URL."""
+    state: dict[str, Any] = {}
+    ready = threading.Event()
+
+    async def serve() -> None:
+        stop = asyncio.Event()
+        state["loop"], state["stop"] = asyncio.get_running_loop(), stop
+        async with embedded_apiserver() as emulator:
+            state["url"] = str(emulator.url).rstrip("/")
+            ready.set()
+            await stop.wait()
+
+    thread = threading.Thread(target=lambda: asyncio.run(serve()), name="bench-kmock", daemon=True)
+    thread.start()
+    if not ready.wait(15):
+        raise RuntimeError("the embedded API server did not start")
+    try:
+        yield str(state["url"])
+    finally:
+        state["loop"].call_soon_threadsafe(state["stop"].set)
+        thread.join(15)
+
+
+@contextlib.contextmanager
+def _webhook_process(api_url: str, workdir: Path) -> Iterator[subprocess.Popen[bytes]]:
+    kubeconfig = write_kubeconfig(workdir / "kubeconfig", api_url)
+    command = [
+        sys.executable,
+        "-m",
+        "webhook",
+        "--kubeconfig",
+        str(kubeconfig),
+        "--listen",
+        f"127.0.0.1:{_free_port()}",
+        "--tls-dir",
+        str(workdir / "tls"),
+        "--manage-config",
+        "--config-name",
+        CONFIG_NAME,
+        "--health-listen",
+        f"127.0.0.1:{_free_port()}",
+        "--log-level",
+        "WARNING",
+    ]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield process
+    finally:
+        process.send_signal(signal.SIGINT)  # Kopf exits gracefully and removes its webhook
+        try:
+            process.wait(20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
+
+
+async def _published(api_url: str, process: subprocess.Popen[bytes]) -> tuple[str, bytes]:
+    """The scoped webhook's URL and CA, once the process has published them (bounded wait)."""
+    path = f"{api_url}/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{CONFIG_NAME}"
+    deadline = time.monotonic() + 30
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() < deadline and process.poll() is None:
+            async with session.get(path) as response:
+                hooks = (await response.json()).get("webhooks") if response.status == 200 else None
+            if hooks and "matchConditions" in hooks[0]:
+                config = hooks[0]["clientConfig"]
+                return str(config["url"]), base64.b64decode(config["caBundle"])
+            await asyncio.sleep(0.1)
+    raise RuntimeError("the webhook did not publish its configuration")
+
+
+async def _load(url: str, ca: bytes, seconds: float, *, keep_alive: bool) -> tuple[list[float], int]:
+    """Open-loop load at RATE for ``seconds``; returns latencies and the count of failed requests."""
+    context = ssl.create_default_context(cadata=ca.decode())
+    connector = aiohttp.TCPConnector(ssl=context, limit=0, force_close=not keep_alive)
+    latencies: list[float] = []
+    failures = 0
+    bodies = [_review(pod) for pod in PODS]
+
+    async def one(session: aiohttp.ClientSession, body: dict[str, Any]) -> None:
+        nonlocal failures
+        start = time.perf_counter()
+        async with session.post(url, json=body) as response:
+            data = await response.json()
+        latencies.append(time.perf_counter() - start)
+        if response.status != 200 or "response" not in data:
+            failures += 1
+
+    async with aiohttp.ClientSession(connector=connector) as session:
+        await one(session, bodies[0])  # warm-up: first TLS handshake, Kopf's first request
+        latencies.clear()
+        count = int(seconds * RATE)
+        begin = time.perf_counter()
+        tasks = []
+        for i in range(count):
+            delay = begin + i / RATE - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(session, bodies[i % len(bodies)])))
+        await asyncio.gather(*tasks)
+    return latencies, failures
+
+
+async def _measure(seconds: float) -> list[tuple[str, list[float], int]]:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        _apiserver() as api_url,
+        _webhook_process(api_url, Path(tmp)) as process,
+    ):
+        url, ca = await _published(api_url, process)
+        kept, kept_failures = await _load(url, ca, seconds, keep_alive=True)
+        fresh, fresh_failures = await _load(url, ca, max(seconds / 3, 1.0), keep_alive=False)
+    return [
+        ("HTTPS, keep-alive", kept, kept_failures),
+        ("HTTPS, new TLS connection per request", fresh, fresh_failures),
+    ]
+
+
+def _pure_plan(repetitions: int = 3000) -> list[float]:
+    settings = MutationSettings()
+    samples = []
+    for i in range(repetitions):
+        pod = PODS[i % len(PODS)]
+        start = time.perf_counter()
+        plan(pod, settings)
+        samples.append(time.perf_counter() - start)
+    return samples
+
+
+def run() -> list[Table]:
+    seconds = float(os.environ.get("HAMI_BENCH_WEBHOOK_SECONDS", "30"))
+    table = Table(
+        title=f"webhook admission latency at {RATE:.0f} req/s (ms; target p99 <= 10 on keep-alive)",
+        columns=("path", "requests", "failed", "p50", "p99", "max"),
+    )
+    for name, samples, failures in asyncio.run(_measure(seconds)):
+        table.rows.append((name, str(len(samples)), str(failures), *summary(samples)))
+    pure = _pure_plan()
+    table.rows.append(("mutation.plan only (in process)", str(len(pure)), "0", *summary(pure)))
+    return [table]
+
+
+if __name__ == "__main__":
+    for result in run():
+        print(result.render())

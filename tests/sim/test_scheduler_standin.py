@@ -1,0 +1,201 @@
+"""The kube-scheduler stand-in drives an extender as kube-scheduler does (verbs, JSON shape, retries).
+
+A small aiohttp server plays the extender and records every call; pods and nodes live in the embedded
+apiserver. The extender's /bind creates the Binding, as ours does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import aiohttp
+import kmock
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from hami.sim.kubeapi import SimApi, nodes_path, pods_path
+from hami.sim.processes import poll_until
+from hami.sim.scheduler_standin import SchedulerStandIn
+
+Reply = Callable[[dict[str, Any]], Any]
+
+
+class FakeExtender:
+    def __init__(self, apiserver: kmock.KubernetesEmulator) -> None:
+        self.apiserver = apiserver
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.filter: Reply = lambda args: {"NodeNames": args["NodeNames"], "FailedNodes": {}, "Error": ""}
+        self.prioritize: Reply = lambda args: [{"Host": n, "Score": 0} for n in args["NodeNames"]]
+        self.bind_error = ""
+
+    async def handle(self, request: web.Request) -> web.Response:
+        verb = request.match_info["verb"]
+        args = await request.json()
+        self.calls.append((verb, args))
+        if verb == "filter":
+            return web.json_response(self.filter(args))
+        if verb == "prioritize":
+            return web.json_response(self.prioritize(args))
+        if self.bind_error:
+            return web.json_response({"Error": self.bind_error})
+        binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": args["PodName"]},
+                   "target": {"kind": "Node", "name": args["Node"]}}  # fmt: skip
+        await self.apiserver.post(pods_path(args["PodNamespace"], args["PodName"], "binding"), json=binding)
+        return web.json_response({"Error": ""})
+
+    def verbs(self) -> list[str]:
+        return [verb for verb, _ in self.calls]
+
+
+@pytest.fixture
+async def extender(apiserver: kmock.KubernetesEmulator) -> AsyncIterator[tuple[FakeExtender, str]]:
+    fake = FakeExtender(apiserver)
+    app = web.Application()
+    app.router.add_post("/{verb}", fake.handle)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    yield fake, f"http://127.0.0.1:{server.port}"
+    await server.close()
+
+
+@pytest.fixture
+async def standin(
+    apiserver: kmock.KubernetesEmulator, extender: tuple[FakeExtender, str]
+) -> AsyncIterator[SchedulerStandIn]:
+    async with aiohttp.ClientSession() as session:
+        scheduler = SchedulerStandIn(
+            SimApi(session, str(apiserver.url)), session, extender[1], backoff=(0.05, 0.2)
+        )
+        task = asyncio.create_task(scheduler.run())
+        yield scheduler
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
+async def _node(apiserver: kmock.KubernetesEmulator, name: str, **labels: str) -> None:
+    node = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": labels, "annotations": {}},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    }
+    await apiserver.post(nodes_path(), json=node)
+
+
+async def _pod(
+    apiserver: kmock.KubernetesEmulator, name: str, scheduler: str = "hami-scheduler", **spec: Any
+) -> None:
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}"},
+        "spec": {"schedulerName": scheduler, "containers": [{"name": "c"}], **spec},
+        "status": {"phase": "Pending"},
+    }
+    await apiserver.post(pods_path("default"), json=pod)
+
+
+async def _stored(apiserver: kmock.KubernetesEmulator, name: str) -> dict[str, Any]:
+    return dict(await (await apiserver.get(pods_path("default", name))).json())
+
+
+async def _bound(apiserver: kmock.KubernetesEmulator, name: str) -> str:
+    async def probe() -> str | None:
+        return (await _stored(apiserver, name))["spec"].get("nodeName")
+
+    return await poll_until(probe, what=f"{name} to be bound", limit=10)
+
+
+async def test_filter_prioritize_bind_with_node_names_only(
+    apiserver: kmock.KubernetesEmulator, extender: tuple[FakeExtender, str], standin: SchedulerStandIn
+) -> None:
+    fake, _ = extender
+    for name in ("n2", "n1", "n3"):
+        await _node(apiserver, name, gpu="on")
+    await _node(apiserver, "cpu-only", gpu="off")
+    fake.prioritize = lambda args: [{"Host": "n1", "Score": 3}, {"Host": "n2", "Score": 7}]
+    fake.filter = lambda args: {
+        "NodeNames": ["n1", "n2"],
+        "FailedNodes": {"n3": "1/1 CardInsufficientMemory"},
+    }
+    await poll_until(lambda: _ready(standin, 4), what="the stand-in to see the nodes", limit=10)
+    await _pod(apiserver, "p1", nodeSelector={"gpu": "on"})
+    assert await _bound(apiserver, "p1") == "n2"  # highest score
+    assert fake.verbs() == ["filter", "prioritize", "bind"]
+    filter_args = fake.calls[0][1]
+    # nodeCacheCapable: names only, sorted, nodeSelector already applied; the pod travels whole
+    assert filter_args["Nodes"] is None
+    assert filter_args["NodeNames"] == ["n1", "n2", "n3"]
+    assert filter_args["Pod"]["metadata"]["name"] == "p1"
+    assert fake.calls[1][1]["NodeNames"] == ["n1", "n2"]
+    assert fake.calls[2][1] == {"PodName": "p1", "PodNamespace": "default", "PodUID": "uid-p1", "Node": "n2"}
+
+
+async def test_other_schedulers_pods_are_left_alone(
+    apiserver: kmock.KubernetesEmulator, extender: tuple[FakeExtender, str], standin: SchedulerStandIn
+) -> None:
+    fake, _ = extender
+    await _node(apiserver, "n1")
+    await _pod(apiserver, "theirs", scheduler="default-scheduler")
+    await _pod(apiserver, "ours")
+    assert await _bound(apiserver, "ours") == "n1"
+    assert [args["Pod"]["metadata"]["name"] for verb, args in fake.calls if verb == "filter"] == ["ours"]
+    assert "nodeName" not in (await _stored(apiserver, "theirs"))["spec"]
+
+
+async def test_unschedulable_pods_are_explained_and_retried_when_a_node_changes(
+    apiserver: kmock.KubernetesEmulator, extender: tuple[FakeExtender, str], standin: SchedulerStandIn
+) -> None:
+    fake, _ = extender
+    await _node(apiserver, "n1")
+    fake.filter = lambda args: {"NodeNames": [], "FailedNodes": {"n1": "1/1 CardInsufficientMemory"}}
+    await _pod(apiserver, "p1")
+
+    async def settled() -> bool | None:
+        pod = standin.pods.get(("default", "p1"))
+        return True if pod is not None and standin.settled(pod) else None
+
+    await poll_until(settled, what="p1 to be unschedulable", limit=10)
+    message = "0/1 nodes are available: 1 1/1 CardInsufficientMemory."
+    pod = await _stored(apiserver, "p1")
+    assert pod["status"]["conditions"] == [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}
+    ]
+    events = [o.raw for (r, _, _), o in apiserver.objects.items() if r.plural == "events"]
+    assert [(e["reason"], e["message"], e["involvedObject"]["name"]) for e in events] == [
+        ("FailedScheduling", message, "p1")
+    ]
+    assert fake.verbs() == ["filter"]  # nothing changed: no retry
+    # the node agent registers more memory: the node changes, the pod is tried again and fits
+    fake.filter = lambda args: {"NodeNames": ["n1"]}
+    await apiserver.patch(
+        nodes_path("n1"), json={"metadata": {"annotations": {"hami.io/node-nvidia-register": "[]"}}}
+    )
+    assert await _bound(apiserver, "p1") == "n1"
+    assert fake.verbs() == ["filter", "filter", "bind"]
+
+
+async def test_errors_are_retried_with_backoff(
+    apiserver: kmock.KubernetesEmulator, extender: tuple[FakeExtender, str], standin: SchedulerStandIn
+) -> None:
+    fake, _ = extender
+    await _node(apiserver, "n1")
+    fake.bind_error = "node n1 has been locked within 5m0s"
+    await _pod(apiserver, "p1")
+
+    async def failed_twice() -> bool | None:
+        return True if fake.verbs().count("bind") >= 2 else None
+
+    await poll_until(failed_twice, what="two failed binds", limit=10)
+    attempt = standin.attempt(await _stored(apiserver, "p1"))
+    assert attempt is not None and attempt.kind == "error" and "locked" in attempt.message
+    fake.bind_error = ""
+    assert await _bound(apiserver, "p1") == "n1"
+
+
+async def _ready(standin: SchedulerStandIn, nodes: int) -> bool | None:
+    return True if len(standin.nodes) >= nodes else None
