@@ -3,7 +3,8 @@
 Owns the Allocate hand-off of spec-node-chart §A.9 / spec-scheduler §16: find the pod (the node lock's
 owner when it is waiting here, else the first pending candidate on this node), take the first
 non-empty container entry of ``hami.io/vgpu-devices-to-allocate`` per kubelet container request, check
-the device count, build envs and HAMi-core mounts, blank the entry and patch the annotation back; when
+the device count, build envs and HAMi-core mounts (in MIG mode ``monitor.mig`` makes and records the
+booked instances instead), blank the entry and patch the annotation back; when
 no entry is left set ``bind-phase=success`` and release the lock; on any error set
 ``bind-phase=failed`` and release it (release is owner-checked: a lock held by another pod stays).
 Calls are serialised: kubelet's request names no pod, so only one pod may be in flight per node.
@@ -34,7 +35,7 @@ from hami.annotations import (
     pod_annotations,
     read_pod_to_allocate,
 )
-from hami.core.model import PodDevices
+from hami.core.model import DeviceMode, Grant, PodDevices
 from hami.kube.client import KubeError, NotFound
 from hami.kube.nodelock import release_node_lock
 from hami.kube.nodes import get_node
@@ -50,7 +51,9 @@ from monitor.allocation import (
     is_candidate,
     pod_key,
 )
+from monitor.backends.base import Backend
 from monitor.config import NodeSettings
+from monitor.mig import allocate_mig
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +69,10 @@ class Allocator:
         settings: NodeSettings,
         hook_path: Path | None = None,
         lock_dir: Path = Path("/tmp/vgpulock"),
+        backend: Backend | None = None,
     ) -> None:
         self._api, self._node, self._settings = api, node_name, settings
+        self._backend = backend  # makes the MIG instances in MIG mode
         self._hook, self._lock_dir = hook_path, lock_dir
         self._serial = asyncio.Lock()
 
@@ -110,7 +115,13 @@ class Allocator:
             pod = await self.find_pod()
             namespace, name = pod_key(pod)
             try:
-                answers, remaining = self._answer(pod, requests)
+                served, remaining = self._take(pod, requests)
+                if self._settings.mode == DeviceMode.MIG.value:
+                    answers = await allocate_mig(
+                        api=self._api, backend=self._backend, node=self._node, pod=pod, served=served
+                    )
+                else:
+                    answers = [self._answer(pod, index, grants) for index, grants in served]
                 await patch_pod(
                     self._api,
                     namespace,
@@ -140,19 +151,17 @@ class Allocator:
             )
             return answers
 
-    def _answer(
+    def _take(
         self, pod: Mapping[str, Any], requests: Sequence[Sequence[str]]
-    ) -> tuple[list[ContainerAnswer], PodDevices]:
+    ) -> tuple[list[tuple[int, tuple[Grant, ...]]], PodDevices]:
+        """Pop one entry per kubelet container request: (container index, grants), and what is left."""
         namespace, name = pod_key(pod)
         where = f"pod {namespace}/{name} on node {self._node}"
-        if self._settings.mode == "mig":
-            raise AllocationError(f"{where}: dynamic MIG allocation is not supported by this agent")
         remaining = read_pod_to_allocate(pod)  # AnnotationError (a ValueError) names the key and text
         if remaining is None:
             raise AllocationError(f"{where}: annotation {POD_DEVICES_TO_ALLOCATE} is missing")
         names = container_names(pod)
-        uid = str((pod.get("metadata") or {}).get("uid") or f"{namespace}-{name}")
-        answers = []
+        served = []
         for ids in requests:
             index = pending_container(remaining)
             if index is None:
@@ -164,24 +173,32 @@ class Allocator:
                     f"{where}: device number not matched for container {container}: kubelet asked for "
                     f"{len(ids)}, {POD_DEVICES_TO_ALLOCATE} holds {len(grants)}"
                 )
-            spec = container_spec(pod, index)
-            mounts: tuple[Any, ...] = ()
-            cache: str | None = None
-            if self._hook is not None:
-                container_dir = self._prepare_container_dir(uid, container)
-                cache = str(PurePosixPath(self._hook) / "vgpu" / f"{uuidlib.uuid4()}.cache")
-                mounts = hook_mounts(
-                    PurePosixPath(self._hook),
-                    PurePosixPath(container_dir),
-                    spec,
-                    lock_dir=str(self._lock_dir),
-                    licensed=(self._hook / "vgpu" / "license").exists(),
-                )
-            envs = container_envs(grants, spec, self._settings, cache_file=cache)
-            uuids = tuple(dict.fromkeys(g.uuid for g in grants))
-            answers.append(ContainerAnswer(container=container, uuids=uuids, envs=envs, mounts=mounts))
+            served.append((index, grants))
             remaining = blank_container(remaining, index)
-        return answers, remaining
+        return served, remaining
+
+    def _answer(self, pod: Mapping[str, Any], index: int, grants: tuple[Grant, ...]) -> ContainerAnswer:
+        """HAMi-core mode: the real card uuids, the limit envs and the HAMi-core mounts."""
+        namespace, name = pod_key(pod)
+        names = container_names(pod)
+        container = names[index] if index < len(names) else f"#{index}"
+        uid = str((pod.get("metadata") or {}).get("uid") or f"{namespace}-{name}")
+        spec = container_spec(pod, index)
+        mounts: tuple[Any, ...] = ()
+        cache: str | None = None
+        if self._hook is not None:
+            container_dir = self._prepare_container_dir(uid, container)
+            cache = str(PurePosixPath(self._hook) / "vgpu" / f"{uuidlib.uuid4()}.cache")
+            mounts = hook_mounts(
+                PurePosixPath(self._hook),
+                PurePosixPath(container_dir),
+                spec,
+                lock_dir=str(self._lock_dir),
+                licensed=(self._hook / "vgpu" / "license").exists(),
+            )
+        envs = container_envs(grants, spec, self._settings, cache_file=cache)
+        uuids = tuple(dict.fromkeys(g.uuid for g in grants))
+        return ContainerAnswer(container=container, uuids=uuids, envs=envs, mounts=mounts)
 
     def _prepare_container_dir(self, uid: str, container: str) -> Path:
         """HAMi-core's per-container cache dir, recreated empty and world-writable on every Allocate."""

@@ -206,6 +206,8 @@ class NodeKubelet:
         try:
             for container, _ in containers:
                 for resource, count in _device_requests(container).items():
+                    if resource not in self.plugins:
+                        continue  # not a device-plugin resource (e.g. nvidia.com/gpumem): kubelet ignores it
                     entry = await self._allocate(key, container["name"], resource, count, held)
                     held.entries.append(entry)
         except _AdmissionError as exc:
@@ -327,7 +329,8 @@ class _Registration(api_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
 
 
 def _device_requests(container: Mapping[str, Any]) -> dict[str, int]:
-    """Extended resources (``vendor/name`` with an integer count > 0) a container asks for."""
+    """Extended resources (``vendor/name`` with an integer count > 0) a container asks for; only those a
+    device plugin registered are allocated (kubelet treats the others as plain node resources)."""
     resources = container.get("resources") or {}
     merged = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
     wanted: dict[str, int] = {}

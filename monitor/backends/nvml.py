@@ -3,12 +3,15 @@
 Owns discovery (uuid, index, model, memory, NUMA node from sysfs, MIG profiles), sticky health from XID
 critical-error events (HAMi's ignore list), NVLink/PCIe pair scores, and the exporter's live usage
 (memory used, utilisation, compute processes with their memory and SM share). Tests pass a fake module
-with the same function names that raises pynvml's own ``NVMLError`` subclasses. Must not import grpc,
+with the same function names that raises pynvml's own ``NVMLError`` subclasses. Dynamic MIG: list,
+create (GPU instance at an exact placement + one compute instance spanning it, undone on failure) and
+destroy GPU instances, MIG UUIDs read from the MIG device handles. Must not import grpc,
 the Kubernetes client or the codec.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import math
 import threading
@@ -23,6 +26,7 @@ from monitor.backends.base import (
     Card,
     Link,
     LiveUsage,
+    MigInstance,
     MigProfileInfo,
     ProcessUsage,
 )
@@ -47,6 +51,11 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _profile_name(info: Any) -> str:
+    """NVML names GPU-instance profiles "MIG 1g.5gb"; the registration uses "1g.5gb"."""
+    return _text(getattr(info, "name", "")).removeprefix("MIG ") or f"profile-{info.id}"
+
+
 class NvmlBackend:
     """Cards from the NVIDIA driver. ``nvml`` defaults to the real module; ``sysfs`` to ``/sys``."""
 
@@ -58,6 +67,7 @@ class NvmlBackend:
         self._all_unhealthy = False
         self._mig_cache: dict[str, tuple[MigProfileInfo, ...]] = {}
         self._lock = threading.Lock()  # health state is shared by the registrar and the health poll
+        self._mig_lock = threading.Lock()  # one MIG reconfiguration at a time
         try:
             self._nvml.nvmlInit()
         except pynvml.NVMLError_LibraryNotFound as exc:
@@ -146,7 +156,7 @@ class NvmlBackend:
         total_sm = max((int(i.multiprocessorCount) for i, _ in infos), default=0)
         profiles = tuple(
             MigProfileInfo(
-                name=_text(getattr(info, "name", "")).removeprefix("MIG ") or f"profile-{info.id}",
+                name=_profile_name(info),
                 memory_mib=int(info.memorySizeMB),
                 cores=math.ceil(100 * int(info.multiprocessorCount) / total_sm) if total_sm else 0,
                 slice_count=int(info.sliceCount),
@@ -258,6 +268,147 @@ class NvmlBackend:
             )
             for p in running
         )
+
+    # ------------------------------------------------------------------------------------ dynamic MIG
+    def mig_instances(self, gpu_uuid: str) -> tuple[MigInstance, ...]:
+        with self._mig_lock:
+            try:
+                handle = self._nvml.nvmlDeviceGetHandleByUUID(gpu_uuid)
+                return self._instances(handle, gpu_uuid)
+            except pynvml.NVMLError as exc:
+                raise BackendError(f"card {gpu_uuid}: listing MIG instances failed: {exc}") from exc
+
+    def create_mig_instance(self, gpu_uuid: str, profile: str, start: int, size: int) -> MigInstance:
+        nvml = self._nvml
+        where = f"card {gpu_uuid}: MIG profile {profile!r} at slices [{start}, {start + size})"
+        with self._mig_lock:
+            try:
+                handle = nvml.nvmlDeviceGetHandleByUUID(gpu_uuid)
+                info = next((i for i, name in self._gi_profiles(handle) if name == profile), None)
+                if info is None:
+                    raise BackendError(f"{where}: the card offers no such GPU-instance profile")
+                placement = pynvml.c_nvmlGpuInstancePlacement_t(start, size)
+                gpu_instance = nvml.nvmlDeviceCreateGpuInstanceWithPlacement(
+                    handle, info.id, ctypes.pointer(placement)
+                )
+            except pynvml.NVMLError as exc:
+                raise BackendError(f"{where}: creating the GPU instance failed: {exc}") from exc
+            compute: Any = None
+            try:
+                gi_id = int(nvml.nvmlGpuInstanceGetInfo(gpu_instance).id)
+                ci_profile = self._full_ci(gpu_instance)
+                compute = nvml.nvmlGpuInstanceCreateComputeInstance(gpu_instance, ci_profile.id)
+                ci_id = int(nvml.nvmlComputeInstanceGetInfo(compute).id)
+                mig_uuid = self._mig_devices(handle).get((gi_id, ci_id))
+                if mig_uuid is None:
+                    raise BackendError(f"no MIG device shows GPU instance {gi_id} / compute instance {ci_id}")
+            except (pynvml.NVMLError, BackendError) as exc:
+                self._undo(gpu_instance, compute, where)  # a half-made instance would block the slices
+                raise BackendError(f"{where}: creating the compute instance failed: {exc}") from exc
+        log.info("card %s: created MIG instance %s (%s, GPU instance %d)", gpu_uuid, mig_uuid, profile, gi_id)
+        return MigInstance(
+            gpu_uuid=gpu_uuid,
+            profile=profile,
+            start=start,
+            size=size,
+            gpu_instance_id=gi_id,
+            compute_instance_id=ci_id,
+            mig_uuid=mig_uuid,
+        )
+
+    def destroy_mig_instance(self, gpu_uuid: str, gpu_instance_id: int) -> None:
+        nvml = self._nvml
+        with self._mig_lock:
+            try:
+                handle = nvml.nvmlDeviceGetHandleByUUID(gpu_uuid)
+                gpu_instance = nvml.nvmlDeviceGetGpuInstanceById(handle, gpu_instance_id)
+                for gi_id, ci_id in self._mig_devices(handle):
+                    if gi_id == gpu_instance_id:
+                        nvml.nvmlComputeInstanceDestroy(
+                            nvml.nvmlGpuInstanceGetComputeInstanceById(gpu_instance, ci_id)
+                        )
+                nvml.nvmlGpuInstanceDestroy(gpu_instance)
+            except pynvml.NVMLError as exc:
+                raise BackendError(
+                    f"card {gpu_uuid}: destroying MIG GPU instance {gpu_instance_id} failed: {exc}"
+                ) from exc
+        log.info("card %s: destroyed MIG GPU instance %d", gpu_uuid, gpu_instance_id)
+
+    def _gi_profiles(self, handle: Any) -> list[tuple[Any, str]]:
+        """(NVML profile info, profile name) for every GPU-instance profile the card offers."""
+        found = []
+        for profile in range(int(getattr(self._nvml, "NVML_GPU_INSTANCE_PROFILE_COUNT", 0))):
+            try:
+                info = self._nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, profile)
+            except pynvml.NVMLError:
+                continue  # not offered by this card
+            found.append((info, _profile_name(info)))
+        return found
+
+    def _instances(self, handle: Any, gpu_uuid: str) -> tuple[MigInstance, ...]:
+        devices = self._mig_devices(handle)
+        found = []
+        for info, name in self._gi_profiles(handle):
+            count = int(info.instanceCount)
+            if count <= 0:
+                continue
+            # nvmlDeviceGetGpuInstances fills a caller-owned array and count (C out-parameters)
+            handles = (pynvml.c_nvmlGpuInstance_t * count)()
+            filled = ctypes.c_uint(0)
+            self._nvml.nvmlDeviceGetGpuInstances(handle, info.id, handles, ctypes.pointer(filled))
+            for k in range(filled.value):
+                gi = self._nvml.nvmlGpuInstanceGetInfo(handles[k])
+                gi_id = int(gi.id)
+                computes = sorted(c for g, c in devices if g == gi_id)
+                ci = computes[0] if computes else None
+                found.append(
+                    MigInstance(
+                        gpu_uuid=gpu_uuid,
+                        profile=name,
+                        start=int(gi.placement.start),
+                        size=int(gi.placement.size),
+                        gpu_instance_id=gi_id,
+                        compute_instance_id=ci,
+                        mig_uuid=None if ci is None else devices[(gi_id, ci)],
+                    )
+                )
+        return tuple(sorted(found, key=lambda i: i.gpu_instance_id))
+
+    def _mig_devices(self, handle: Any) -> dict[tuple[int, int], str]:
+        """(GPU instance id, compute instance id) -> MIG UUID of every MIG device on the card."""
+        nvml, found = self._nvml, {}
+        for index in range(int(nvml.nvmlDeviceGetMaxMigDeviceCount(handle))):
+            try:
+                mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, index)
+            except pynvml.NVMLError_NotFound:
+                continue  # the index range is a maximum; unused indexes are empty
+            key = (int(nvml.nvmlDeviceGetGpuInstanceId(mig)), int(nvml.nvmlDeviceGetComputeInstanceId(mig)))
+            found[key] = _text(nvml.nvmlDeviceGetUUID(mig))
+        return found
+
+    def _full_ci(self, gpu_instance: Any) -> Any:
+        """The compute-instance profile spanning the whole GPU instance (the most slices it offers)."""
+        best: Any = None
+        for profile in range(int(getattr(self._nvml, "NVML_COMPUTE_INSTANCE_PROFILE_COUNT", 0))):
+            try:
+                info = self._nvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+                    gpu_instance, profile, pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+                )
+            except pynvml.NVMLError:
+                continue  # larger than this GPU instance
+            if best is None or int(info.sliceCount) > int(best.sliceCount):
+                best = info
+        if best is None:
+            raise BackendError("the GPU instance offers no compute-instance profile")
+        return best
+
+    def _undo(self, gpu_instance: Any, compute: Any, where: str) -> None:
+        try:
+            if compute is not None:
+                self._nvml.nvmlComputeInstanceDestroy(compute)
+            self._nvml.nvmlGpuInstanceDestroy(gpu_instance)
+        except pynvml.NVMLError as exc:  # reported; the next Allocate destroys it as unclaimed
+            log.error("%s: could not remove the half-made instance: %s", where, exc)
 
     # -------------------------------------------------------------------------------------- topology
     def links(self) -> tuple[Link, ...]:

@@ -103,19 +103,6 @@ class SimBackend:
         self._usage = parse_sim_usage(text, source=self._path)
         self._raw = raw  # only after a successful parse: a bad edit is reported on every poll
 
-
-def _document(text: str, where: str) -> Mapping[str, Any]:
-    try:
-        document = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise BackendError(f"{where}: not valid YAML: {exc}") from exc
-    if document is None:
-        document = {}
-    if not isinstance(document, Mapping):
-        raise BackendError(f"{where}: top level must be a mapping with 'cards', got {text[:80]!r}")
-    return document
-
-
     # ------------------------------------------------------------------------------------ dynamic MIG
     def mig_instances(self, gpu_uuid: str) -> tuple[MigInstance, ...]:
         with self._lock:
@@ -170,6 +157,18 @@ def _document(text: str, where: str) -> Mapping[str, Any]:
         if not card.mig_profiles:
             raise BackendError(f"simulated card {gpu_uuid}: offers no MIG profiles (no 'mig' in the file)")
         return card
+
+
+def _document(text: str, where: str) -> Mapping[str, Any]:
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise BackendError(f"{where}: not valid YAML: {exc}") from exc
+    if document is None:
+        document = {}
+    if not isinstance(document, Mapping):
+        raise BackendError(f"{where}: top level must be a mapping with 'cards', got {text[:80]!r}")
+    return document
 
 
 def parse_sim_devices(

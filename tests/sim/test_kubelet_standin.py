@@ -90,7 +90,9 @@ async def kubelet(
 
 
 def _gpu(name: str, count: int) -> dict[str, Any]:
-    return {"name": name, "image": "x", "resources": {"limits": {"nvidia.com/gpu": str(count)}}}
+    # gpumem is no device-plugin resource: kubelet leaves it to the scheduler and allocates only gpu
+    limits = {"nvidia.com/gpu": str(count), "nvidia.com/gpumem": "1000"}
+    return {"name": name, "image": "x", "resources": {"limits": limits}}
 
 
 async def _bound_pod(apiserver: kmock.KubernetesEmulator, name: str, init: int, app: int) -> dict[str, Any]:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import ipaddress
 import os
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -10,9 +13,11 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 from cryptography.x509.verification import PolicyBuilder, Store
+from webhook_harness import poll
 
 from webhook import certs
-from webhook.config import service_hostnames
+from webhook.config import WebhookSettings, service_hostnames
+from webhook.handlers import renew_forever
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 NAMES = service_hostnames("hami-webhook", "hami-system")
@@ -22,13 +27,8 @@ def verify(bundle: certs.Bundle, name: str, *, at: datetime = NOW) -> None:
     """Raise unless ``bundle.cert`` is a valid server certificate for ``name`` under ``bundle.ca_cert``."""
     ca = x509.load_pem_x509_certificate(bundle.ca_cert)
     leaf = x509.load_pem_x509_certificate(bundle.cert)
-    subject: x509.DNSName | x509.IPAddress
-    if name[0].isdigit():
-        import ipaddress
-
-        subject = x509.IPAddress(ipaddress.ip_address(name))
-    else:
-        subject = x509.DNSName(name)
+    ip = name[0].isdigit()
+    subject = x509.IPAddress(ipaddress.ip_address(name)) if ip else x509.DNSName(name)
     verifier = PolicyBuilder().store(Store([ca])).time(at).build_server_verifier(subject)
     verifier.verify(leaf, [])
 
@@ -147,3 +147,25 @@ def test_writes_swap_one_symlink_like_kubelet(tmp_path: Path) -> None:
     assert len(versions) == 1 and versions[0].startswith("..2026_03_01_12_00_01.")  # the previous one is gone
     assert os.readlink(tmp_path / "..data") == versions[0]
     assert certs.read_bundle(tmp_path) == second
+
+
+async def test_renewal_task_reissues_an_expiring_certificate(tmp_path: Path) -> None:
+    settings = WebhookSettings(tls_dir=tmp_path)
+    issued = datetime.now(UTC) - certs.SERVING_VALIDITY + timedelta(days=10)  # 10 days left
+    certs.write_bundle(tmp_path, certs.generate(settings.hostnames, now=issued), now=issued)
+    before = certs.read_bundle(tmp_path)
+    assert before is not None
+    task = asyncio.create_task(renew_forever(settings, interval=0.01))
+
+    async def renewed() -> certs.Bundle | None:
+        bundle = certs.read_bundle(tmp_path)
+        return bundle if bundle is not None and bundle.cert != before.cert else None
+
+    try:
+        after = await poll(renewed, "the renewed certificate")
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert after.ca_cert == before.ca_cert
+    assert certs.expiry(after.cert) > datetime.now(UTC) + certs.SERVING_VALIDITY - timedelta(days=1)

@@ -5,11 +5,15 @@ webhook removed from its configuration on shutdown.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
+import signal
 import ssl
+import sys
 from dataclasses import replace
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -100,7 +104,7 @@ async def test_rotation_is_picked_up_without_restart(operator: Operator, webhook
     assert response["allowed"] is True
 
 
-async def test_shutdown_removes_the_webhook(cluster: Cluster, tmp_path: Any) -> None:
+async def test_shutdown_removes_the_webhook(cluster: Cluster, tmp_path: Path) -> None:
     settings = replace(operator_settings(cluster, tmp_path / "tls"), config_name="hami-webhook-shutdown")
     path = f"{MWC_PATH}/{settings.config_name}"
     with running_operator(settings):
@@ -108,3 +112,33 @@ async def test_shutdown_removes_the_webhook(cluster: Cluster, tmp_path: Any) -> 
     # Kopf empties its managed webhooks on a graceful exit; our scoping handler must not put them back.
     mwc = await poll(lambda: api_get(cluster, path), "the configuration")
     assert mwc["webhooks"] == []
+
+
+async def test_console_script_runs_and_exits_cleanly(cluster: Cluster, tmp_path: Path) -> None:
+    """`python -m webhook ... --manage-config` as a process: publishes, admits, exits 0 on SIGINT."""
+    settings = replace(operator_settings(cluster, tmp_path / "tls"), config_name="hami-webhook-process")
+    command = [
+        sys.executable, "-m", "webhook", "--kubeconfig", str(cluster.kubeconfig),
+        "--listen", str(settings.listen), "--tls-dir", str(settings.tls_dir), "--manage-config",
+        "--config-name", settings.config_name, "--health-listen", str(settings.health_listen),
+    ]  # fmt: skip
+    process = await asyncio.create_subprocess_exec(*command, stderr=asyncio.subprocess.PIPE)
+    try:
+        mwc = await scoped_mwc(Operator(settings=settings, cluster=cluster))
+        config = mwc["webhooks"][0]["clientConfig"]
+        assert config["url"] == f"https://{settings.listen}/webhook"
+        ca = base64.b64decode(config["caBundle"])
+        assert ca == (settings.tls_dir / "ca.crt").read_bytes()  # made by the process, published as is
+        context = ssl.create_default_context(cadata=ca.decode())
+        connector = aiohttp.TCPConnector(ssl=context)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            response = await Webhook(url=config["url"], ca=ca, session=session).admit(
+                make_pod(ctr(limits={GPU: "1"}))
+            )
+        assert response["allowed"] is True and "patch" in response
+    finally:
+        process.send_signal(signal.SIGINT)
+        _, stderr = await asyncio.wait_for(process.communicate(), 20)
+    assert process.returncode == 0, stderr.decode()[-2000:]
+    stored = await api_get(cluster, f"{MWC_PATH}/{settings.config_name}")
+    assert stored is not None and stored["webhooks"] == []

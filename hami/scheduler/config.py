@@ -1,0 +1,151 @@
+"""Settings of the ``hami scheduler`` service: command-line flags with ``HAMI_<FLAG>`` env fallbacks.
+
+Owns :class:`SchedulerSettings` (frozen, built once in :func:`hami.scheduler.main.run` and passed
+down), the argparse flags, and reading HAMi's device-config YAML (top key ``nvidia:``). Precedence:
+flag, then env ``HAMI_<FLAG_IN_UPPER_SNAKE>`` (e.g. ``HAMI_LISTEN``), then the default. Must not import
+the Kubernetes client or aiohttp.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import yaml
+
+from hami.core.allocate import Policy
+from hami.settings import ConfigError, DeviceConfig, from_device_config
+
+POLICIES = ("binpack", "spread")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SchedulerSettings:
+    kubeconfig: str | None = None
+    host: str = "0.0.0.0"
+    port: int = 8080
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    scheduler_name: str = "hami-scheduler"
+    node_policy: str = "binpack"
+    gpu_policy: str = "spread"
+    node_lock_timeout: datetime.timedelta = datetime.timedelta(minutes=5)
+    api_timeout: float = 30.0  # seconds one API request may take
+    resync_seconds: float = 15.0  # the registration pass: handshakes and stale nodes
+    handshake_window: datetime.timedelta = datetime.timedelta(seconds=60)
+    device_config: DeviceConfig = field(default_factory=DeviceConfig)
+    log_level: str = "info"
+
+    @property
+    def policy(self) -> Policy:
+        return Policy(node_policy=self.node_policy, gpu_policy=self.gpu_policy)
+
+
+def _env_default(name: str, default: str | None, environ: Mapping[str, str]) -> str | None:
+    return environ.get("HAMI_" + name.upper().replace("-", "_"), default)
+
+
+def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | None = None) -> None:
+    """Register the flags; each default comes from ``HAMI_<FLAG>`` when that env var is set."""
+    env = os.environ if environ is None else environ
+
+    def flag(name: str, default: str | None, help_text: str, **kwargs: object) -> None:
+        parser.add_argument(f"--{name}", default=_env_default(name, default, env), help=help_text, **kwargs)  # type: ignore[arg-type]
+
+    flag("kubeconfig", None, "kubeconfig file (default: in-cluster, then ~/.kube/config)")
+    flag("listen", "0.0.0.0:8080", "HOST:PORT to serve the extender on")
+    flag("tls-cert", None, "serve HTTPS with this certificate (PEM); needs --tls-key")
+    flag("tls-key", None, "private key (PEM) for --tls-cert")
+    flag("scheduler-name", "hami-scheduler", "scheduler name; also the Events' component")
+    flag("node-scheduler-policy", "binpack", "default node policy: binpack or spread")
+    flag("gpu-scheduler-policy", "spread", "default GPU policy: binpack, spread, topology-aware, ...")
+    flag("node-lock-timeout", "300", "seconds after which a node lock may be taken over")
+    flag("api-timeout", "30", "seconds one Kubernetes API request may take")
+    flag("resync-seconds", "15", "seconds between registration passes (handshakes, stale nodes)")
+    flag("device-config", None, "HAMi device-config YAML (top key 'nvidia:')")
+    flag("resource-name", None, "count resource name (overrides the device config)")
+    flag("resource-mem", None, "memory resource name (overrides the device config)")
+    flag("resource-mem-percentage", None, "memory-percentage resource name (overrides the device config)")
+    flag("resource-cores", None, "cores resource name (overrides the device config)")
+    flag("log-level", "info", "debug, info, warning or error")
+
+
+class SettingsError(ValueError):
+    """A flag or env value is invalid; the message names the flag and the value."""
+
+
+def _seconds(name: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise SettingsError(f"--{name} must be a number of seconds, got {text!r}") from None
+    if value <= 0:
+        raise SettingsError(f"--{name} must be positive, got {text!r}")
+    return value
+
+
+def _listen(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise SettingsError(f"--listen must be HOST:PORT, got {text!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def load_device_config(path: str | None) -> DeviceConfig:
+    if not path:
+        return DeviceConfig()
+    try:
+        document = yaml.safe_load(Path(path).read_text())
+    except OSError as exc:
+        raise SettingsError(f"--device-config {path!r}: {exc.strerror or exc}") from exc
+    except yaml.YAMLError as exc:
+        raise SettingsError(f"--device-config {path!r} is not YAML: {exc}") from exc
+    if document is not None and not isinstance(document, dict):
+        raise SettingsError(f"--device-config {path!r} must hold a mapping with key 'nvidia'")
+    try:
+        return from_device_config(document)
+    except ConfigError as exc:
+        raise SettingsError(f"--device-config {path!r}: {exc}") from exc
+
+
+def from_args(args: argparse.Namespace) -> SchedulerSettings:
+    """Validate the parsed flags into settings; raises :class:`SettingsError` naming the flag."""
+    host, port = _listen(args.listen)
+    for name, value in (("node-scheduler-policy", args.node_scheduler_policy),):
+        if value not in POLICIES:
+            raise SettingsError(f"--{name} must be one of {', '.join(POLICIES)}, got {value!r}")
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise SettingsError("--tls-cert and --tls-key must be given together")
+    level = str(args.log_level).lower()
+    if level not in LOG_LEVELS:
+        raise SettingsError(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {args.log_level!r}")
+    device_config = load_device_config(args.device_config)
+    overrides = {
+        "count": args.resource_name,
+        "memory": args.resource_mem,
+        "memory_percentage": args.resource_mem_percentage,
+        "cores": args.resource_cores,
+    }
+    names = {k: v for k, v in overrides.items() if v}
+    if names:
+        device_config = replace(device_config, resources=replace(device_config.resources, **names))
+    return SchedulerSettings(
+        kubeconfig=args.kubeconfig or None,
+        host=host,
+        port=port,
+        tls_cert=args.tls_cert or None,
+        tls_key=args.tls_key or None,
+        scheduler_name=args.scheduler_name,
+        node_policy=args.node_scheduler_policy,
+        gpu_policy=args.gpu_scheduler_policy,
+        node_lock_timeout=datetime.timedelta(seconds=_seconds("node-lock-timeout", args.node_lock_timeout)),
+        api_timeout=_seconds("api-timeout", args.api_timeout),
+        resync_seconds=_seconds("resync-seconds", args.resync_seconds),
+        device_config=device_config,
+        log_level=level,
+    )

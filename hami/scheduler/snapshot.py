@@ -1,0 +1,342 @@
+"""The scheduler's live view of the cluster: per-node cards and usage, kept up to date incrementally.
+
+Owns the state the watches feed (``replace_nodes``/``node_event``, ``replace_pods``/``pod_event``) and
+the questions filter, prioritize and bind ask (``candidate``, ``problem``). One pod event costs
+O(cards of that pod): the pod's previous usage is removed from its node and the new one added with the
+core's ``apply_usage``; nothing walks the cluster per request. A node's usage is rebuilt from its own
+pods only when its registration text changes.
+
+Usage accounting (spec-scheduler §6): a pod counts iff it carries ``hami.io/vgpu-node`` and a readable
+``hami.io/vgpu-devices-allocated``, and is not Succeeded/Failed; init containers drop out once all of
+them exited 0 (sticky). One deviation: a pod whose bind failed in this scheduler (``bind-phase=failed``
+and not bound to a node) does not count, so a failed bind frees its cards at once.
+
+Bookings: bind decides on this state and books the allocation at once (before any API write), so a
+racing bind sees it. A booking wins over what the watch says about that pod until the watch shows the
+same allocation (confirmed), the bind fails (cancelled) or the pod is deleted.
+
+Registration (spec-scheduler §5): a node without a readable registration is excluded with a reason;
+malformed data is reported once per distinct text through ``on_malformed`` (the app records a Warning
+Event on the Node). Handshake (§5.3): a node whose ``hami.io/node-handshake`` lacks ``Requesting`` is
+reported through ``on_handshake`` (the app writes ``Requesting_<time>``); a node whose Requesting stamp
+is older than the window while its allocatable count is 0 is stale (its device plugin is not
+registered with the kubelet) and excluded until that changes.
+
+No I/O here: callbacks are called synchronously and must only schedule work. Must not import the
+Kubernetes client or aiohttp.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from hami.annotations import (
+    NO_GPU,
+    NODE_DEVICE_CORDON,
+    NODE_HANDSHAKE,
+    NODE_PAIR_SCORES,
+    NODE_REGISTER,
+    POD_BIND_PHASE,
+    POD_DEVICES_ALLOCATED,
+    POD_VGPU_NODE,
+    AnnotationError,
+    HandshakeKind,
+    decode_handshake,
+    decode_pod_devices,
+    read_node,
+    read_pod_mig_allocations,
+)
+from hami.core.model import NodeState
+from hami.core.usage import PodUsage, apply_usage, pod_usage
+
+logger = logging.getLogger(__name__)
+
+PodKey = tuple[str, str]  # (namespace, name): uids are not guaranteed by every API server
+UNREGISTERED = "node unregistered"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PodRecord:
+    """What one pod holds on one node, and the annotation text it came from."""
+
+    node: str
+    usage: PodUsage
+    allocated: str
+
+
+@dataclass(slots=True, kw_only=True)
+class NodeEntry:
+    name: str
+    signature: tuple[str | None, str | None, str | None] | None = None  # register, scores, cordon
+    base: NodeState | None = None  # registered cards, zero usage; None when excluded
+    state: NodeState | None = None  # base plus every tracked pod's usage
+    problem: str | None = UNREGISTERED  # why the node is excluded
+    handshake: str | None = None
+    allocatable: int = 0
+    stale_after: datetime.datetime | None = None  # naive local time, like the handshake stamp
+    reported: set[str] = field(default_factory=set)  # malformed texts already reported
+
+
+def _annotations(obj: Mapping[str, Any]) -> Mapping[str, str]:
+    return (obj.get("metadata") or {}).get("annotations") or {}
+
+
+def _key(obj: Mapping[str, Any]) -> PodKey:
+    metadata = obj.get("metadata") or {}
+    return str(metadata.get("namespace") or ""), str(metadata.get("name") or "")
+
+
+def _init_done(pod: Mapping[str, Any]) -> bool:
+    statuses = (pod.get("status") or {}).get("initContainerStatuses") or []
+    return bool(statuses) and all(
+        ((s.get("state") or {}).get("terminated") or {}).get("exitCode", -1) == 0 for s in statuses
+    )
+
+
+def _count(text: Any) -> int:
+    try:
+        return int(str(text))
+    except ValueError:
+        return 0
+
+
+class Snapshot:
+    """Nodes and tracked pods; every method runs on the event loop (single-threaded, no locks)."""
+
+    def __init__(
+        self,
+        *,
+        count_resource: str = "nvidia.com/gpu",
+        handshake_window: datetime.timedelta = datetime.timedelta(seconds=60),
+        on_malformed: Callable[[Mapping[str, Any], str], None] | None = None,
+        on_handshake: Callable[[str], None] | None = None,
+    ) -> None:
+        self._count_resource = count_resource
+        self._window = handshake_window
+        self._on_malformed = on_malformed
+        self._on_handshake = on_handshake
+        self._nodes: dict[str, NodeEntry] = {}
+        self._node_pods: dict[str, set[PodKey]] = {}
+        self._observed: dict[PodKey, PodRecord] = {}
+        self._bookings: dict[PodKey, PodRecord] = {}
+        self._applied: dict[PodKey, PodRecord] = {}
+        self._init_done: set[PodKey] = set()
+        self.nodes_synced = False
+        self.pods_synced = False
+        self.pod_events = 0
+        self.node_events = 0
+
+    @property
+    def ready(self) -> bool:
+        return self.nodes_synced and self.pods_synced
+
+    # ------------------------------------------------------------------------------------- nodes
+
+    def replace_nodes(self, items: Iterable[Mapping[str, Any]]) -> None:
+        """A full node list: upsert each, drop the nodes that are gone."""
+        seen = set()
+        for obj in items:
+            seen.add(self._upsert_node(obj))
+        for name in [n for n in self._nodes if n not in seen]:
+            del self._nodes[name]
+        self.nodes_synced = True
+
+    def node_event(self, kind: str, obj: Mapping[str, Any]) -> None:
+        self.node_events += 1
+        if kind == "DELETED":
+            self._nodes.pop(str((obj.get("metadata") or {}).get("name") or ""), None)
+        else:
+            self._upsert_node(obj)
+
+    def _upsert_node(self, obj: Mapping[str, Any]) -> str:
+        name = str((obj.get("metadata") or {}).get("name") or "")
+        annotations = _annotations(obj)
+        entry = self._nodes.get(name)
+        if entry is None:
+            entry = self._nodes[name] = NodeEntry(name=name)
+        allocatable = ((obj.get("status") or {}).get("allocatable") or {}).get(self._count_resource, "0")
+        entry.allocatable = _count(allocatable)
+        handshake_text = annotations.get(NODE_HANDSHAKE)
+        handshake = decode_handshake(handshake_text)
+        if handshake.kind is not HandshakeKind.REQUESTING:
+            if handshake_text != entry.handshake and self._on_handshake is not None:
+                self._on_handshake(name)
+            entry.stale_after = None
+        elif handshake.time is not None and entry.allocatable <= 0:
+            entry.stale_after = handshake.time + self._window
+        else:
+            entry.stale_after = None
+        entry.handshake = handshake_text
+        signature = (
+            annotations.get(NODE_REGISTER),
+            annotations.get(NODE_PAIR_SCORES),
+            annotations.get(NODE_DEVICE_CORDON),
+        )
+        if signature != entry.signature:
+            entry.signature = signature
+            self._register(entry, obj, annotations)
+        return name
+
+    def _register(self, entry: NodeEntry, obj: Mapping[str, Any], annotations: Mapping[str, str]) -> None:
+        try:
+            entry.base = read_node(entry.name, annotations)
+            entry.problem = None
+        except AnnotationError as exc:
+            entry.base = None
+            entry.problem = f"{UNREGISTERED}: {exc}"
+            malformed = exc.text is not None and exc.reason != NO_GPU
+            if malformed and str(exc) not in entry.reported:
+                entry.reported.add(str(exc))
+                logger.warning("node %s excluded: %s", entry.name, exc)
+                if self._on_malformed is not None:
+                    self._on_malformed(obj, str(exc))
+        state = entry.base
+        if state is not None:
+            for key in self._node_pods.get(entry.name, ()):
+                state = apply_usage(state, self._applied[key].usage)
+        entry.state = state
+
+    # -------------------------------------------------------------------------------------- pods
+
+    def replace_pods(self, items: Iterable[Mapping[str, Any]]) -> None:
+        """A full pod list: recompute every record, forget the pods that are gone."""
+        seen: set[PodKey] = set()
+        for obj in items:
+            seen.add(self._upsert_pod(obj))
+        for key in [k for k in self._observed.keys() | self._bookings.keys() if k not in seen]:
+            self._forget(key)
+        self.pods_synced = True
+
+    def pod_event(self, kind: str, obj: Mapping[str, Any]) -> None:
+        self.pod_events += 1
+        if kind == "DELETED":
+            self._forget(_key(obj))
+        else:
+            self._upsert_pod(obj)
+
+    def _forget(self, key: PodKey) -> None:
+        self._observed.pop(key, None)
+        self._bookings.pop(key, None)
+        self._init_done.discard(key)
+        self._settle(key)
+
+    def _upsert_pod(self, obj: Mapping[str, Any]) -> PodKey:
+        key = _key(obj)
+        record = self._record(key, obj)
+        if record is None:
+            self._observed.pop(key, None)
+        else:
+            self._observed[key] = record
+            booking = self._bookings.get(key)
+            if booking is not None and (booking.node, booking.allocated) == (record.node, record.allocated):
+                del self._bookings[key]  # the API now shows what bind booked
+        self._settle(key)
+        return key
+
+    def _record(self, key: PodKey, pod: Mapping[str, Any]) -> PodRecord | None:
+        annotations = _annotations(pod)
+        node = annotations.get(POD_VGPU_NODE)
+        text = annotations.get(POD_DEVICES_ALLOCATED)
+        if not node or text is None:
+            return None
+        status = pod.get("status") or {}
+        spec = pod.get("spec") or {}
+        if status.get("phase") in ("Succeeded", "Failed"):
+            return None
+        if annotations.get(POD_BIND_PHASE) == "failed" and not spec.get("nodeName"):
+            return None
+        try:
+            devices = decode_pod_devices(text)
+        except AnnotationError as exc:
+            logger.warning("pod %s/%s not counted: %s", key[0], key[1], exc)
+            return None
+        try:
+            mig = read_pod_mig_allocations(pod)
+        except AnnotationError as exc:
+            logger.warning("pod %s/%s: %s (its MIG cards fail closed)", key[0], key[1], exc)
+            mig = ()
+        if key not in self._init_done and _init_done(pod):
+            self._init_done.add(key)
+        init_count = len(spec.get("initContainers") or [])
+        usage = pod_usage(devices, init_count, init_done=key in self._init_done, mig=mig)
+        return PodRecord(node=node, usage=usage, allocated=text)
+
+    def _settle(self, key: PodKey) -> None:
+        """Make the applied usage of ``key`` equal its booking, else what the watch says."""
+        wanted = self._bookings.get(key) or self._observed.get(key)
+        current = self._applied.get(key)
+        if wanted == current:
+            return
+        if current is not None:
+            self._apply(current, -1)
+            self._node_pods[current.node].discard(key)
+            del self._applied[key]
+        if wanted is not None:
+            self._apply(wanted, 1)
+            self._node_pods.setdefault(wanted.node, set()).add(key)
+            self._applied[key] = wanted
+
+    def _apply(self, record: PodRecord, sign: int) -> None:
+        entry = self._nodes.get(record.node)
+        if entry is not None and entry.state is not None:
+            entry.state = apply_usage(entry.state, record.usage, sign=sign)
+
+    # ---------------------------------------------------------------------------------- bookings
+
+    def book(self, key: PodKey, record: PodRecord) -> None:
+        """Count ``record`` for ``key`` from now on (bind decided it; the API writes follow)."""
+        self._bookings[key] = record
+        self._settle(key)
+
+    def cancel(self, key: PodKey) -> None:
+        """Undo a booking (the bind failed); the pod counts again as the watch last showed it."""
+        if self._bookings.pop(key, None) is not None:
+            self._settle(key)
+
+    def record(self, key: PodKey) -> PodRecord | None:
+        return self._applied.get(key)
+
+    # ----------------------------------------------------------------------------------- queries
+
+    def problem(self, name: str, now: datetime.datetime) -> str | None:
+        """Why ``name`` cannot take GPU pods now (None when it can)."""
+        entry = self._nodes.get(name)
+        if entry is None:
+            return UNREGISTERED
+        if entry.problem is not None:
+            return entry.problem
+        if entry.stale_after is not None and now.astimezone().replace(tzinfo=None) >= entry.stale_after:
+            return (
+                f"{UNREGISTERED}: handshake {entry.handshake!r} unanswered and "
+                f"{self._count_resource} allocatable is 0"
+            )
+        return None
+
+    def candidate(self, name: str, now: datetime.datetime, exclude: PodKey | None = None) -> NodeState | str:
+        """The node's state for deciding a pod (without that pod's own current usage), or why not."""
+        problem = self.problem(name, now)
+        if problem is not None:
+            return problem
+        state = self._nodes[name].state
+        assert state is not None  # no problem means registered
+        if exclude is not None:
+            own = self._applied.get(exclude)
+            if own is not None and own.node == name:
+                state = apply_usage(state, own.usage, sign=-1)
+        return state
+
+    def needs_handshake(self) -> list[str]:
+        """Nodes whose handshake does not (yet) say Requesting."""
+        return [
+            e.name for e in self._nodes.values() if decode_handshake(e.handshake).kind is not HandshakeKind.REQUESTING
+        ]
+
+    def entries(self) -> Iterator[NodeEntry]:
+        return iter(list(self._nodes.values()))
+
+    def tracked(self) -> Mapping[PodKey, PodRecord]:
+        return dict(self._applied)

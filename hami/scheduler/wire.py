@@ -1,0 +1,133 @@
+"""kube-scheduler's extender v1 JSON (``k8s.io/kube-scheduler/extender/v1``) as TypedDicts.
+
+Owns the wire shapes and the one conversion from a request body to them. The Go types carry no JSON
+tags, so the keys are the Go field names (``Pod``, ``Nodes``, ``NodeNames``, ...); Go decodes them
+case-insensitively, so :func:`fold` accepts any casing of a known key. Pods and Nodes stay raw JSON
+dicts (``dict[str, Any]``): the codec reads what it needs, nothing builds model objects.
+Imports the stdlib only.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, NotRequired, TypedDict
+
+
+class NodeListWire(TypedDict, total=False):
+    apiVersion: str
+    kind: str
+    metadata: dict[str, Any]
+    items: list[dict[str, Any]]
+
+
+class ExtenderArgs(TypedDict):
+    """``ExtenderArgs``: the body of ``/filter`` and ``/prioritize``."""
+
+    Pod: dict[str, Any] | None
+    Nodes: NodeListWire | None  # full nodes (nodeCacheCapable: false)
+    NodeNames: list[str] | None  # names only (nodeCacheCapable: true)
+
+
+class ExtenderFilterResult(TypedDict):
+    """``ExtenderFilterResult``: the answer to ``/filter``."""
+
+    Nodes: NodeListWire | None
+    NodeNames: list[str] | None
+    FailedNodes: dict[str, str]
+    FailedAndUnresolvableNodes: NotRequired[dict[str, str]]
+    Error: str
+
+
+class HostPriority(TypedDict):
+    """One entry of ``HostPriorityList`` (the answer to ``/prioritize``); Score is 0..10."""
+
+    Host: str
+    Score: int
+
+
+class ExtenderBindingArgs(TypedDict):
+    """``ExtenderBindingArgs``: the body of ``/bind``."""
+
+    PodName: str
+    PodNamespace: str
+    PodUID: str
+    Node: str
+
+
+class ExtenderBindingResult(TypedDict):
+    Error: str
+
+
+class WireError(ValueError):
+    """A request body that is not extender JSON; the message names the field."""
+
+
+_ARGS_KEYS = {"pod": "Pod", "nodes": "Nodes", "nodenames": "NodeNames"}
+_BIND_KEYS = {"podname": "PodName", "podnamespace": "PodNamespace", "poduid": "PodUID", "node": "Node"}
+
+
+def fold(body: dict[str, Any], known: dict[str, str]) -> dict[str, Any]:
+    """Map keys to their Go spelling case-insensitively (as Go's encoding/json does); drop unknown ones."""
+    out: dict[str, Any] = {}
+    for key, value in body.items():
+        canonical = known.get(key.lower())
+        if canonical is not None:
+            out[canonical] = value
+    return out
+
+
+def _object(data: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(data)
+    except ValueError as exc:
+        raise WireError(f"request body is not JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise WireError(f"request body must be a JSON object, got {type(body).__name__}")
+    return body
+
+
+def parse_extender_args(data: bytes) -> ExtenderArgs:
+    """The ``/filter`` or ``/prioritize`` body; raises :class:`WireError` naming the bad field."""
+    body = fold(_object(data), _ARGS_KEYS)
+    pod = body.get("Pod")
+    if pod is not None and not isinstance(pod, dict):
+        raise WireError(f"Pod must be an object, got {json.dumps(pod)[:100]}")
+    nodes = body.get("Nodes")
+    if nodes is not None and not (isinstance(nodes, dict) and isinstance(nodes.get("items") or [], list)):
+        raise WireError(f"Nodes must be a NodeList object, got {json.dumps(nodes)[:100]}")
+    names = body.get("NodeNames")
+    if names is not None and not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
+        raise WireError(f"NodeNames must be a list of strings, got {json.dumps(names)[:100]}")
+    return ExtenderArgs(Pod=pod, Nodes=nodes, NodeNames=names)
+
+
+def parse_binding_args(data: bytes) -> ExtenderBindingArgs:
+    """The ``/bind`` body; every field must be a string, PodName/PodNamespace/Node non-empty."""
+    body = fold(_object(data), _BIND_KEYS)
+    values: dict[str, str] = {}
+    for key in ("PodName", "PodNamespace", "PodUID", "Node"):
+        value = body.get(key, "")
+        if not isinstance(value, str):
+            raise WireError(f"{key} must be a string, got {json.dumps(value)[:100]}")
+        if not value and key != "PodUID":
+            raise WireError(f"{key} is missing or empty")
+        values[key] = value
+    return ExtenderBindingArgs(
+        PodName=values["PodName"], PodNamespace=values["PodNamespace"], PodUID=values["PodUID"], Node=values["Node"]
+    )
+
+
+def filter_result(
+    *,
+    node_names: list[str] | None = None,
+    nodes: NodeListWire | None = None,
+    failed: dict[str, str] | None = None,
+    unresolvable: dict[str, str] | None = None,
+    error: str = "",
+) -> ExtenderFilterResult:
+    result = ExtenderFilterResult(
+        Nodes=nodes, NodeNames=node_names, FailedNodes=failed or {}, Error=error
+    )
+    if unresolvable:
+        result["FailedAndUnresolvableNodes"] = unresolvable
+    return result

@@ -1,0 +1,175 @@
+"""What the scheduler granted on this node, read back from the pods for the exporter.
+
+Owns: which pods count (``hami.io/vgpu-node`` = this node as a label or annotation, phase neither
+Succeeded nor Failed: spec-scheduler §6), turning one pod's decoded ``hami.io/vgpu-devices-allocated``
+into per-container :class:`ContainerGrant` s with their container names, the per-card totals (the
+same §6 collapse the scheduler applies, through ``hami.core.usage``), and :class:`GrantBook`, the
+periodic pod list that keeps them fresh. Every annotation is decoded by the shared codec; nothing
+here splits annotation text. Imports the codec, the core and ``hami.kube``; must not import grpc,
+pynvml or the Kubernetes client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hami.annotations import (
+    POD_VGPU_NODE,
+    AnnotationError,
+    read_pod_devices,
+    read_pod_mig_allocations,
+    read_vgpu_node,
+)
+from hami.core.model import Device, DeviceState, NodeState
+from hami.core.usage import PodUsage, apply_usage, pod_usage
+from hami.kube.client import KubeError
+from hami.kube.pods import list_pods
+
+log = logging.getLogger(__name__)
+
+#: Phases whose containers no longer hold their cards (spec-scheduler §6).
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ContainerGrant:
+    """One card granted to one container. ``vdevice_index`` is the card's position within the
+    container (the order of ``NVIDIA_VISIBLE_DEVICES``, HAMi's ``vdevice_index``)."""
+
+    container: str
+    container_index: int  # init containers first, as in the annotation
+    vdevice_index: int
+    uuid: str
+    memory_mib: int
+    cores: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PodGrants:
+    """One tracked pod: its grants that still hold, their collapsed per-card usage, and its runtime
+    container IDs (``containerd://<id>`` without the scheme) → container names, to attribute processes."""
+
+    namespace: str
+    name: str
+    uid: str
+    grants: tuple[ContainerGrant, ...]
+    usage: PodUsage
+    container_ids: Mapping[str, str] = field(default_factory=dict)
+
+
+def on_node(pod: Mapping[str, Any], node: str) -> bool:
+    """The scheduler put the pod on ``node``: label (what HAMi's monitor selects by) or annotation."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return labels.get(POD_VGPU_NODE) == node or read_vgpu_node(pod) == node
+
+
+def init_done(pod: Mapping[str, Any]) -> bool:
+    """Every init container terminated with exit code 0 (statuses present): their grants are released."""
+    statuses = (pod.get("status") or {}).get("initContainerStatuses") or []
+    return bool(statuses) and all(
+        ((s.get("state") or {}).get("terminated") or {}).get("exitCode") == 0 for s in statuses
+    )
+
+
+def read_pod_grants(pod: Mapping[str, Any]) -> PodGrants | None:
+    """The pod's grants that hold now; None when it has no allocation or has finished.
+
+    Raises :class:`~hami.annotations.AnnotationError` (naming the key and text) for an unreadable
+    annotation; the caller skips such a pod, as the scheduler does.
+    """
+    metadata = pod.get("metadata") or {}
+    status = pod.get("status") or {}
+    if status.get("phase") in TERMINAL_PHASES:
+        return None
+    devices = read_pod_devices(pod)
+    if devices is None:
+        return None
+    spec = pod.get("spec") or {}
+    init = [str(c.get("name", "")) for c in spec.get("initContainers") or []]
+    names = init + [str(c.get("name", "")) for c in spec.get("containers") or []]
+    done = init_done(pod)
+    start = len(init) if done else 0
+    grants = tuple(
+        ContainerGrant(
+            container=names[position] if position < len(names) else f"#{position}",
+            container_index=position,
+            vdevice_index=vdevice,
+            uuid=grant.uuid,
+            memory_mib=grant.memory_mib,
+            cores=grant.cores,
+        )
+        for position, container in enumerate(devices)
+        if position >= start
+        for vdevice, grant in enumerate(container)
+    )
+    ids: dict[str, str] = {}
+    for key in ("initContainerStatuses", "containerStatuses"):
+        for entry in status.get(key) or []:
+            container_id = str(entry.get("containerID") or "")
+            if container_id:
+                ids[container_id.rpartition("://")[2]] = str(entry.get("name", ""))
+    return PodGrants(
+        namespace=str(metadata.get("namespace") or ""),
+        name=str(metadata.get("name") or ""),
+        uid=str(metadata.get("uid") or ""),
+        grants=grants,
+        usage=pod_usage(devices, len(init), init_done=done, mig=read_pod_mig_allocations(pod)),
+        container_ids=ids,
+    )
+
+
+def card_totals(node: str, devices: Sequence[Device], pods: Iterable[PodGrants]) -> NodeState:
+    """The node's registered cards with every tracked pod's collapsed usage added (slots, MiB, cores),
+    exactly as the scheduler's snapshot counts them. Grants naming other cards are ignored."""
+    state = NodeState(name=node, devices=tuple(DeviceState(device=d) for d in devices))
+    for pod in pods:
+        state = apply_usage(state, pod.usage)
+    return state
+
+
+class GrantBook:
+    """The tracked pods of one node, refreshed by a periodic list (``run``; cancel it to stop).
+
+    Lists the pods bound to the node (field selector, re-checked client-side) and keeps those the
+    scheduler assigned here. The tuple is replaced whole, so the exporter's scrape thread always
+    reads one consistent list.
+    """
+
+    def __init__(self, *, api: Any, node_name: str) -> None:
+        self._api, self._node = api, node_name
+        self._pods: tuple[PodGrants, ...] = ()
+
+    @property
+    def pods(self) -> tuple[PodGrants, ...]:
+        return self._pods
+
+    async def refresh(self) -> tuple[PodGrants, ...]:
+        """List now; raises :class:`~hami.kube.client.KubeError` (the previous list is kept)."""
+        tracked = []
+        for pod in await list_pods(self._api, node_name=self._node):
+            if not on_node(pod, self._node):
+                continue
+            try:
+                grants = read_pod_grants(pod)
+            except AnnotationError as exc:
+                metadata = pod.get("metadata") or {}
+                log.warning(
+                    "pod %s/%s: not exported: %s", metadata.get("namespace"), metadata.get("name"), exc
+                )
+                continue
+            if grants is not None:
+                tracked.append(grants)
+        self._pods = tuple(tracked)
+        return self._pods
+
+    async def run(self, interval: float) -> None:
+        while True:
+            try:
+                await self.refresh()
+            except KubeError as exc:
+                log.warning("listing the pods of node %s failed (metrics keep the last list): %s", self._node, exc)
+            await asyncio.sleep(interval)
