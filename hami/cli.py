@@ -15,23 +15,27 @@ from collections.abc import Sequence
 #: subcommand -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "scheduler": ("hami.scheduler.main", "run the scheduler extender kube-scheduler calls"),
+    "explain": ("hami.scheduler.explain", "say why a pod is pending, per node, and the nearest fit"),
     "demo": ("hami.sim.demo", "run the whole system on an embedded cluster and place the example pods"),
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser; with ``only``, just that subcommand's module is imported (the others stay unloaded)."""
     parser = argparse.ArgumentParser(prog="hami", description="GPU sharing for Kubernetes (HAMi-compatible).")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         command = sub.add_parser(name, help=help_text, description=help_text)
         command.set_defaults(module=module_name)
-        module = importlib.import_module(module_name)
-        module.add_arguments(command)
+        if only is None or name == only:
+            importlib.import_module(module_name).add_arguments(command)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    args = build_parser(chosen if chosen in SUBCOMMANDS else None).parse_args(argv)
     module = importlib.import_module(args.module)
     result: int = module.run(args)
     return result

@@ -1,0 +1,147 @@
+"""``hami explain NAMESPACE/POD``: why a pod is pending, per node, in words, and the nearest fit.
+
+Owns the command: read the pod, the nodes and the pods from any cluster (the embedded one included),
+build the same :class:`~hami.scheduler.snapshot.Snapshot` the extender keeps, and ask the core's
+:func:`~hami.core.explain.explain_node` about every node. Read-only: writes nothing to the cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any, TextIO
+
+from hami.annotations import AnnotationError, read_pod_devices, read_pod_request, read_vgpu_node
+from hami.core.allocate import Policy
+from hami.core.explain import NodeExplanation, explain_node
+from hami.core.model import PERCENT_NOT_GIVEN, PodRequest
+from hami.kube import nodes as kube_nodes
+from hami.kube import pods as kube_pods
+from hami.kube.client import KubeError, NotFound, load_api_client
+from hami.scheduler.config import load_device_config
+from hami.scheduler.snapshot import Snapshot
+from hami.settings import DeviceConfig
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "pod", metavar="NAMESPACE/POD", help="the pod to explain (namespace defaults to 'default')"
+    )
+    parser.add_argument(
+        "--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, then ~/.kube/config)"
+    )
+    parser.add_argument(
+        "--device-config", default=None, help="HAMi device-config YAML (resource names, defaults)"
+    )
+    parser.add_argument("--node-scheduler-policy", default="binpack", choices=("binpack", "spread"))
+    parser.add_argument("--gpu-scheduler-policy", default="spread")
+
+
+def run(args: argparse.Namespace) -> int:
+    namespace, _, name = str(args.pod).rpartition("/")
+    try:
+        config = load_device_config(args.device_config)
+        api = load_api_client(args.kubeconfig)
+        policy = Policy(node_policy=args.node_scheduler_policy, gpu_policy=args.gpu_scheduler_policy)
+        return asyncio.run(explain(api, namespace or "default", name, config, policy, out=sys.stdout))
+    except (KubeError, ValueError) as exc:
+        print(f"hami explain: {exc}", file=sys.stderr)
+        return 2
+
+
+async def explain(
+    api: Any, namespace: str, name: str, config: DeviceConfig, policy: Policy, *, out: TextIO
+) -> int:
+    """Print the explanation; 0 when the pod is placed or fits somewhere, 1 when it fits nowhere."""
+    try:
+        pod = await kube_pods.get_pod(api, namespace, name)
+    except NotFound:
+        print(f"pod {namespace}/{name} not found", file=out)
+        return 2
+    nodes, _ = await kube_nodes.list_nodes(api)
+    pods = await kube_pods.list_pods(api)
+    try:
+        request = read_pod_request(pod, config)
+    except AnnotationError as exc:
+        print(f"pod {namespace}/{name} cannot be scheduled: {exc}", file=out)
+        return 1
+    print(f"pod {namespace}/{name}: {describe_request(request, config)}", file=out)
+    if not request.has_devices:
+        print("it asks for no GPU resources: the GPU scheduler lets every node pass", file=out)
+        return 0
+    placed = read_vgpu_node(pod)
+    if placed:
+        print(f"placed on node {placed}: {describe_grants(pod)}", file=out)
+        return 0
+    snapshot = Snapshot(count_resource=config.resources.count)
+    snapshot.replace_nodes(nodes)
+    snapshot.replace_pods(pods)
+    results = explain_all(snapshot, request, policy, (namespace, name))
+    print_results(results, out)
+    return 0 if any(r.fits for r in results) else 1
+
+
+def explain_all(
+    snapshot: Snapshot, request: PodRequest, policy: Policy, key: tuple[str, str]
+) -> list[NodeExplanation]:
+    now = datetime.datetime.now(datetime.UTC)
+    holders: dict[str, dict[str, Any]] = {}
+    for (ns, pod_name), record in snapshot.tracked().items():
+        if (ns, pod_name) != key:
+            holders.setdefault(record.node, {})[f"{ns}/{pod_name}"] = record.usage
+    results = []
+    for entry in sorted(snapshot.entries(), key=lambda e: e.name):
+        state = snapshot.candidate(entry.name, now, exclude=key)
+        if isinstance(state, str):
+            results.append(NodeExplanation(node=entry.name, fits=False, reason=state, resolvable=False))
+            continue
+        results.append(explain_node(request, state, policy, pods=holders.get(entry.name, {})))
+    return results
+
+
+def print_results(results: Sequence[NodeExplanation], out: TextIO) -> None:
+    fitting = [r.node for r in results if r.fits]
+    print(f"{len(results)} nodes, {len(fitting)} fit{': ' + ', '.join(fitting) if fitting else ''}", file=out)
+    width = max((len(r.node) for r in results), default=4)
+    for r in results:
+        if r.fits:
+            continue
+        never = "" if r.resolvable else "  (never fits this pod as asked)"
+        print(f"  {r.node.ljust(width)}  {r.reason}{never}", file=out)
+        for hint in r.hints:
+            print(f"  {' ' * width}    - {hint}", file=out)
+    if not fitting:
+        nearest = next((r for r in results if r.hints), None)
+        if nearest is not None:
+            print(f"nearest fit: node {nearest.node} {nearest.hints[0]}", file=out)
+
+
+def describe_request(request: PodRequest, config: DeviceConfig) -> str:
+    names = config.resources
+    parts = []
+    for position, container in enumerate(request.containers):
+        if container is None:
+            continue
+        kind = "init container" if position < request.init_count else "container"
+        memory = (
+            f"{names.memory}={container.memory_mib}"
+            if container.percentage == PERCENT_NOT_GIVEN
+            else f"{names.memory_percentage}={container.percentage}"
+        )
+        parts.append(
+            f"{kind} #{position} asks {names.count}={container.nums} {memory} {names.cores}={container.cores}"
+        )
+    return "; ".join(parts) or "no GPU request"
+
+
+def describe_grants(pod: Mapping[str, Any]) -> str:
+    try:
+        devices = read_pod_devices(pod) or ()
+    except AnnotationError as exc:
+        return str(exc)
+    return "; ".join(
+        ", ".join(f"{g.uuid} {g.memory_mib} MiB {g.cores}%" for g in grants) or "-" for grants in devices
+    )

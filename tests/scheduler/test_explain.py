@@ -1,0 +1,114 @@
+"""``hami explain`` reads a cluster (kmock here) and explains a pending pod per node, with the nearest fit."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import io
+from pathlib import Path
+from typing import Any
+
+import kmock
+import pytest
+
+from hami import cli
+from hami.annotations import NODE_REGISTER, allocation_annotations, encode_node_devices
+from hami.core.allocate import Policy
+from hami.core.model import Device, Grant
+from hami.kube.client import load_api_client
+from hami.scheduler.explain import explain
+from hami.settings import DeviceConfig
+
+NOW = datetime.datetime(2026, 11, 22, tzinfo=datetime.UTC)
+
+
+def node(name: str, *cards: Device) -> dict[str, Any]:
+    annotations = {NODE_REGISTER: encode_node_devices(cards)}
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "annotations": annotations}}
+
+
+def card(uuid: str, memory: int, *, type: str = "NVIDIA A100-SXM4-80GB", numa: int = 0) -> Device:
+    return Device(uuid=uuid, count=10, memory_mib=memory, cores=100, type=type, numa=numa, health=True)
+
+
+def pod(name: str, limits: dict[str, str], annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "annotations": annotations or {}},
+        "spec": {"containers": [{"name": "main", "image": "x", "resources": {"limits": limits}}]},
+        "status": {"phase": "Pending"},
+    }
+
+
+@pytest.fixture
+async def cluster(apiserver: kmock.KubernetesEmulator) -> kmock.KubernetesEmulator:
+    await apiserver.post(
+        "/api/v1/nodes", json=node("gpu-a", card("GPU-a0", 8000), card("GPU-a1", 8000, numa=1))
+    )
+    await apiserver.post("/api/v1/nodes", json=node("gpu-b", card("GPU-b0", 16000, type="NVIDIA A10")))
+    await apiserver.post(
+        "/api/v1/nodes", json={"apiVersion": "v1", "kind": "Node", "metadata": {"name": "cpu"}}
+    )
+    held = allocation_annotations(
+        node="gpu-a", devices=((Grant(uuid="GPU-a0", memory_mib=5000, cores=20),),), now=NOW
+    )
+    await apiserver.post("/api/v1/namespaces/default/pods", json=pod("holder", {"nvidia.com/gpu": "1"}, held))
+    return apiserver
+
+
+async def run_explain(name: str, kubeconfig: Path) -> tuple[int, str]:
+    out = io.StringIO()
+    api = load_api_client(str(kubeconfig))
+    code = await explain(api, "default", name, DeviceConfig(), Policy(), out=out)
+    return code, out.getvalue()
+
+
+async def test_pending_pod_is_explained_per_node_with_the_nearest_fit(
+    cluster: kmock.KubernetesEmulator, kubeconfig: Path
+) -> None:
+    limits = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "9000"}
+    await cluster.post(
+        "/api/v1/namespaces/default/pods", json=pod("big", limits, {"nvidia.com/use-gputype": "A100"})
+    )
+    code, text = await run_explain("big", kubeconfig)
+    assert code == 1
+    assert "pod default/big: container #0 asks nvidia.com/gpu=1 nvidia.com/gpumem=9000" in text
+    assert "3 nodes, 0 fit" in text
+    # gpu-a: both A100s have 8000 MiB (one with 5000 used), so 8000 is the most that fits
+    assert "gpu-a  2/2 CardInsufficientMemory" in text
+    assert "- fits if the container asks gpumem <= 8000" in text
+    # gpu-b has enough memory but is an A10: dropping the type preference would fit
+    assert "gpu-b  1/1 CardTypeMismatch" in text
+    assert "- fits without the nvidia.com/use-gputype annotation" in text
+    assert "cpu    node unregistered" in text
+    assert "nearest fit: node gpu-a fits if the container asks gpumem <= 8000" in text
+
+
+async def test_numa_and_freeing_hints(cluster: kmock.KubernetesEmulator, kubeconfig: Path) -> None:
+    # both A100s of gpu-a can take 2000 MiB (3000 and 8000 free), but they sit on NUMA 0 and 1
+    limits = {"nvidia.com/gpu": "2", "nvidia.com/gpumem": "2000"}
+    numa = {"nvidia.com/numa-bind": "true"}
+    await cluster.post("/api/v1/namespaces/default/pods", json=pod("pair", limits, numa))
+    code, text = await run_explain("pair", kubeconfig)
+    assert code == 1
+    assert "needs 2 cards on one NUMA node; free cards per NUMA node: 1+1" in text
+    assert "fits if the container asks nvidia.com/gpu <= 1" in text
+    # 2 x 4000 MiB: GPU-a0 has only 3000 free until the holder's 5000 are released
+    solo = {"nvidia.com/gpu": "2", "nvidia.com/gpumem": "4000"}
+    await cluster.post("/api/v1/namespaces/default/pods", json=pod("solo", solo))
+    code, text = await run_explain("solo", kubeconfig)
+    assert code == 1
+    assert "fits when pod default/holder ends" in text
+
+
+async def test_placed_pod_shows_its_cards_and_cli_reports_missing_pod(
+    cluster: kmock.KubernetesEmulator, kubeconfig: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, text = await run_explain("holder", kubeconfig)
+    assert code == 0
+    assert "placed on node gpu-a: GPU-a0 5000 MiB 20%" in text
+    # the console script runs its own event loop: keep it off the loop serving the apiserver
+    code = await asyncio.to_thread(cli.main, ["explain", "default/ghost", "--kubeconfig", str(kubeconfig)])
+    assert code == 2
+    assert "pod default/ghost not found" in capsys.readouterr().out
