@@ -4,7 +4,8 @@ Builds every collaborator at the top (settings, API client, backend, inventory, 
 plugin service, kubelet runner, registrar) and runs each loop as a named task. A node whose backend
 cannot start (no NVIDIA driver with ``--backend nvml``/``auto``, a bad sim file) logs one clear error
 and retries every minute instead of exiting, so the DaemonSet does not crash-loop. The exporter
-(``monitor.exporter``, a later issue) plugs in here as one more task reading the same inventory.
+(``monitor.exporter``) is two more tasks: the pod list behind its grant metrics and the ``/metrics``
+server, whose collector reads the same inventory through a registry built here.
 """
 
 from __future__ import annotations
@@ -16,12 +17,16 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from prometheus_client import CollectorRegistry
+
 from hami.kube.client import load_api_client
 from monitor.allocator import Allocator
 from monitor.backends import Backend, BackendUnavailable, open_backend
 from monitor.config import AgentConfig, ConfigError, load_node_settings, parse_agent_config
 from monitor.deviceplugin.kubelet import KubeletRunner
 from monitor.deviceplugin.server import DevicePluginService
+from monitor.exporter import NodeCollector, parse_listen, serve_metrics
+from monitor.grants import GrantBook
 from monitor.inventory import Inventory
 from monitor.registrar import Registrar
 
@@ -46,6 +51,7 @@ async def open_backend_patiently(config: AgentConfig, retry: float = BACKEND_RET
 
 async def run(config: AgentConfig) -> None:
     """Run the agent until cancelled."""
+    parse_listen(config.metrics_listen)  # a bad address is a start-up error (exit 2), not a retry loop
     settings = load_node_settings(config)
     api = load_api_client(config.kubeconfig)
     backend = await open_backend_patiently(config)
@@ -53,7 +59,9 @@ async def run(config: AgentConfig) -> None:
         "node %s: using the %s backend, resource %s", config.node_name, backend.name, settings.resource_name
     )
     inventory = Inventory(backend)
-    allocator = Allocator(api=api, node_name=config.node_name, settings=settings, hook_path=config.hook_path)
+    allocator = Allocator(
+        api=api, node_name=config.node_name, settings=settings, hook_path=config.hook_path, backend=backend
+    )
     service = DevicePluginService(inventory=inventory, settings=settings, allocator=allocator)
     runner = KubeletRunner(
         service=service,
@@ -72,11 +80,26 @@ async def run(config: AgentConfig) -> None:
         retry=config.retry_interval,
         refresh=config.refresh_interval,
     )
+    grants = GrantBook(api=api, node_name=config.node_name)
+    registry = CollectorRegistry()
+    registry.register(
+        NodeCollector(
+            node_name=config.node_name,
+            inventory=inventory,
+            settings=settings,
+            grants=grants,
+            legacy=config.legacy_metrics,
+        )
+    )
     try:
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(inventory.poll(config.health_interval), name="health-poll")
             tasks.create_task(registrar.run(), name="registrar")
             tasks.create_task(runner.run(), name="kubelet-plugin")
+            tasks.create_task(grants.run(config.health_interval), name="exporter-pods")
+            tasks.create_task(
+                serve_metrics(registry, config.metrics_listen, retry=config.retry_interval), name="metrics"
+            )
     finally:
         backend.close()
 

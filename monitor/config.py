@@ -71,6 +71,7 @@ class AgentConfig:
     hook_path: Path | None = None
     topology_score: bool = False
     metrics_listen: str = "0.0.0.0:9394"
+    legacy_metrics: bool = False
     log_level: str = "INFO"
 
 
@@ -94,6 +95,7 @@ _FLAGS: dict[str, tuple[type, Any, str]] = {
     ),
     "topology-score": (str, "false", "register NVLink/PCIe pair scores (true/false)"),
     "metrics-listen": (str, "0.0.0.0:9394", "HOST:PORT for /metrics and /healthz"),
+    "legacy-metrics": (str, "false", "also export HAMi's legacy camel-case metric names (true/false)"),
     "log-level": (str, "INFO", "DEBUG, INFO, WARNING or ERROR"),
 }
 
@@ -140,6 +142,7 @@ def parse_agent_config(argv: Sequence[str] | None, environ: Mapping[str, str]) -
         hook_path=_path(args.hook_path),
         topology_score=_flag_bool("topology-score", args.topology_score),
         metrics_listen=args.metrics_listen,
+        legacy_metrics=_flag_bool("legacy-metrics", args.legacy_metrics),
         log_level=str(args.log_level).upper(),
         **numbers,
     )

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -27,7 +27,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from monitor.backends.base import BackendError, Card, LiveUsage, live_usage
 from monitor.cgroups import ProcessOwners
 from monitor.config import ConfigError, NodeSettings
-from monitor.grants import ContainerGrant, GrantBook, PodGrants, card_totals
+from monitor.grants import GrantBook, PodGrants, card_totals
 from monitor.inventory import Inventory
 from monitor.registrar import build_registration, card_type
 
@@ -68,7 +68,7 @@ class NodeCollector:
 
     def describe(self) -> Iterable[Metric]:
         """The families without samples (lets the registry reject a duplicate name at register time)."""
-        return list(self._families())
+        return [family for family in self._families().values() if family is not None]
 
     def collect(self) -> Iterable[Metric]:
         cards = self._inventory.cards
@@ -108,7 +108,9 @@ class NodeCollector:
                 "hami_node_card_cores_allocated", "Card cores (percent) granted to tracked pods.", labels=CARD
             ),
             "slots_total": GaugeMetricFamily(
-                "hami_node_card_slots_total", "Containers that may share the card (deviceSplitCount).", labels=CARD
+                "hami_node_card_slots_total",
+                "Containers that may share the card (deviceSplitCount).",
+                labels=CARD,
             ),
             "slots_used": GaugeMetricFamily(
                 "hami_node_card_slots_used", "Container grants on the card (slots in use).", labels=CARD
@@ -121,7 +123,9 @@ class NodeCollector:
                 "hami_host_gpu_memory_used_bytes", "Card memory in use, from the driver.", labels=CARD
             ),
             "host_util": GaugeMetricFamily(
-                "hami_host_gpu_utilization_ratio", "Card GPU utilisation, 0-100, from the driver.", labels=CARD
+                "hami_host_gpu_utilization_ratio",
+                "Card GPU utilisation, 0-100, from the driver.",
+                labels=CARD,
             ),
             "host_mc_util": GaugeMetricFamily(
                 "hami_host_gpu_memory_controller_utilization_ratio",
@@ -172,12 +176,16 @@ class NodeCollector:
             if legacy
             else None,
             "legacy_used": GaugeMetricFamily(
-                "vGPU_device_memory_usage_in_bytes", "Container memory used (legacy name).", labels=LEGACY_CONTAINER
+                "vGPU_device_memory_usage_in_bytes",
+                "Container memory used (legacy name).",
+                labels=LEGACY_CONTAINER,
             )
             if legacy
             else None,
             "legacy_limit": GaugeMetricFamily(
-                "vGPU_device_memory_limit_in_bytes", "Container memory limit (legacy name).", labels=LEGACY_CONTAINER
+                "vGPU_device_memory_limit_in_bytes",
+                "Container memory limit (legacy name).",
+                labels=LEGACY_CONTAINER,
             )
             if legacy
             else None,
@@ -241,17 +249,35 @@ class NodeCollector:
         listed = {usage.uuid for usage in live if usage.processes is not None}
         for pod in pods:
             for grant in pod.grants:
-                labels = [self._node, pod.namespace, pod.name, grant.container, str(grant.vdevice_index), grant.uuid, ZONE]
-                legacy = [pod.namespace, pod.name, grant.container, str(grant.vdevice_index), grant.uuid, ZONE]
+                labels = [
+                    self._node,
+                    pod.namespace,
+                    pod.name,
+                    grant.container,
+                    str(grant.vdevice_index),
+                    grant.uuid,
+                    ZONE,
+                ]
+                legacy = [
+                    pod.namespace,
+                    pod.name,
+                    grant.container,
+                    str(grant.vdevice_index),
+                    grant.uuid,
+                    ZONE,
+                ]
                 _add(f, "ctr_mem_alloc", labels, grant.memory_mib * MIB)
                 _add(f, "ctr_cores_alloc", labels, grant.cores)
                 _add(f, "vgpu_limit", labels, grant.memory_mib * MIB)
                 _add(f, "legacy_limit", legacy, grant.memory_mib * MIB)
                 if grant.uuid not in listed:
                     continue  # the backend cannot list this card's processes: usage unknown, not 0
-                figures = measured.get((pod.uid, grant.container, grant.uuid), _Live(memory_bytes=0, utilization=0))
-                for key in ("vgpu_used", "ctr_mem", "legacy_used", "legacy_mem_desc"):
-                    _add(f, key, labels if not key.startswith("legacy") else legacy, figures.memory_bytes)
+                idle = _Live(memory_bytes=0, utilization=0)  # no process of the container on the card
+                figures = measured.get((pod.uid, grant.container, grant.uuid), idle)
+                for key in ("vgpu_used", "ctr_mem"):
+                    _add(f, key, labels, figures.memory_bytes)
+                for key in ("legacy_used", "legacy_mem_desc"):
+                    _add(f, key, legacy, figures.memory_bytes)
                 if figures.utilization is not None:
                     _add(f, "ctr_util", labels, figures.utilization)
                     _add(f, "legacy_util_desc", legacy, figures.utilization)
@@ -270,8 +296,10 @@ class NodeCollector:
                     continue  # not a tracked pod's container (a host process, another device plugin's pod)
                 key = (pod.uid, pod.container_ids[owner[1]], usage.uuid)
                 before = out.get(key, _Live(memory_bytes=0, utilization=0))
-                share = None if before.utilization is None or process.utilization is None else (
-                    before.utilization + process.utilization
+                share = (
+                    None
+                    if before.utilization is None or process.utilization is None
+                    else (before.utilization + process.utilization)
                 )
                 out[key] = _Live(memory_bytes=before.memory_bytes + process.memory_bytes, utilization=share)
         return out
@@ -281,11 +309,6 @@ def _add(f: dict[str, GaugeMetricFamily | None], key: str, labels: list[str], va
     family = f[key]
     if family is not None:
         family.add_metric(labels, value)
-
-
-def grant_labels(node: str, pod: PodGrants, grant: ContainerGrant) -> dict[str, str]:
-    """The label set of a per-container series (used by tests and the docs)."""
-    return dict(zip(CONTAINER, [node, pod.namespace, pod.name, grant.container, str(grant.vdevice_index), grant.uuid, ZONE], strict=True))
 
 
 # ---------------------------------------------------------------------------------------- HTTP server
@@ -346,8 +369,3 @@ async def serve_metrics(registry: CollectorRegistry, listen: str, *, retry: floa
         except OSError as exc:
             log.error("cannot serve metrics on %s, retrying in %gs: %s", listen, retry, exc)
             await asyncio.sleep(retry)
-
-
-def iter_names(collector: NodeCollector) -> Iterator[str]:
-    """Every metric name the collector can export (the dashboard test checks queries against these)."""
-    return (family.name for family in collector.describe())

@@ -171,5 +171,7 @@ class GrantBook:
             try:
                 await self.refresh()
             except KubeError as exc:
-                log.warning("listing the pods of node %s failed (metrics keep the last list): %s", self._node, exc)
+                log.warning(
+                    "listing the pods of node %s failed (metrics keep the last list): %s", self._node, exc
+                )
             await asyncio.sleep(interval)

@@ -134,8 +134,10 @@ async def allocate_mig(
     namespace, name = pod_key(pod)
     where = f"pod {namespace}/{name} on node {node}"
     if not isinstance(backend, MigBackend):
-        kind = "no" if backend is None else f"the {backend.name}"
-        raise AllocationError(f"{where}: {kind} backend cannot create MIG instances")
+        which = "there is none" if backend is None else f"{backend.name} cannot"
+        raise AllocationError(
+            f"{where}: dynamic MIG needs a card backend that creates MIG instances; {which}"
+        )
     bookings = list(read_pod_mig_allocations(pod))  # AnnotationError (a ValueError) names key and text
     position = {(b.container_index, b.device_index): k for k, b in enumerate(bookings)}
     claims = live_claims(await list_pods(api, node_name=node))

@@ -6,7 +6,8 @@ Owns the files in the tls dir (``ca.crt``, ``tls.crt``, ``tls.key`` — the name
 when they must be renewed, and writing them atomically the way kubelet updates a mounted Secret
 (a ``..data`` symlink swapped in one rename), so Kopf's file watcher never reads a certificate with
 the wrong key. Kopf's own self-signing (certbuilder/oscrypto) fails on OpenSSL 3 and is not used.
-Must not import kopf or the Kubernetes client; the clock comes in as ``now``.
+Must not import kopf or the Kubernetes client; the clock comes in as ``now``. ``python -m webhook.certs``
+(the chart's certificate Jobs) runs :mod:`webhook.certgen`, which does the API calls.
 """
 
 from __future__ import annotations
@@ -287,3 +288,11 @@ def ensure_certificates(directory: Path, hostnames: Sequence[str], *, now: datet
     ca = bundle if ca_cert.not_valid_after_utc - now >= RENEW_BEFORE + SERVING_VALIDITY else make_ca(now=now)
     write_bundle(directory, issue(ca, hostnames, now=now), now=now)
     return Outcome(action="renewed", reason=reason)
+
+
+if __name__ == "__main__":  # pragma: no cover - `python -m webhook.certs secret|inject` (the chart's Jobs)
+    import sys
+
+    from webhook.certgen import main
+
+    sys.exit(main())

@@ -97,6 +97,11 @@ def _init_done(pod: Mapping[str, Any]) -> bool:
     )
 
 
+def local_time(now: datetime.datetime) -> datetime.datetime:
+    """``now`` as naive local wall-clock time: the handshake stamps are written and compared so."""
+    return now.astimezone().replace(tzinfo=None)
+
+
 def _count(text: Any) -> int:
     try:
         return int(str(text))
@@ -118,7 +123,7 @@ class Snapshot:
         self._count_resource = count_resource
         self._window = handshake_window
         self._on_malformed = on_malformed
-        self._on_handshake = on_handshake
+        self.on_handshake = on_handshake
         self._nodes: dict[str, NodeEntry] = {}
         self._node_pods: dict[str, set[PodKey]] = {}
         self._observed: dict[PodKey, PodRecord] = {}
@@ -156,6 +161,7 @@ class Snapshot:
         name = str((obj.get("metadata") or {}).get("name") or "")
         annotations = _annotations(obj)
         entry = self._nodes.get(name)
+        fresh = entry is None
         if entry is None:
             entry = self._nodes[name] = NodeEntry(name=name)
         allocatable = ((obj.get("status") or {}).get("allocatable") or {}).get(self._count_resource, "0")
@@ -163,8 +169,8 @@ class Snapshot:
         handshake_text = annotations.get(NODE_HANDSHAKE)
         handshake = decode_handshake(handshake_text)
         if handshake.kind is not HandshakeKind.REQUESTING:
-            if handshake_text != entry.handshake and self._on_handshake is not None:
-                self._on_handshake(name)
+            if (fresh or handshake_text != entry.handshake) and self.on_handshake is not None:
+                self.on_handshake(name)
             entry.stale_after = None
         elif handshake.time is not None and entry.allocatable <= 0:
             entry.stale_after = handshake.time + self._window
@@ -302,23 +308,25 @@ class Snapshot:
 
     # ----------------------------------------------------------------------------------- queries
 
-    def problem(self, name: str, now: datetime.datetime) -> str | None:
-        """Why ``name`` cannot take GPU pods now (None when it can)."""
+    def problem(self, name: str, local_now: datetime.datetime) -> str | None:
+        """Why ``name`` cannot take GPU pods at ``local_now`` (naive local time, see :func:`local_time`)."""
         entry = self._nodes.get(name)
         if entry is None:
             return UNREGISTERED
         if entry.problem is not None:
             return entry.problem
-        if entry.stale_after is not None and now.astimezone().replace(tzinfo=None) >= entry.stale_after:
+        if entry.stale_after is not None and local_now >= entry.stale_after:
             return (
                 f"{UNREGISTERED}: handshake {entry.handshake!r} unanswered and "
                 f"{self._count_resource} allocatable is 0"
             )
         return None
 
-    def candidate(self, name: str, now: datetime.datetime, exclude: PodKey | None = None) -> NodeState | str:
+    def candidate(
+        self, name: str, local_now: datetime.datetime, exclude: PodKey | None = None
+    ) -> NodeState | str:
         """The node's state for deciding a pod (without that pod's own current usage), or why not."""
-        problem = self.problem(name, now)
+        problem = self.problem(name, local_now)
         if problem is not None:
             return problem
         state = self._nodes[name].state
@@ -332,7 +340,9 @@ class Snapshot:
     def needs_handshake(self) -> list[str]:
         """Nodes whose handshake does not (yet) say Requesting."""
         return [
-            e.name for e in self._nodes.values() if decode_handshake(e.handshake).kind is not HandshakeKind.REQUESTING
+            e.name
+            for e in self._nodes.values()
+            if decode_handshake(e.handshake).kind is not HandshakeKind.REQUESTING
         ]
 
     def entries(self) -> Iterator[NodeEntry]:

@@ -10,7 +10,7 @@ Imports the stdlib only.
 from __future__ import annotations
 
 import json
-from typing import Any, NotRequired, TypedDict
+from typing import Any, NotRequired, TypedDict, cast
 
 
 class NodeListWire(TypedDict, total=False):
@@ -92,13 +92,14 @@ def parse_extender_args(data: bytes) -> ExtenderArgs:
     pod = body.get("Pod")
     if pod is not None and not isinstance(pod, dict):
         raise WireError(f"Pod must be an object, got {json.dumps(pod)[:100]}")
-    nodes = body.get("Nodes")
+    nodes: Any = body.get("Nodes")
     if nodes is not None and not (isinstance(nodes, dict) and isinstance(nodes.get("items") or [], list)):
         raise WireError(f"Nodes must be a NodeList object, got {json.dumps(nodes)[:100]}")
     names = body.get("NodeNames")
     if names is not None and not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
         raise WireError(f"NodeNames must be a list of strings, got {json.dumps(names)[:100]}")
-    return ExtenderArgs(Pod=pod, Nodes=nodes, NodeNames=names)
+    listing = cast(NodeListWire | None, nodes)
+    return ExtenderArgs(Pod=pod, Nodes=listing, NodeNames=names)
 
 
 def parse_binding_args(data: bytes) -> ExtenderBindingArgs:
@@ -113,7 +114,10 @@ def parse_binding_args(data: bytes) -> ExtenderBindingArgs:
             raise WireError(f"{key} is missing or empty")
         values[key] = value
     return ExtenderBindingArgs(
-        PodName=values["PodName"], PodNamespace=values["PodNamespace"], PodUID=values["PodUID"], Node=values["Node"]
+        PodName=values["PodName"],
+        PodNamespace=values["PodNamespace"],
+        PodUID=values["PodUID"],
+        Node=values["Node"],
     )
 
 
@@ -125,9 +129,7 @@ def filter_result(
     unresolvable: dict[str, str] | None = None,
     error: str = "",
 ) -> ExtenderFilterResult:
-    result = ExtenderFilterResult(
-        Nodes=nodes, NodeNames=node_names, FailedNodes=failed or {}, Error=error
-    )
+    result = ExtenderFilterResult(Nodes=nodes, NodeNames=node_names, FailedNodes=failed or {}, Error=error)
     if unresolvable:
         result["FailedAndUnresolvableNodes"] = unresolvable
     return result

@@ -1,0 +1,54 @@
+"""Secret reads and writes as raw JSON dicts (values of ``data`` stay base64 text, as on the wire).
+
+Owns: get, create and merge-patch of one namespaced Secret. Used by the webhook's certificate command
+(``python -m webhook.certs secret``). Imports ``hami.kube.client`` only; must not import services.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from hami.kube.client import call_json, core_api
+
+MERGE_PATCH = "application/merge-patch+json"
+
+
+async def get_secret(api: Any, namespace: str, name: str) -> dict[str, Any]:
+    """The Secret; raises :class:`~hami.kube.client.NotFound` when it does not exist."""
+    secret: dict[str, Any] = await call_json(api, core_api(api).read_namespaced_secret, name, namespace)
+    return secret
+
+
+async def create_secret(api: Any, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    """Create the Secret ``body``; raises :class:`~hami.kube.client.Conflict` when it already exists."""
+    secret: dict[str, Any] = await call_json(
+        api, core_api(api).create_namespaced_secret, namespace, dict(body)
+    )
+    return secret
+
+
+async def patch_secret(
+    api: Any,
+    namespace: str,
+    name: str,
+    *,
+    data: Mapping[str, str | None] | None = None,
+    labels: Mapping[str, str | None] | None = None,
+    annotations: Mapping[str, str | None] | None = None,
+) -> dict[str, Any]:
+    """Merge-patch the Secret's ``data`` (base64 values; ``None`` deletes a key), labels, annotations."""
+    body: dict[str, Any] = {}
+    if data is not None:
+        body["data"] = dict(data)
+    metadata: dict[str, Any] = {}
+    if labels is not None:
+        metadata["labels"] = dict(labels)
+    if annotations is not None:
+        metadata["annotations"] = dict(annotations)
+    if metadata:
+        body["metadata"] = metadata
+    secret: dict[str, Any] = await call_json(
+        api, core_api(api).patch_namespaced_secret, name, namespace, body, _content_type=MERGE_PATCH
+    )
+    return secret

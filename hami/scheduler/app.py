@@ -1,0 +1,235 @@
+"""The aiohttp application kube-scheduler calls, and the wiring of the snapshot to the watches.
+
+Owns the routes (``POST /filter``, ``/prioritize``, ``/bind``; ``GET /healthz``, ``/readyz``,
+``/metrics``), the HTTP status rules (spec-scheduler §15: an empty body is HTTP 400 ``Please send a
+request body``; unreadable JSON and every other failure are HTTP 200 with ``Error`` set), and the
+service lifecycle: list+watch threads for Nodes and Pods feeding the snapshot, the registration pass
+(handshakes, spec-scheduler §5.3) and the background tasks, all stopped on cleanup.
+Must not import the Kubernetes client (only ``hami.kube``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from typing import Any
+
+from aiohttp import web
+
+from hami.annotations import NODE_HANDSHAKE, HandshakeKind, encode_handshake
+from hami.core.model import NodeState
+from hami.kube.events import record_event
+from hami.kube.nodes import patch_node_annotations
+from hami.kube.watch import ListWatcher
+from hami.scheduler.bind import handle_bind
+from hami.scheduler.config import SchedulerSettings
+from hami.scheduler.context import Background, Context, utc_now
+from hami.scheduler.filter import handle_filter
+from hami.scheduler.metrics import Metrics
+from hami.scheduler.prioritize import handle_prioritize
+from hami.scheduler.snapshot import Snapshot, local_time
+from hami.scheduler.wire import (
+    ExtenderBindingResult,
+    WireError,
+    filter_result,
+    parse_binding_args,
+    parse_extender_args,
+)
+
+logger = logging.getLogger(__name__)
+
+CONTEXT: web.AppKey[Context] = web.AppKey("context", Context)
+NO_BODY = "Please send a request body"
+MALFORMED_REGISTRATION = "InvalidNodeRegistration"
+#: Template-node requests carry whole Node objects: allow large bodies.
+MAX_BODY = 64 * 1024 * 1024
+
+
+def build_context(
+    settings: SchedulerSettings,
+    api: Any,
+    *,
+    clock: Callable[[], Any] = utc_now,
+) -> Context:
+    """Build the snapshot, metrics and background tasks, with the snapshot's callbacks wired to writers."""
+    background = Background()
+    metrics = Metrics()
+    in_flight: set[str] = set()
+
+    async def write_handshake(name: str) -> None:
+        try:
+            value = encode_handshake(HandshakeKind.REQUESTING, local_time(clock()))
+            await patch_node_annotations(api, name, {NODE_HANDSHAKE: value})
+        finally:
+            in_flight.discard(name)
+
+    def on_handshake(name: str) -> None:
+        if name not in in_flight:
+            in_flight.add(name)
+            background.spawn(write_handshake(name), f"handshake on node {name}")
+
+    def on_malformed(node: Mapping[str, Any], message: str) -> None:
+        event = record_event(
+            api,
+            involved=node,
+            reason=MALFORMED_REGISTRATION,
+            message=f"node excluded from GPU scheduling: {message}",
+            type="Warning",
+            component=settings.scheduler_name,
+        )
+        background.spawn(
+            event, f"{MALFORMED_REGISTRATION} event on node {(node.get('metadata') or {}).get('name')}"
+        )
+
+    snapshot = Snapshot(
+        count_resource=settings.device_config.resources.count,
+        handshake_window=settings.handshake_window,
+        on_malformed=on_malformed,
+        on_handshake=on_handshake,
+    )
+
+    def nodes_for_metrics() -> Iterable[tuple[str, NodeState | None, str | None]]:
+        local_now = local_time(clock())
+        return [(e.name, e.state, snapshot.problem(e.name, local_now)) for e in snapshot.entries()]
+
+    metrics.attach(nodes_for_metrics)
+    return Context(
+        settings=settings, api=api, snapshot=snapshot, metrics=metrics, background=background, clock=clock
+    )
+
+
+def _json(payload: Any) -> web.Response:
+    return web.Response(
+        body=json.dumps(payload, separators=(",", ":")).encode(), content_type="application/json"
+    )
+
+
+async def filter_view(request: web.Request) -> web.Response:
+    ctx = request.app[CONTEXT]
+    started = time.perf_counter()
+    body = await request.read()
+    if not body:
+        return web.Response(status=400, text=NO_BODY)
+    try:
+        result = handle_filter(ctx, parse_extender_args(body))
+    except WireError as exc:
+        result = filter_result(error=str(exc))
+    ctx.metrics.observe("filter", "error" if result["Error"] else "ok", time.perf_counter() - started)
+    return _json(result)
+
+
+async def prioritize_view(request: web.Request) -> web.Response:
+    ctx = request.app[CONTEXT]
+    started = time.perf_counter()
+    body = await request.read()
+    if not body:
+        return web.Response(status=400, text=NO_BODY)
+    try:
+        scores: Any = handle_prioritize(ctx, parse_extender_args(body))
+        outcome = "ok"
+    except WireError as exc:
+        # HostPriorityList has no error field: answer 400 so kube-scheduler reports the extender error
+        ctx.metrics.observe("prioritize", "error", time.perf_counter() - started)
+        return web.Response(status=400, text=str(exc))
+    ctx.metrics.observe("prioritize", outcome, time.perf_counter() - started)
+    return _json(scores)
+
+
+async def bind_view(request: web.Request) -> web.Response:
+    ctx = request.app[CONTEXT]
+    started = time.perf_counter()
+    body = await request.read()
+    if not body:
+        return web.Response(status=400, text=NO_BODY)
+    try:
+        result = await handle_bind(ctx, parse_binding_args(body))
+    except WireError as exc:
+        result = ExtenderBindingResult(Error=str(exc))
+    ctx.metrics.observe("bind", "error" if result["Error"] else "ok", time.perf_counter() - started)
+    return _json(result)
+
+
+async def healthz_view(request: web.Request) -> web.Response:
+    return web.Response(text="ok")
+
+
+async def readyz_view(request: web.Request) -> web.Response:
+    ctx = request.app[CONTEXT]
+    if ctx.snapshot.ready:
+        return web.Response(text="ok")
+    return web.Response(status=503, text="snapshot not synced yet")
+
+
+async def metrics_view(request: web.Request) -> web.Response:
+    body = request.app[CONTEXT].metrics.render()
+    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+
+async def _registration_pass(ctx: Context, on_handshake: Callable[[str], None] | None) -> None:
+    """Every resync period, (re)request the handshake on nodes that still lack it (failed writes)."""
+    while True:
+        await asyncio.sleep(ctx.settings.resync_seconds)
+        if on_handshake is not None:
+            for name in ctx.snapshot.needs_handshake():
+                on_handshake(name)
+
+
+def _watching(ctx: Context) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        loop = asyncio.get_running_loop()
+        snapshot = ctx.snapshot
+
+        def count(
+            kind: str, handler: Callable[[str, dict[str, Any]], None]
+        ) -> Callable[[str, dict[str, Any]], None]:
+            def apply(event: str, obj: dict[str, Any]) -> None:
+                ctx.metrics.watch_events.labels(kind).inc()
+                handler(event, obj)
+
+            return apply
+
+        watchers = [
+            ListWatcher(
+                ctx.api,
+                "nodes",
+                loop=loop,
+                on_list=snapshot.replace_nodes,
+                on_event=count("node", snapshot.node_event),
+            ),
+            ListWatcher(
+                ctx.api,
+                "pods",
+                loop=loop,
+                on_list=snapshot.replace_pods,
+                on_event=count("pod", snapshot.pod_event),
+            ),
+        ]
+        for watcher in watchers:
+            watcher.start()
+        resync = loop.create_task(_registration_pass(ctx, snapshot.on_handshake))
+        try:
+            yield
+        finally:
+            resync.cancel()
+            await asyncio.gather(*(asyncio.to_thread(w.stop) for w in watchers))
+            await ctx.background.drain()
+
+    return lifecycle
+
+
+def create_app(ctx: Context, *, watch: bool = True) -> web.Application:
+    """The extender app; with ``watch`` the snapshot is fed by list+watch while the app runs."""
+    app = web.Application(client_max_size=MAX_BODY)
+    app[CONTEXT] = ctx
+    app.router.add_post("/filter", filter_view)
+    app.router.add_post("/prioritize", prioritize_view)
+    app.router.add_post("/bind", bind_view)
+    app.router.add_get("/healthz", healthz_view)
+    app.router.add_get("/readyz", readyz_view)
+    app.router.add_get("/metrics", metrics_view)
+    if watch:
+        app.cleanup_ctx.append(_watching(ctx))
+    return app

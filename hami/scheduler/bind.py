@@ -1,0 +1,130 @@
+"""``POST /bind``: the only scheduler step that writes (spec-scheduler §16, architecture rule 7).
+
+Order: read the pod fresh from the API; take the node lock (compare-and-set, ``hami.kube.nodelock``);
+recompute the pod's allocation for that node on the snapshot's current state with the core's
+``fit_node`` and book it in the snapshot at once (no ``await`` between deciding and booking, so racing
+binds in this process always see each other); merge-patch the pod (device lists, ``hami.io/vgpu-node``
+annotation and label, ``vgpu-time``, ``bind-phase=allocating``, ``bind-time``, MIG reservations when
+any); create the Binding. Success: a ``BindingSucceed`` Event; the lock stays for the node agent to
+release after Allocate. Any failure: undo the booking, release our lock, mark the pod
+``bind-phase=failed``, a ``BindingFailed`` Warning Event, and the error text in the reply.
+Must not import the Kubernetes client (only ``hami.kube``) or aiohttp.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from hami.annotations import (
+    POD_BIND_PHASE,
+    POD_DEVICES_ALLOCATED,
+    POD_VGPU_NODE,
+    AnnotationError,
+    BindPhase,
+    allocation_annotations,
+    bind_annotations,
+    read_pod_request,
+)
+from hami.core.allocate import fit_node
+from hami.core.model import Allocation, PodRequest
+from hami.core.usage import pod_usage
+from hami.kube.client import KubeError, NotFound
+from hami.kube.nodelock import acquire_node_lock, release_node_lock
+from hami.kube.pods import bind_pod, get_pod, patch_pod
+from hami.scheduler.context import Context, pod_ref
+from hami.scheduler.snapshot import PodRecord, local_time
+from hami.scheduler.wire import ExtenderBindingArgs, ExtenderBindingResult
+
+logger = logging.getLogger(__name__)
+
+
+class BindFailure(Exception):
+    """A bind that cannot proceed for a reason of ours (not an API error)."""
+
+
+async def handle_bind(ctx: Context, args: ExtenderBindingArgs) -> ExtenderBindingResult:
+    namespace, name, node, uid = args["PodNamespace"], args["PodName"], args["Node"], args["PodUID"]
+    key = (namespace, name)
+    try:
+        pod = await get_pod(ctx.api, namespace, name)
+    except NotFound:
+        ctx.snapshot.cancel(key)
+        return ExtenderBindingResult(Error=f"pod {namespace}/{name} not found")
+    except KubeError as exc:
+        return _failed(ctx, pod_ref(namespace, name, uid), node, f"reading pod {namespace}/{name}: {exc}")
+    found_uid = str((pod.get("metadata") or {}).get("uid") or "")
+    if uid and found_uid and uid != found_uid:
+        return _failed(ctx, pod, node, f"pod {namespace}/{name} was recreated (uid {found_uid}, not {uid})")
+    try:
+        request = read_pod_request(pod, ctx.settings.device_config)
+    except AnnotationError as exc:
+        return _failed(ctx, pod, node, str(exc))
+    if not request.has_devices:
+        try:
+            await bind_pod(ctx.api, namespace, name, node, uid or None)
+        except KubeError as exc:
+            return _failed(ctx, pod, node, f"binding {namespace}/{name} to {node}: {exc}")
+        return _succeeded(ctx, pod, node)
+
+    locked = booked = False
+    try:
+        now = ctx.clock()
+        _decide(ctx, request, node, key)  # fail fast, without locking, when it cannot fit anyway
+        await acquire_node_lock(
+            ctx.api, node, namespace, name, now=now, expiry=ctx.settings.node_lock_timeout
+        )
+        locked = True
+        # decide and book with no await in between: the next bind on this loop sees the booking
+        decision = _decide(ctx, request, node, key)
+        annotations = allocation_annotations(node=node, devices=decision.devices, mig=decision.mig, now=now)
+        usage = pod_usage(decision.devices, request.init_count, init_done=False, mig=decision.mig)
+        record = PodRecord(node=node, usage=usage, allocated=annotations[POD_DEVICES_ALLOCATED])
+        ctx.snapshot.book(key, record)
+        booked = True
+        annotations.update(bind_annotations(BindPhase.ALLOCATING, now=now))
+        await patch_pod(ctx.api, namespace, name, annotations=annotations, labels={POD_VGPU_NODE: node})
+        await bind_pod(ctx.api, namespace, name, node, uid or None)
+    except (KubeError, BindFailure) as exc:
+        await _undo(ctx, namespace, name, node, booked=booked, locked=locked)
+        return _failed(ctx, pod, node, str(exc))
+    return _succeeded(ctx, pod, node)
+
+
+def _decide(ctx: Context, request: PodRequest, node: str, key: tuple[str, str]) -> Allocation:
+    """The pod's allocation on ``node`` now (its own current booking left out), or BindFailure."""
+    found = ctx.snapshot.candidate(node, local_time(ctx.clock()), exclude=key)
+    if isinstance(found, str):
+        raise BindFailure(found)
+    decision = fit_node(request, found, ctx.settings.policy, now=ctx.clock())
+    if not isinstance(decision, Allocation):
+        raise BindFailure(f"pod {key[0]}/{key[1]} does not fit node {node}: {decision.message}")
+    return decision
+
+
+async def _undo(ctx: Context, namespace: str, name: str, node: str, *, booked: bool, locked: bool) -> None:
+    """Give back what a failed bind took and mark the pod failed; each step best effort, logged."""
+    if booked:
+        ctx.snapshot.cancel((namespace, name))
+    if locked:
+        try:
+            await release_node_lock(ctx.api, node, namespace, name)
+        except KubeError as exc:
+            logger.warning("releasing the lock of node %s for %s/%s failed: %s", node, namespace, name, exc)
+    try:
+        await patch_pod(ctx.api, namespace, name, annotations={POD_BIND_PHASE: BindPhase.FAILED.value})
+    except KubeError as exc:
+        logger.warning("marking %s/%s bind-phase=failed failed: %s", namespace, name, exc)
+
+
+def _failed(ctx: Context, pod: dict[str, Any], node: str, message: str) -> ExtenderBindingResult:
+    logger.info("bind to %s failed: %s", node, message)
+    ctx.event(pod, "BindingFailed", message, warning=True)
+    return ExtenderBindingResult(Error=message)
+
+
+def _succeeded(ctx: Context, pod: dict[str, Any], node: str) -> ExtenderBindingResult:
+    metadata = pod.get("metadata") or {}
+    message = f"Successfully binding node [{node}] to {metadata.get('namespace')}/{metadata.get('name')}"
+    ctx.event(pod, "BindingSucceed", message)
+    return ExtenderBindingResult(Error="")

@@ -1,0 +1,89 @@
+"""What every handler needs, built once in ``hami.scheduler.app.build_context`` and passed down.
+
+Owns :class:`Context` (settings, API client, snapshot, clock, metrics) and :class:`Background`, the
+tracked fire-and-forget tasks (Events, handshakes) that must not delay an extender answer and are
+drained on shutdown. Must not import the Kubernetes client (only ``hami.kube``) or aiohttp.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from hami.kube.client import KubeError
+from hami.kube.events import record_event
+from hami.scheduler.config import SchedulerSettings
+from hami.scheduler.metrics import Metrics
+from hami.scheduler.snapshot import Snapshot
+
+logger = logging.getLogger(__name__)
+
+
+def utc_now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+class Background:
+    """Fire-and-forget tasks that are still awaited (and their errors logged) before shutdown."""
+
+    def __init__(self, limit: int = 16) -> None:
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._limit = asyncio.Semaphore(limit)  # at most this many background API calls at once
+
+    def spawn(self, coroutine: Coroutine[Any, Any, None], what: str) -> None:
+        task = asyncio.get_running_loop().create_task(self._run(coroutine, what))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, coroutine: Coroutine[Any, Any, None], what: str) -> None:
+        async with self._limit:
+            try:
+                await coroutine
+            except KubeError as exc:
+                logger.warning("%s failed: %s", what, exc)
+
+    async def drain(self, seconds: float = 10.0) -> None:
+        """Wait for the pending tasks (at most ``seconds``), then cancel what is left."""
+        if self._tasks:
+            _, pending = await asyncio.wait(set(self._tasks), timeout=seconds)
+            for task in pending:
+                task.cancel()
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Context:
+    settings: SchedulerSettings
+    api: Any  # the kubernetes ApiClient, used only through hami.kube
+    snapshot: Snapshot
+    metrics: Metrics
+    background: Background
+    clock: Callable[[], datetime.datetime] = utc_now
+
+    def event(self, involved: Mapping[str, Any], reason: str, message: str, *, warning: bool = False) -> None:
+        """Record an Event in the background (an Event must never delay or fail an answer)."""
+        kind = "Warning" if warning else "Normal"
+        coroutine = record_event(
+            self.api,
+            involved=involved,
+            reason=reason,
+            message=message,
+            type=kind,
+            component=self.settings.scheduler_name,
+        )
+        name = (involved.get("metadata") or {}).get("name")
+        self.background.spawn(coroutine, f"{reason} event on {name}")
+
+
+def pod_ref(namespace: str, name: str, uid: str = "") -> dict[str, Any]:
+    """A minimal Pod object for Events when only the names are known."""
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace}
+    if uid:
+        metadata["uid"] = uid
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata}

@@ -1,0 +1,60 @@
+"""ENTRY POINT of ``hami scheduler``: flags -> settings -> API client -> context -> aiohttp app.
+
+Owns ``add_arguments(parser)`` and ``run(args) -> int`` (registered in ``hami/cli.py``): everything is
+built here once and passed down; nothing is kept in module globals. Serves plain HTTP unless
+``--tls-cert``/``--tls-key`` are given. Must not import the Kubernetes client (only ``hami.kube``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import ssl
+import sys
+
+from aiohttp import web
+
+from hami.kube.client import KubeError, load_api_client
+from hami.scheduler import config
+from hami.scheduler.app import build_context, create_app
+
+logger = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    config.add_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        settings = config.from_args(args)
+    except config.SettingsError as exc:
+        print(f"hami scheduler: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        api = load_api_client(settings.kubeconfig, request_timeout=settings.api_timeout)
+    except (KubeError, OSError, ValueError) as exc:
+        print(f"hami scheduler: cannot build the Kubernetes client: {exc}", file=sys.stderr)
+        return 2
+    ssl_context = None
+    if settings.tls_cert and settings.tls_key:
+        ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ssl_context.load_cert_chain(settings.tls_cert, settings.tls_key)
+    app = create_app(build_context(settings, api))
+    logger.info(
+        "hami scheduler %s listening on %s:%d (%s)",
+        settings.scheduler_name,
+        settings.host,
+        settings.port,
+        "https" if ssl_context else "http",
+    )
+    try:
+        web.run_app(
+            app, host=settings.host, port=settings.port, ssl_context=ssl_context, access_log=None, print=None
+        )
+    finally:
+        api.close()
+    return 0

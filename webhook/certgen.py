@@ -1,0 +1,357 @@
+"""The certificate command of the chart's hook Jobs: ``python -m webhook.certs secret|inject``.
+
+Owns the two subcommands and the decisions behind them:
+
+* ``secret``: make sure the TLS Secret (``ca.crt``, ``tls.crt``, ``tls.key``; type
+  ``kubernetes.io/tls``; never ``ca.key``) holds a serving certificate for the Service's DNS names.
+  A Secret whose certificate still covers every name, matches its key, is signed by a CA in its
+  ``ca.crt`` and has more than :data:`webhook.certs.RENEW_BEFORE` left is kept untouched. Otherwise a
+  new CA and certificate are issued (the CA key is discarded: nothing can ever sign with it again)
+  and the Secret is patched; the CA that signed the previous certificate stays in ``ca.crt`` next to
+  the new one, so pods still serving the old certificate keep verifying. With ``--webhook-config``
+  the new bundle is published into the configuration's ``caBundle`` *before* the Secret changes, so
+  at no moment does a webhook pod serve a certificate the API server cannot verify.
+* ``inject``: copy the Secret's ``ca.crt`` into ``webhooks[*].clientConfig.caBundle`` of the
+  MutatingWebhookConfiguration (a JSON patch with a ``test`` op per entry; no write when it is
+  already there).
+
+API access goes through ``hami.kube`` only (``secrets``, ``admissionconfig``). Must not import kopf.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import binascii
+import logging
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+
+from hami.kube.admissionconfig import (
+    get_mutating_webhook_configuration,
+    json_patch_mutating_webhook_configuration,
+)
+from hami.kube.client import Conflict, KubeError, NotFound, load_api_client
+from hami.kube.secrets import create_secret, get_secret, patch_secret
+from webhook import certs
+from webhook.config import service_hostnames
+
+logger = logging.getLogger("hami.webhook.certgen")
+
+SECRET_TYPE = "kubernetes.io/tls"
+SECRET_LABELS = {"app.kubernetes.io/managed-by": "hami-certgen"}
+#: A concurrent writer (another Job, Helm) may change an object between our read and our write.
+ATTEMPTS = 3
+
+
+class CertgenError(Exception):
+    """The command cannot do its job; the message names the object and what is wrong with it."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SecretOutcome:
+    """What ``secret`` did: ``created``, ``kept`` or ``renewed``; ``reason`` says why."""
+
+    action: str
+    reason: str = ""
+
+
+# ------------------------------------------------------------------------------------ pure parts
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def decode_data(data: Mapping[str, Any], key: str, where: str) -> bytes:
+    """One base64 value of a Secret's ``data``; errors name the Secret and the key."""
+    text = data.get(key)
+    if not isinstance(text, str) or not text:
+        raise CertgenError(f"{where} has no {key}")
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise CertgenError(f"{where}: {key} is not base64: {text[:40]!r}") from None
+
+
+def _certificates(pem: bytes, what: str) -> list[x509.Certificate]:
+    try:
+        found = x509.load_pem_x509_certificates(pem)
+    except ValueError as exc:
+        raise CertgenError(f"{what} is not a PEM certificate bundle: {exc}") from None
+    return found
+
+
+def _public_der(key: Any) -> bytes:
+    der: bytes = key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return der
+
+
+def _issued_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
+    try:
+        cert.verify_directly_issued_by(ca)
+    except (ValueError, TypeError, InvalidSignature):
+        return False
+    return True
+
+
+def renewal_needed(
+    data: Mapping[str, Any], hostnames: Sequence[str], *, now: datetime, before: timedelta, where: str
+) -> str:
+    """Why the Secret's certificate must be re-issued ("" when it is fine to keep)."""
+    try:
+        ca_pem = decode_data(data, certs.CA_CERT, where)
+        cert_pem = decode_data(data, certs.TLS_CERT, where)
+        key_pem = decode_data(data, certs.TLS_KEY, where)
+        (cert, *_) = _certificates(cert_pem, f"{where} {certs.TLS_CERT}")
+        cas = _certificates(ca_pem, f"{where} {certs.CA_CERT}")
+    except CertgenError as exc:
+        return str(exc)
+    try:
+        key = serialization.load_pem_private_key(key_pem, password=None)
+    except (ValueError, TypeError) as exc:
+        return f"{where}: {certs.TLS_KEY} is not a PEM private key: {exc}"
+    if _public_der(key.public_key()) != _public_der(cert.public_key()):
+        return f"{where}: {certs.TLS_KEY} does not belong to {certs.TLS_CERT}"
+    if not any(_issued_by(cert, ca) for ca in cas):
+        return f"{where}: {certs.TLS_CERT} is not signed by a CA in {certs.CA_CERT}"
+    bundle = certs.Bundle(ca_cert=ca_pem, cert=cert_pem, key=key_pem)
+    return certs.renewal_reason(bundle, hostnames, now=now, before=before)
+
+
+def previous_issuer(data: Mapping[str, Any] | None, *, now: datetime) -> bytes:
+    """The PEM of the still-valid CA that signed the Secret's current certificate (b"" if none)."""
+    if not data:
+        return b""
+    try:
+        (cert, *_) = _certificates(decode_data(data, certs.TLS_CERT, "Secret"), certs.TLS_CERT)
+        cas = _certificates(decode_data(data, certs.CA_CERT, "Secret"), certs.CA_CERT)
+    except CertgenError:
+        return b""
+    for ca in cas:
+        if ca.not_valid_after_utc > now and _issued_by(cert, ca):
+            return ca.public_bytes(serialization.Encoding.PEM)
+    return b""
+
+
+def issue_data(
+    hostnames: Sequence[str], *, now: datetime, validity: timedelta, previous: Mapping[str, Any] | None
+) -> dict[str, str]:
+    """A new CA and serving certificate as Secret ``data``; ``ca.crt`` = new CA + previous issuer."""
+    ca = certs.make_ca(now=now, valid_for=validity)
+    bundle = certs.issue(ca, hostnames, now=now, valid_for=validity)
+    return {
+        certs.CA_CERT: _b64(bundle.ca_cert + previous_issuer(previous, now=now)),
+        certs.TLS_CERT: _b64(bundle.cert),
+        certs.TLS_KEY: _b64(bundle.key),
+    }
+
+
+def renew_before(validity: timedelta) -> timedelta:
+    """30 days, or half the validity for shorter-lived certificates (else every run would renew)."""
+    return min(certs.RENEW_BEFORE, validity / 2)
+
+
+def ca_bundle_patch(config: Mapping[str, Any], ca_bundle: str) -> list[dict[str, Any]]:
+    """JSON patch setting every webhook's ``caBundle``; [] when all already carry it.
+
+    Each entry is guarded by a ``test`` of its name, so a list reordered meanwhile fails the patch
+    instead of writing into the wrong entry.
+    """
+    name = (config.get("metadata") or {}).get("name", "")
+    webhooks = config.get("webhooks") or []
+    if not webhooks:
+        raise CertgenError(f"MutatingWebhookConfiguration {name} has no webhooks to inject the CA into")
+    operations: list[dict[str, Any]] = []
+    for index, webhook in enumerate(webhooks):
+        client_config = webhook.get("clientConfig") or {}
+        if client_config.get("caBundle") == ca_bundle:
+            continue
+        operations.append({"op": "test", "path": f"/webhooks/{index}/name", "value": webhook.get("name")})
+        if "clientConfig" not in webhook:
+            operations.append({"op": "add", "path": f"/webhooks/{index}/clientConfig", "value": {}})
+        path = f"/webhooks/{index}/clientConfig/caBundle"
+        operations.append({"op": "add", "path": path, "value": ca_bundle})
+    return operations
+
+
+# ------------------------------------------------------------------------------------ API parts
+async def publish_ca_bundle(api: Any, config_name: str, ca_bundle: str) -> bool:
+    """Write ``ca_bundle`` (base64 PEM) into every webhook of the configuration; True when it changed."""
+    for attempt in range(1, ATTEMPTS + 1):
+        config = await get_mutating_webhook_configuration(api, config_name)
+        operations = ca_bundle_patch(config, ca_bundle)
+        if not operations:
+            return False
+        try:
+            await json_patch_mutating_webhook_configuration(api, config_name, operations)
+        except KubeError as exc:
+            # a failed ``test`` op (422; 500 on kmock) means the list changed under us: read again
+            if attempt == ATTEMPTS or exc.status not in (409, 422, 500):
+                raise
+            logger.warning("MutatingWebhookConfiguration %s changed, retrying: %s", config_name, exc)
+            continue
+        return True
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def ensure_secret(
+    api: Any,
+    *,
+    namespace: str,
+    name: str,
+    hostnames: Sequence[str],
+    validity: timedelta,
+    now: datetime,
+    webhook_config: str | None = None,
+) -> SecretOutcome:
+    """Create, keep or re-issue the TLS Secret (see the module docstring)."""
+    where = f"Secret {namespace}/{name}"
+    for attempt in range(1, ATTEMPTS + 1):
+        try:
+            secret = await get_secret(api, namespace, name)
+        except NotFound:
+            secret = None
+        if secret is None:
+            data = issue_data(hostnames, now=now, validity=validity, previous=None)
+            await _publish_first(api, webhook_config, data)
+            body = {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "type": SECRET_TYPE,
+                "metadata": {"name": name, "namespace": namespace, "labels": dict(SECRET_LABELS)},
+                "data": data,
+            }
+            try:
+                await create_secret(api, namespace, body)
+            except Conflict:
+                if attempt == ATTEMPTS:
+                    raise
+                continue  # another Job made it meanwhile: judge that one
+            return SecretOutcome(action="created", reason=f"{where} did not exist")
+        old = secret.get("data") or {}
+        reason = renewal_needed(old, hostnames, now=now, before=renew_before(validity), where=where)
+        if not reason:
+            return SecretOutcome(action="kept")
+        data = issue_data(hostnames, now=now, validity=validity, previous=old)
+        await _publish_first(api, webhook_config, data)
+        # ca.key of an older tool is dropped: the Secret never carries a CA key
+        patch: dict[str, str | None] = {**data, certs.CA_KEY: None} if certs.CA_KEY in old else dict(data)
+        await patch_secret(api, namespace, name, data=patch, labels=SECRET_LABELS)
+        return SecretOutcome(action="renewed", reason=reason)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def _publish_first(api: Any, webhook_config: str | None, data: Mapping[str, str]) -> None:
+    """Publish the new bundle before the certificate changes; absent configuration (install): skip."""
+    if not webhook_config:
+        return
+    try:
+        changed = await publish_ca_bundle(api, webhook_config, data[certs.CA_CERT])
+    except NotFound:
+        logger.info("MutatingWebhookConfiguration %s does not exist yet; inject will fill it", webhook_config)
+        return
+    if changed:
+        logger.info("published the new CA bundle in MutatingWebhookConfiguration %s", webhook_config)
+
+
+async def inject(api: Any, *, namespace: str, secret: str, webhook_config: str) -> bool:
+    """Copy the Secret's ``ca.crt`` into the configuration; True when something was written."""
+    where = f"Secret {namespace}/{secret}"
+    stored = await get_secret(api, namespace, secret)
+    data = stored.get("data") or {}
+    ca_pem = decode_data(data, certs.CA_CERT, where)
+    _certificates(ca_pem, f"{where} {certs.CA_CERT}")  # refuse to publish garbage
+    return await publish_ca_bundle(api, webhook_config, _b64(ca_pem))
+
+
+# ------------------------------------------------------------------------------------ command line
+def _days(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number of days, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text!r}")
+    return value
+
+
+def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--kubeconfig",
+        default=env.get("HAMI_KUBECONFIG"),
+        help="kubeconfig file (default: in-cluster, then ~/.kube/config) [env HAMI_KUBECONFIG]",
+    )
+    common.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
+    common.add_argument("--namespace", required=True, help="namespace of the Secret (and the Service)")
+    common.add_argument("--secret", required=True, help="name of the TLS Secret")
+    parser = argparse.ArgumentParser(
+        prog="python -m webhook.certs", description="TLS Secret and caBundle of the HAMi webhook."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    secret = commands.add_parser("secret", parents=[common], help="create, keep or re-issue the TLS Secret")
+    secret.add_argument("--service", required=True, help="the webhook Service (certificate DNS names)")
+    secret.add_argument("--days", type=_days, default=3650, help="validity of a new certificate (3650)")
+    secret.add_argument(
+        "--webhook-config",
+        default=None,
+        help="MutatingWebhookConfiguration to publish a re-issued CA bundle in before the Secret changes",
+    )
+    inject_cmd = commands.add_parser(
+        "inject", parents=[common], help="copy ca.crt into the webhook configuration's caBundle"
+    )
+    inject_cmd.add_argument("--webhook-config", required=True, help="MutatingWebhookConfiguration name")
+    return parser
+
+
+async def _run(args: argparse.Namespace) -> str:
+    api = load_api_client(args.kubeconfig)
+    try:
+        if args.command == "secret":
+            outcome = await ensure_secret(
+                api,
+                namespace=args.namespace,
+                name=args.secret,
+                hostnames=service_hostnames(args.service, args.namespace),
+                validity=timedelta(days=args.days),
+                now=datetime.now(UTC),
+                webhook_config=args.webhook_config,
+            )
+            suffix = f": {outcome.reason}" if outcome.reason else ""
+            return f"Secret {args.namespace}/{args.secret} {outcome.action}{suffix}"
+        changed = await inject(
+            api, namespace=args.namespace, secret=args.secret, webhook_config=args.webhook_config
+        )
+        state = "updated" if changed else "already current"
+        return f"caBundle of MutatingWebhookConfiguration {args.webhook_config} {state}"
+    finally:
+        api.close()
+
+
+def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
+    """Run one subcommand; 0 on success, 1 when the API or the Secret is at fault, 2 on bad flags."""
+    parser = build_parser(os.environ if env is None else env)
+    args = parser.parse_args(argv)
+    if args.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        parser.error(f"--log-level must be DEBUG, INFO, WARNING or ERROR, got {args.log_level!r}")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        message = asyncio.run(_run(args))
+    except NotFound as exc:
+        print(f"webhook.certs {args.command}: not found: {exc.message}", file=sys.stderr)
+        return 1
+    except (KubeError, CertgenError, certs.CertificateError) as exc:
+        print(f"webhook.certs {args.command}: {exc}", file=sys.stderr)
+        return 1
+    print(message)
+    return 0
