@@ -39,6 +39,10 @@ def _identity(path: Path) -> tuple[int, int] | None:
     return stat.st_ino, stat.st_ctime_ns
 
 
+class _SocketGone(Exception):
+    """Our own socket vanished (kubelet wiped the plugin directory): serve again, then register."""
+
+
 class KubeletRunner:
     """Serve ``service`` and register it as ``resource_name``; ``run`` returns only when cancelled."""
 
@@ -71,6 +75,10 @@ class KubeletRunner:
             try:
                 kubelet = await self._register_until_accepted()
                 await self._wait_for_restart(kubelet)
+            except _SocketGone:
+                log.info(
+                    "device plugin socket %s disappeared before registering: serving again", self.socket_path
+                )
             finally:
                 self.registered.clear()
                 self.serving.clear()
@@ -108,6 +116,9 @@ class KubeletRunner:
                     waiting_logged = True
                 await asyncio.sleep(self._retry)
                 continue
+            if _identity(self.socket_path) is None:
+                # a starting kubelet wipes plugin sockets: never register an endpoint that is gone
+                raise _SocketGone
             try:
                 await self._register(kubelet_socket)
             except grpc.aio.AioRpcError as exc:
@@ -140,6 +151,8 @@ class KubeletRunner:
     async def _wait_for_restart(self, kubelet: tuple[int, int]) -> None:
         """Return when kubelet's socket was replaced or removed, or our own socket vanished."""
         own = _identity(self.socket_path)
+        if own is None:
+            raise _SocketGone
         while True:
             await asyncio.sleep(self._watch)
             now_kubelet = _identity(self._dir / KUBELET_SOCKET)
