@@ -27,7 +27,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from monitor.backends.base import BackendError, Card, LiveUsage, live_usage
 from monitor.cgroups import ProcessOwners
 from monitor.config import ConfigError, NodeSettings
-from monitor.grants import GrantBook, PodGrants, card_totals
+from monitor.grants import PodGrants, TrackedPods, card_totals
 from monitor.inventory import Inventory
 from monitor.registrar import build_registration, card_type
 
@@ -58,7 +58,7 @@ class NodeCollector:
         node_name: str,
         inventory: Inventory,
         settings: NodeSettings,
-        grants: GrantBook,
+        grants: TrackedPods,
         owners: ProcessOwners | None = None,
         legacy: bool = False,
     ) -> None:
@@ -258,14 +258,7 @@ class NodeCollector:
                     grant.uuid,
                     ZONE,
                 ]
-                legacy = [
-                    pod.namespace,
-                    pod.name,
-                    grant.container,
-                    str(grant.vdevice_index),
-                    grant.uuid,
-                    ZONE,
-                ]
+                legacy = labels[1:]  # HAMi's legacy container labels: the same, without node
                 _add(f, "ctr_mem_alloc", labels, grant.memory_mib * MIB)
                 _add(f, "ctr_cores_alloc", labels, grant.cores)
                 _add(f, "vgpu_limit", labels, grant.memory_mib * MIB)

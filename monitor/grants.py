@@ -15,7 +15,7 @@ import asyncio
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from hami.annotations import (
     POD_VGPU_NODE,
@@ -59,6 +59,13 @@ class PodGrants:
     grants: tuple[ContainerGrant, ...]
     usage: PodUsage
     container_ids: Mapping[str, str] = field(default_factory=dict)
+
+
+class TrackedPods(Protocol):
+    """Where the exporter reads the tracked pods from (:class:`GrantBook` in the agent)."""
+
+    @property
+    def pods(self) -> tuple[PodGrants, ...]: ...
 
 
 def on_node(pod: Mapping[str, Any], node: str) -> bool:

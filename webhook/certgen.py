@@ -265,11 +265,17 @@ async def _publish_first(api: Any, webhook_config: str | None, data: Mapping[str
 async def inject(api: Any, *, namespace: str, secret: str, webhook_config: str) -> bool:
     """Copy the Secret's ``ca.crt`` into the configuration; True when something was written."""
     where = f"Secret {namespace}/{secret}"
-    stored = await get_secret(api, namespace, secret)
+    try:
+        stored = await get_secret(api, namespace, secret)
+    except NotFound:
+        raise CertgenError(f"{where} not found (run the secret subcommand first)") from None
     data = stored.get("data") or {}
     ca_pem = decode_data(data, certs.CA_CERT, where)
     _certificates(ca_pem, f"{where} {certs.CA_CERT}")  # refuse to publish garbage
-    return await publish_ca_bundle(api, webhook_config, _b64(ca_pem))
+    try:
+        return await publish_ca_bundle(api, webhook_config, _b64(ca_pem))
+    except NotFound:
+        raise CertgenError(f"MutatingWebhookConfiguration {webhook_config} not found") from None
 
 
 # ------------------------------------------------------------------------------------ command line
@@ -347,9 +353,6 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     )
     try:
         message = asyncio.run(_run(args))
-    except NotFound as exc:
-        print(f"webhook.certs {args.command}: not found: {exc.message}", file=sys.stderr)
-        return 1
     except (KubeError, CertgenError, certs.CertificateError) as exc:
         print(f"webhook.certs {args.command}: {exc}", file=sys.stderr)
         return 1

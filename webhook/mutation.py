@@ -45,6 +45,35 @@ CODE_INVALID = 422
 CODE_FORBIDDEN = 403
 CODE_BAD_REQUEST = 400
 
+# Short reason codes of refusals (the ``reason`` label of ``hami_webhook_refusals_total``). A value
+# problem is named after the HAMi resource role, whatever the resource is called in this cluster.
+FORGED_ANNOTATION = "forged_annotation"
+FORGED_LABEL = "forged_label"
+NO_CONTAINERS = "no_containers"
+BAD_GPU = "bad_gpu"
+BAD_GPUMEM = "bad_gpumem"
+BAD_GPUMEM_PERCENTAGE = "bad_gpumem_percentage"
+BAD_GPUCORES = "bad_gpucores"
+BAD_REQUEST = "bad_request"
+TOO_MANY_CARDS = "too_many_cards"
+NO_CARD_COUNT = "no_card_count"
+PRIVILEGED = "privileged"
+NODE_ASSIGNED = "node_assigned"
+REFUSAL_REASONS = (
+    FORGED_ANNOTATION,
+    FORGED_LABEL,
+    NO_CONTAINERS,
+    BAD_GPU,
+    BAD_GPUMEM,
+    BAD_GPUMEM_PERCENTAGE,
+    BAD_GPUCORES,
+    BAD_REQUEST,
+    TOO_MANY_CARDS,
+    NO_CARD_COUNT,
+    PRIVILEGED,
+    NODE_ASSIGNED,
+)
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Admit:
@@ -60,10 +89,20 @@ class Admit:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Refuse:
-    """Deny the pod; ``message`` names the container and field (several problems joined by ``; ``)."""
+    """Deny the pod; ``message`` names the container and field (several problems joined by ``; ``).
+
+    ``reason`` is the short code of the first problem (one of :data:`REFUSAL_REASONS`), for metrics.
+    """
 
     message: str
     code: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Problem:
+    reason: str
+    message: str
 
 
 @dataclass(slots=True)
@@ -111,11 +150,12 @@ def plan(pod: Mapping[str, Any], settings: MutationSettings) -> Admit | Refuse:
 
     forged = _forged(metadata)
     if forged:
-        return Refuse(message="; ".join(forged), code=CODE_FORBIDDEN)
+        reason = FORGED_ANNOTATION if forged[0].startswith("annotation") else FORGED_LABEL
+        return Refuse(message="; ".join(forged), code=CODE_FORBIDDEN, reason=reason)
     if (metadata.get("labels") or {}).get(WEBHOOK_IGNORE_LABEL) == IGNORE_VALUE:
         return Admit(notes=(f"pod labelled {WEBHOOK_IGNORE_LABEL}={IGNORE_VALUE}",))
     if not spec.get("containers"):
-        return Refuse(message="pod has no containers", code=CODE_BAD_REQUEST)
+        return Refuse(message="pod has no containers", code=CODE_BAD_REQUEST, reason=NO_CONTAINERS)
     scheduler = spec.get("schedulerName") or ""
     ours = settings.scheduler_name
     if (
@@ -127,20 +167,23 @@ def plan(pod: Mapping[str, Any], settings: MutationSettings) -> Admit | Refuse:
 
     groups = {key: [_Container(c) for c in spec.get(key) or ()] for key in ("initContainers", "containers")}
     containers = groups["initContainers"] + groups["containers"]
-    problems: list[str] = []
+    problems: list[_Problem] = []
     notes: list[str] = []
     for container in containers:
         _mutate_container(container, settings, problems, notes)
     if problems:
-        return Refuse(message="; ".join(problems), code=CODE_INVALID)
+        message = "; ".join(p.message for p in problems)
+        return Refuse(message=message, code=CODE_INVALID, reason=problems[0].reason)
     if not any(c.uses_gpu for c in containers):
         return Admit(notes=("no container asks for a managed resource",))
 
     privileged = next((c for c in containers if _privileged(c.original)), None)
     if privileged is not None:
-        return Refuse(message=f"container {privileged.name} is privileged", code=CODE_FORBIDDEN)
+        return Refuse(
+            message=f"container {privileged.name} is privileged", code=CODE_FORBIDDEN, reason=PRIVILEGED
+        )
     if spec.get("nodeName"):
-        return Refuse(message="pod has node assigned", code=CODE_FORBIDDEN)
+        return Refuse(message="pod has node assigned", code=CODE_FORBIDDEN, reason=NODE_ASSIGNED)
 
     device = settings.device
     if device.overwrite_env:
@@ -200,7 +243,7 @@ def _int_or_none(text: str | None) -> int | None:
 
 
 def _mutate_container(
-    container: _Container, settings: MutationSettings, problems: list[str], notes: list[str]
+    container: _Container, settings: MutationSettings, problems: list[_Problem], notes: list[str]
 ) -> None:
     device = settings.device
     res = device.resources
@@ -212,18 +255,24 @@ def _mutate_container(
         return
 
     before = len(problems)
-    problems.extend(p.message for p in parse_container(name, limits, requests, device).problems)
-    problems.extend(_range_problems(name, settings, limits, requests, reported=problems[before:]))
+    reasons = _value_reasons(settings)
+    problems.extend(
+        _Problem(reasons.get(p.field, BAD_REQUEST), p.message)
+        for p in parse_container(name, limits, requests, device).problems
+    )
+    reported = [p.message for p in problems[before:]]
+    problems.extend(_range_problems(name, settings, limits, requests, reported=reported))
     if len(problems) > before:
         return
 
     container.uses_gpu = True
     if lookup(res.count, limits, requests) is None:
         if device.default_gpu_num <= 0:
-            problems.append(
+            message = (
                 f'container "{name}": asks for {", ".join(asked)} without {res.count}, '
                 "and defaultGPUNum is 0; set the card count"
             )
+            problems.append(_Problem(NO_CARD_COUNT, message))
             return
         container.set_limit(res.count, str(device.default_gpu_num))
         notes.append(f"container {name}: {res.count} set to {device.default_gpu_num} (defaultGPUNum)")
@@ -243,27 +292,45 @@ def _range_problems(
     requests: Mapping[str, str],
     *,
     reported: Sequence[str],
-) -> list[str]:
+) -> list[_Problem]:
     """The webhook's own limits on values the core parser accepts (HAMi clamps or ignores them)."""
     res = settings.device.resources
-    found: list[str] = []
+    found: list[_Problem] = []
 
-    def check(resource: str, low: int, high: int, why: str) -> None:
+    def check(resource: str, low: int, high: int, why: str, reason: str) -> None:
         text = lookup(resource, limits, requests)
         value = _int_or_none(text)
         already = any(f'{resource} "' in message for message in reported)
         if text is not None and value is not None and not low <= value <= high and not already:
-            found.append(f'container "{name}": {resource} "{text}" {why}')
+            found.append(_Problem(reason, f'container "{name}": {resource} "{text}" {why}'))
 
     check(
         res.count,
         0,
         settings.max_cards_per_container,
         f"asks for more than {settings.max_cards_per_container} cards",
+        TOO_MANY_CARDS,
     )
-    check(res.cores, 0, 100, "must be between 0 and 100 (percent of a card)")
-    check(res.memory_percentage, 1, 100, "must be between 1 and 100 (percent of a card's memory)")
+    check(res.cores, 0, 100, "must be between 0 and 100 (percent of a card)", BAD_GPUCORES)
+    check(
+        res.memory_percentage,
+        1,
+        100,
+        "must be between 1 and 100 (percent of a card's memory)",
+        BAD_GPUMEM_PERCENTAGE,
+    )
     return found
+
+
+def _value_reasons(settings: MutationSettings) -> dict[str, str]:
+    """Resource name (as configured) -> the reason code of a bad value of it."""
+    res = settings.device.resources
+    return {
+        res.count: BAD_GPU,
+        res.memory: BAD_GPUMEM,
+        res.memory_percentage: BAD_GPUMEM_PERCENTAGE,
+        res.cores: BAD_GPUCORES,
+    }
 
 
 def _exclusive(settings: MutationSettings, limits: Mapping[str, str], requests: Mapping[str, str]) -> bool:

@@ -37,6 +37,9 @@ class NodeLockBusy(KubeError):
         super().__init__(0, "NodeLocked", message)
         self.node = node
 
+    def __str__(self) -> str:
+        return self.message  # HAMi's contention text, as is
+
 
 def go_duration(delta: datetime.timedelta) -> str:
     """Format like Go's ``time.Duration.String`` for whole seconds: ``5m0s``, ``1h0m0s``, ``30s``."""

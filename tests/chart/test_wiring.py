@@ -367,6 +367,7 @@ def test_own_certificate_jobs_name_the_webhook_objects() -> None:
         "secret": secret,
         "service": service,
         "days": "3650",
+        "webhook-config": config,
     }
     assert argv(container(inject, "certgen"))[:4] == ["python", "-m", "webhook.certs", "inject"]
     assert flags(container(inject, "certgen")) == {

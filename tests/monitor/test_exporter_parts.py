@@ -1,6 +1,6 @@
 """The exporter's parts: cgroup paths → pod and container, listen addresses, the sim file's usage
-fields, NVML live usage (through a fake module raising pynvml's own errors), and the agent's entry
-point serving /metrics next to the other tasks."""
+fields, NVML live usage (through a fake module raising pynvml's own errors), the agent's entry
+point serving /metrics next to the other tasks, and docs/metrics.md listing every metric."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Any
 import kmock
 import pynvml
 import pytest
+import yaml
 from agent_helpers import card, create_node, write_cards
 from exporter_helpers import MIB, NODE, create_gpu_pod, eventually, grant, scrape, value
 
@@ -20,8 +21,10 @@ from monitor.backends.base import BackendError, LiveUsage, ProcessUsage, live_us
 from monitor.backends.nvml import NvmlBackend
 from monitor.backends.sim import SimBackend, parse_sim_usage
 from monitor.cgroups import ProcessOwners, owner_of_cgroup
-from monitor.config import AgentConfig, ConfigError
-from monitor.exporter import parse_listen
+from monitor.config import AgentConfig, ConfigError, NodeSettings
+from monitor.exporter import NodeCollector, parse_listen
+from monitor.grants import GrantBook
+from monitor.inventory import Inventory
 
 UID = "8c6f1c3e-0d0a-4c8e-9a55-2b0f4f1e6a71"
 CID = "4f" * 32
@@ -112,8 +115,6 @@ def test_sim_usage_fields(tmp_path: Path) -> None:
     ],
 )
 def test_sim_usage_errors_name_the_field(entry: dict[str, Any], message: str) -> None:
-    import yaml
-
     with pytest.raises(BackendError, match=message):
         parse_sim_usage(yaml.safe_dump({"cards": [{"uuid": "GPU-a", **entry}]}), source="f.yaml")
 
@@ -245,3 +246,17 @@ async def test_the_agent_serves_metrics_next_to_its_other_tasks(
     finally:
         agent.cancel()
         await asyncio.gather(agent, return_exceptions=True)
+
+
+def test_docs_list_every_exported_metric(tmp_path: Path) -> None:
+    collector = NodeCollector(
+        node_name=NODE,
+        inventory=Inventory(SimBackend(write_cards(tmp_path / "c.yaml", []))),
+        settings=NodeSettings(),
+        grants=GrantBook(api=None, node_name=NODE),
+        legacy=True,
+    )
+    names = {family.name for family in collector.describe()}
+    assert len(names) == 22
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
+    assert {name for name in names if f"| `{name}` |" not in docs} == set()

@@ -132,7 +132,7 @@ async def test_health_readiness_and_metrics(start_extender: StartExtender) -> No
     text = await (await ext.client.get("/metrics")).text()
     assert 'hami_scheduler_requests_total{outcome="ok",verb="filter"} 1.0' in text
     limit = 'hami_gpu_memory_limit_bytes{device_index="0",device_type="NVIDIA-Tesla V100-PCIE-32GB",'
-    assert limit + 'device_uuid="GPU-n1-0",node="n1"} 1.048576e+010' in text
+    assert limit + 'device_uuid="GPU-n1-0",node="n1"} 1.048576e+10' in text
     assert 'hami_scheduler_node_usable{node="n1"} 1.0' in text
 
 

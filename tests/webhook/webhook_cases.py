@@ -44,18 +44,21 @@ GPU, MEM, PCT, CORES, PRIO = (
 )
 
 
-REFUSALS: list[tuple[str, dict[str, Any], str, int]] = [
+#: (id, pod, message, status code, reason code of the metrics)
+REFUSALS: list[tuple[str, dict[str, Any], str, int, str]] = [
     (
         "cores above 100",
         make_pod(ctr("train", limits={GPU: "1", CORES: "150"})),
         'container "train": nvidia.com/gpucores "150" must be between 0 and 100 (percent of a card)',
         422,
+        "bad_gpucores",
     ),
     (
         "negative cores",
         make_pod(ctr("train", limits={GPU: "1", CORES: "-1"})),
         'container "train": nvidia.com/gpucores "-1" must not be negative',
         422,
+        "bad_gpucores",
     ),
     (
         "percentage 0",
@@ -63,12 +66,14 @@ REFUSALS: list[tuple[str, dict[str, Any], str, int]] = [
         'container "train": nvidia.com/gpumem-percentage "0" must be between 1 and 100 '
         "(percent of a card's memory)",
         422,
+        "bad_gpumem_percentage",
     ),
     (
         "percentage above 100",
         make_pod(ctr("train", limits={GPU: "1", PCT: "101"})),
         'container "train": nvidia.com/gpumem-percentage "101" must be between 0 and 100',
         422,
+        "bad_gpumem_percentage",
     ),
     (
         "memory in Gi",
@@ -76,45 +81,58 @@ REFUSALS: list[tuple[str, dict[str, Any], str, int]] = [
         'container "train": nvidia.com/gpumem "16Gi" is 17179869184 MiB, '
         "more than the maximum 2147483647 MiB (nvidia.com/gpumem counts MiB: write 16384 for 16 GiB)",
         422,
+        "bad_gpumem",
     ),
     (
         "memory not whole",
         make_pod(ctr("train", limits={GPU: "1", MEM: "1.5"})),
         'container "train": nvidia.com/gpumem "1.5" is not a whole number of MiB',
         422,
+        "bad_gpumem",
     ),
     (
         "memory not a quantity",
         make_pod(ctr("train", limits={GPU: "1", MEM: "lots"})),
         'container "train": nvidia.com/gpumem "lots" is not a quantity; write a whole number of MiB',
         422,
+        "bad_gpumem",
     ),
     (
         "too many cards",
         make_pod(ctr("train", limits={GPU: "17"})),
         'container "train": nvidia.com/gpu "17" asks for more than 16 cards',
         422,
+        "too_many_cards",
     ),
     (
         "fractional count",
         make_pod(ctr("train", limits={GPU: "1.5"})),
         'container "train": nvidia.com/gpu "1.5" is not a whole number',
         422,
+        "bad_gpu",
     ),
     (
         "privileged GPU container",
         make_pod(ctr("train", limits={GPU: "1"}, securityContext={"privileged": True})),
         "container train is privileged",
         403,
+        "privileged",
     ),
     (
         "privileged sidecar in a GPU pod",
         make_pod(ctr("train", limits={GPU: "1"}), ctr("debug", securityContext={"privileged": True})),
         "container debug is privileged",
         403,
+        "privileged",
     ),
-    ("node preset", make_pod(ctr(limits={GPU: "1"}), nodeName="gpu-1"), "pod has node assigned", 403),
-    ("no containers", make_pod(), "pod has no containers", 400),
+    (
+        "node preset",
+        make_pod(ctr(limits={GPU: "1"}), nodeName="gpu-1"),
+        "pod has node assigned",
+        403,
+        "node_assigned",
+    ),
+    ("no containers", make_pod(), "pod has no containers", 400, "no_containers"),
     (
         "two problems, both named",
         make_pod(ctr("a", limits={GPU: "1", CORES: "101"}), ctr("b", limits={MEM: "2Gi"})),
@@ -122,17 +140,20 @@ REFUSALS: list[tuple[str, dict[str, Any], str, int]] = [
         'container "b": nvidia.com/gpumem "2Gi" is 2147483648 MiB, more than the maximum 2147483647 MiB '
         "(nvidia.com/gpumem counts MiB: write 16384 for 16 GiB)",
         422,
+        "bad_gpucores",
     ),
     (
         "init container problem",
         make_pod(ctr("app"), init=(ctr("warm", limits={CORES: "-5"}),)),
         'container "warm": nvidia.com/gpucores "-5" must not be negative',
         422,
+        "bad_gpucores",
     ),
     (
         "forged allocation label",
         make_pod(ctr(limits={GPU: "1"}), labels={"hami.io/vgpu-node": "gpu-1"}),
         "label hami.io/vgpu-node is written by HAMi only; a new pod may not carry it",
         403,
+        "forged_label",
     ),
 ]

@@ -1,0 +1,196 @@
+"""/bind over HTTP against the embedded API server: the writes, the node lock, races and API failures."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import kmock
+import pytest
+from conftest import NOW, Extender, StartExtender, make_node, make_pod, until
+from kmock._internal.rendering import Response
+
+from hami.annotations import NODE_LOCK, POD_BIND_PHASE, decode_pod_devices
+from hami.kube.nodelock import release_node_lock
+
+PODS = kmock.resource("v1/pods")
+EVENTS = kmock.resource("v1/events")
+STAMP = str(int(NOW.timestamp()))  # vgpu-time and bind-time: Unix seconds of the (fixed) clock
+LOCK = "2026-05-01T10:00:00Z,default,p"
+
+
+def _events(ext: Extender, reason: str) -> list[dict[str, Any]]:
+    return [r.data for r in ext.apiserver["post", EVENTS] if r.data["reason"] == reason]
+
+
+async def _lock(ext: Extender, node: str = "n1") -> str | None:
+    value: str | None = ((await ext.node(node))["metadata"].get("annotations") or {}).get(NODE_LOCK)
+    return value
+
+
+async def test_bind_writes_exactly_the_protocol_and_keeps_the_lock(start_extender: StartExtender) -> None:
+    ext = await start_extender(nodes=[make_node("n1")], pods=[make_pod("p", memory=1000, cores=30)])
+    assert await ext.bind("p", "n1") == {"Error": ""}
+    pod = await ext.pod("p")
+    # both cards idle with equal scores; Fit walks the ordered cards from the last one (as HAMi
+    # does), so it takes card 1
+    devices = "GPU-n1-1,NVIDIA,1000,30:;"
+    assert pod["metadata"]["annotations"] == {
+        "hami.io/vgpu-node": "n1",
+        "hami.io/vgpu-time": STAMP,
+        "hami.io/vgpu-devices-to-allocate": devices,
+        "hami.io/vgpu-devices-allocated": devices,
+        "hami.io/bind-phase": "allocating",
+        "hami.io/bind-time": STAMP,
+    }
+    assert pod["metadata"]["labels"] == {"hami.io/vgpu-node": "n1"}
+    assert pod["spec"]["nodeName"] == "n1"
+    assert await _lock(ext) == LOCK  # kept: the node agent releases it after Allocate
+    assert ext.ctx.snapshot.record(("default", "p")) is not None
+    await ext.settle()
+    (event,) = _events(ext, "BindingSucceed")
+    assert event["message"] == "Successfully binding node [n1] to default/p"
+    assert event["involvedObject"]["uid"] == "uid-p"
+    # exactly one pod patch (annotations and label together) and one binding
+    assert len(ext.apiserver["patch", PODS]) == 1
+    assert len(ext.apiserver["post", PODS, kmock.subresource("binding")]) == 1
+
+
+async def test_a_lock_held_by_a_live_pod_blocks(start_extender: StartExtender) -> None:
+    ext = await start_extender(nodes=[make_node("n1")], pods=[make_pod("p"), make_pod("q")])
+    assert await ext.bind("p", "n1") == {"Error": ""}
+    result = await ext.bind("q", "n1")
+    assert result["Error"] == "node n1 has been locked within 5m0s by default/p"
+    assert await _lock(ext) == LOCK  # not ours: left alone
+    assert (await ext.pod("q"))["metadata"]["annotations"] == {POD_BIND_PHASE: "failed"}
+    assert ext.ctx.snapshot.record(("default", "q")) is None
+    await ext.settle()
+    (event,) = _events(ext, "BindingFailed")
+    assert event["message"] == result["Error"] and event["type"] == "Warning"
+
+
+@pytest.mark.parametrize(
+    "lock",
+    ["2026-05-01T09:54:59Z,default,holder", "2026-05-01T09:59:59Z,default,gone", "2026-05-01T09:50:00Z"],
+    ids=["expired", "holder-gone", "expired-legacy"],
+)
+async def test_an_expired_or_ownerless_lock_is_taken_over(start_extender: StartExtender, lock: str) -> None:
+    ext = await start_extender(
+        nodes=[make_node("n1", annotations={NODE_LOCK: lock})], pods=[make_pod("p"), make_pod("holder")]
+    )
+    assert await ext.bind("p", "n1") == {"Error": ""}
+    assert await _lock(ext) == LOCK
+
+
+async def test_a_pod_that_cannot_fit_fails_without_touching_the_lock(start_extender: StartExtender) -> None:
+    ext = await start_extender(nodes=[make_node("n1", memory=500)], pods=[make_pod("p", memory=1000)])
+    result = await ext.bind("p", "n1")
+    assert result["Error"] == "pod default/p does not fit node n1: 2/2 CardInsufficientMemory"
+    assert await _lock(ext) is None
+    assert len(ext.apiserver["patch", kmock.resource("v1/nodes")]) == 0
+
+
+async def test_missing_pods_and_gpu_less_pods(start_extender: StartExtender) -> None:
+    ext = await start_extender(nodes=[make_node("n1")], pods=[make_pod("plain", gpus=0)])
+    assert await ext.bind("ghost", "n1") == {"Error": "pod default/ghost not found"}
+    assert await ext.bind("plain", "n1") == {"Error": ""}
+    assert (await ext.pod("plain"))["spec"]["nodeName"] == "n1"
+    assert await _lock(ext) is None  # no devices, no lock
+
+
+async def test_twenty_concurrent_binds_on_room_for_ten(start_extender: StartExtender) -> None:
+    # 2 cards x 5000 MiB, pods of 1000 MiB: 5 per card, room for exactly 10
+    names = [f"p{i:02d}" for i in range(20)]
+    ext = await start_extender(
+        nodes=[make_node("n1", memory=5000)], pods=[make_pod(n, memory=1000, cores=10) for n in names]
+    )
+    pending, bound, full = list(names), [], []
+    while pending:
+        # everyone still waiting tries at once (kube-scheduler retries a failed bind); at most one
+        # gets the lock per round, and the stand-in agent releases it once that bind has answered
+        results = await asyncio.gather(*(ext.bind(n, "n1") for n in pending))
+        for name, result in zip(list(pending), results, strict=True):
+            if result["Error"] == "":
+                bound.append(name)
+                assert await release_node_lock(ext.ctx.api, "n1", "default", name)
+            elif "does not fit" in result["Error"]:
+                full.append(name)
+            else:
+                assert "has been locked" in result["Error"], result
+                continue
+            pending.remove(name)
+    assert len(bound) == 10 and len(full) == 10
+    memory: dict[str, int] = {}
+    for name in bound:
+        annotations = (await ext.pod(name))["metadata"]["annotations"]
+        for grants in decode_pod_devices(annotations["hami.io/vgpu-devices-allocated"]):
+            for grant in grants:
+                memory[grant.uuid] = memory.get(grant.uuid, 0) + grant.memory_mib
+    assert memory == {"GPU-n1-0": 5000, "GPU-n1-1": 5000}  # full, never over
+    for name in full:
+        assert (await ext.pod(name))["metadata"]["annotations"][POD_BIND_PHASE] == "failed"
+
+
+@pytest.mark.parametrize(
+    ("verb", "criteria", "status"),
+    [
+        ("patch", (), 409),
+        ("patch", (), 422),
+        ("patch", (), 500),
+        ("post", (kmock.subresource("binding"),), 500),
+        ("post", (kmock.subresource("binding"),), 409),
+    ],
+    ids=["patch-409", "patch-422", "patch-500", "binding-500", "binding-409"],
+)
+async def test_api_errors_during_bind_fail_cleanly(
+    start_extender: StartExtender, verb: str, criteria: tuple[Any, ...], status: int
+) -> None:
+    ext = await start_extender(nodes=[make_node("n1", cards=1)], pods=[make_pod("p", memory=1000)])
+    (ext.apiserver**10)[verb, PODS, *criteria][:1] << status
+    result = await ext.bind("p", "n1")
+    assert result["Error"].startswith(f"{status} "), result
+    await _assert_clean_failure(ext)
+
+
+async def test_a_hanging_api_request_fails_within_the_timeout(start_extender: StartExtender) -> None:
+    release = asyncio.Event()
+
+    async def hang(_: kmock.Request) -> Response:
+        await release.wait()
+        return Response(status=500)
+
+    ext = await start_extender(nodes=[make_node("n1", cards=1)], pods=[make_pod("p")], api_timeout=0.5)
+    (ext.apiserver**10)["post", PODS, kmock.subresource("binding")][:1] << hang
+    try:
+        result = await ext.bind("p", "n1")
+        assert result["Error"].startswith("Timeout"), result
+        await _assert_clean_failure(ext)
+    finally:
+        release.set()
+
+
+async def _assert_clean_failure(ext: Extender) -> None:
+    assert await _lock(ext) is None  # released
+    assert (await ext.pod("p"))["metadata"]["annotations"][POD_BIND_PHASE] == "failed"
+    await until(lambda: ext.ctx.snapshot.record(("default", "p")) is None, "the booking to be undone")
+    await ext.settle()
+    assert len(_events(ext, "BindingFailed")) == 1
+    # the card is free again: another pod fits where the failed one would have gone
+    assert (await ext.filter(make_pod("next", memory=10000), ["n1"]))["NodeNames"] == ["n1"]
+
+
+async def test_a_pod_watch_that_ends_is_resumed(
+    apiserver: kmock.KubernetesEmulator, start_extender: StartExtender
+) -> None:
+    apiserver[kmock.action.WATCH, PODS][:1] << b""  # the first pod watch ends at once
+    ext = await start_extender(nodes=[make_node("n1", cards=1)])
+    busy = make_pod("busy")
+    busy["metadata"]["annotations"] = {
+        "hami.io/vgpu-node": "n1",
+        "hami.io/vgpu-devices-allocated": "GPU-n1-0,NVIDIA,9500,30:;",
+    }
+    await apiserver.post("/api/v1/namespaces/default/pods", json=busy)
+    await until(lambda: ext.ctx.snapshot.record(("default", "busy")) is not None, "the pod created later")
+    assert len(apiserver[kmock.action.WATCH, PODS]) >= 1  # the replacement watch (the first was cut)
+    result = await ext.filter(make_pod("p", memory=1000), ["n1"])
+    assert result["FailedNodes"] == {"n1": "1/1 CardInsufficientMemory"}
