@@ -12,6 +12,8 @@ import os
 import sys
 from collections.abc import Sequence
 
+from prometheus_client import CollectorRegistry
+
 from webhook.certs import CertificateError
 from webhook.config import ConfigError, parse_settings
 
@@ -26,8 +28,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Imported here so `hami-webhook --help` and flag errors do not pay for importing Kopf.
     from webhook.handlers import run
 
+    # The process's one Prometheus registry (no global default registry), passed down.
+    registry = CollectorRegistry()
     try:
-        asyncio.run(run(settings))
+        asyncio.run(run(settings, registry=registry))
     except (CertificateError, OSError) as exc:
         print(f"hami-webhook: {exc}", file=sys.stderr)
         return 1

@@ -64,6 +64,8 @@ class WebhookSettings:
     service_namespace: str = "kube-system"
     failure_policy: str = "Fail"
     health_listen: Address = field(default_factory=lambda: Address(host="0.0.0.0", port=8081))
+    #: ``GET /metrics`` (Prometheus); its own port because Kopf's liveness server has one fixed route.
+    metrics_listen: Address = field(default_factory=lambda: Address(host="0.0.0.0", port=8082))
     #: Seconds between re-reads of the certificate files (Kopf restarts its listener when they change).
     cert_check_interval: float = 60.0
     log_level: str = "INFO"
@@ -114,6 +116,7 @@ _FLAGS: dict[str, tuple[str | None, str]] = {
     "device-config": (None, "HAMi device-config YAML (top-level key nvidia:)"),
     "failure-policy": ("Fail", "failurePolicy of the managed webhook: Fail or Ignore"),
     "health-listen": ("0.0.0.0:8081", "HOST:PORT serving GET /healthz"),
+    "metrics-listen": ("0.0.0.0:8082", "HOST:PORT serving GET /metrics (Prometheus)"),
     "max-cards-per-container": ("16", "refuse containers asking for more cards than this"),
     "cert-check-interval": ("60", "seconds between re-reads of the certificate files"),
     "log-level": ("INFO", "DEBUG, INFO, WARNING or ERROR"),
@@ -199,6 +202,7 @@ def settings_from_args(args: argparse.Namespace) -> WebhookSettings:
         service_namespace=args.service_namespace,
         failure_policy=args.failure_policy,
         health_listen=parse_address("--health-listen", args.health_listen),
+        metrics_listen=parse_address("--metrics-listen", args.metrics_listen),
         cert_check_interval=_number("cert-check-interval", args.cert_check_interval, float, 0.01),
         log_level=args.log_level.upper(),
         mutation=mutation,

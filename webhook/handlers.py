@@ -10,6 +10,9 @@ shared state are passed in, never module globals):
 * with ``--manage-config``, ``on.event`` on our MutatingWebhookConfiguration re-applies the scoping
   Kopf cannot express (``webhook.registration``).
 
+Metrics (``webhook.metrics``): the server subclass times every AdmissionReview around Kopf's own
+handling and classifies the response; the handler counts refusals by reason code.
+
 No pod handler is stateful (no ``on.create``/``on.update``), so Kopf writes no annotations or
 finalizers on pods; Kopf's k8s-event posting is off. Must not import ``kubernetes`` (the client is
 reached only through ``hami.kube``).
@@ -21,16 +24,19 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import kopf
+from prometheus_client import CollectorRegistry
 
 from hami.kube.client import load_api_client
 from webhook import certs, registration
 from webhook.config import HANDLER_ID, WebhookSettings
+from webhook.metrics import WebhookMetrics, serve_metrics
 from webhook.mutation import Refuse, plan
 
 logger = logging.getLogger("hami.webhook")
@@ -47,19 +53,35 @@ class Published:
 
 
 class PublishingWebhookServer(kopf.WebhookServer):
-    """Kopf's HTTPS server, also recording each client config it yields (start-up and every rotation)."""
+    """Kopf's HTTPS server, also recording each client config it yields (start-up and every rotation)
+    and timing every admission (``fn`` is Kopf's documented ``WebhookFn``: request in, review out)."""
 
-    def __init__(self, *, published: Published, **kwargs: Any) -> None:
+    def __init__(self, *, published: Published, metrics: WebhookMetrics, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.published = published
+        self.metrics = metrics
 
     async def __call__(self, fn: Any) -> AsyncIterator[Any]:
-        async for client_config in super().__call__(fn):
+        metrics = self.metrics
+
+        async def timed(request: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            response = None
+            try:
+                response = await fn(request, **kwargs)
+            finally:
+                # a raised error (malformed review) is answered 4xx by Kopf: counted as "error"
+                metrics.answered(response, time.perf_counter() - started)
+            return response
+
+        async for client_config in super().__call__(timed):
             self.published.client_config = dict(client_config)
             yield client_config
 
 
-def operator_settings(settings: WebhookSettings, published: Published) -> kopf.OperatorSettings:
+def operator_settings(
+    settings: WebhookSettings, published: Published, metrics: WebhookMetrics
+) -> kopf.OperatorSettings:
     """Kopf's settings: standalone, no k8s-event posting, our server and (optionally) managed config."""
     kopf_settings = kopf.OperatorSettings()
     kopf_settings.peering.standalone = True
@@ -70,6 +92,7 @@ def operator_settings(settings: WebhookSettings, published: Published) -> kopf.O
     ca_file = tls / certs.CA_CERT
     kopf_settings.admission.server = PublishingWebhookServer(
         published=published,
+        metrics=metrics,
         addr=settings.listen.host,
         port=settings.listen.port or None,  # None: Kopf picks a free port (and re-publishes the URL)
         certfile=str(tls / certs.TLS_CERT),
@@ -81,7 +104,9 @@ def operator_settings(settings: WebhookSettings, published: Published) -> kopf.O
     return kopf_settings
 
 
-def build_registry(settings: WebhookSettings, published: Published) -> kopf.OperatorRegistry:
+def build_registry(
+    settings: WebhookSettings, published: Published, metrics: WebhookMetrics
+) -> kopf.OperatorRegistry:
     """Register the handlers of one operator run; everything they need is closed over, not global."""
     registry = kopf.OperatorRegistry()
 
@@ -117,7 +142,8 @@ def build_registry(settings: WebhookSettings, published: Published) -> kopf.Oper
         metadata = pod.get("metadata") or {}
         name = f"{metadata.get('namespace')}/{metadata.get('name') or metadata.get('generateName', '')}"
         if isinstance(decision, Refuse):
-            logger.info("refused pod %s: %s", name, decision.message)
+            logger.info("refused pod %s (%s): %s", name, decision.reason, decision.message)
+            metrics.refused(decision.reason)
             raise kopf.AdmissionError(decision.message, code=decision.code)
         for key, value in decision.spec.items():
             patch.spec[key] = value
@@ -169,22 +195,30 @@ async def renew_forever(settings: WebhookSettings, *, interval: float = RENEW_CH
 async def run(
     settings: WebhookSettings,
     *,
+    registry: CollectorRegistry | None = None,
     stop_flag: asyncio.Event | threading.Event | None = None,
     ready_flag: asyncio.Event | threading.Event | None = None,
 ) -> None:
-    """Prepare the certificates, then run the operator until ``stop_flag`` (or a signal) stops it."""
+    """Prepare the certificates, then run the operator until ``stop_flag`` (or a signal) stops it.
+
+    ``registry`` is the Prometheus registry the entry point built (a fresh one when not given).
+    """
     outcome = await asyncio.to_thread(
         certs.ensure_certificates, settings.tls_dir, settings.hostnames, now=datetime.now(UTC)
     )
     logger.info("certificates in %s %s %s", settings.tls_dir, outcome.action, outcome.reason)
     published = Published()
-    # Created before kopf.operator starts, so Kopf's shutdown leaves it to us.
+    metrics = WebhookMetrics(registry if registry is not None else CollectorRegistry())
+    # Created before kopf.operator starts, so Kopf's shutdown leaves them to us.
     renewer = asyncio.create_task(renew_forever(settings), name="hami-webhook-cert-renewal")
+    exporter = asyncio.create_task(
+        serve_metrics(metrics, settings.metrics_listen), name="hami-webhook-metrics"
+    )
     health = settings.health_listen
     try:
         await kopf.operator(
-            registry=build_registry(settings, published),
-            settings=operator_settings(settings, published),
+            registry=build_registry(settings, published, metrics),
+            settings=operator_settings(settings, published, metrics),
             clusterwide=True,
             standalone=True,
             liveness_endpoint=f"http://{health.host}:{health.port}/healthz",
@@ -192,6 +226,7 @@ async def run(
             ready_flag=ready_flag,
         )
     finally:
-        renewer.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await renewer
+        for task in (renewer, exporter):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

@@ -117,7 +117,7 @@ async def test_mutation_golden_patch(
         assert mutated == pod
 
 
-@pytest.mark.parametrize(("pod", "message", "code"), [r[1:] for r in REFUSALS], ids=[r[0] for r in REFUSALS])
+@pytest.mark.parametrize(("pod", "message", "code"), [r[1:4] for r in REFUSALS], ids=[r[0] for r in REFUSALS])
 async def test_refusal(webhook: Webhook, pod: dict[str, Any], message: str, code: int) -> None:
     response = await webhook.admit(pod)
     assert response["allowed"] is False

@@ -123,9 +123,9 @@ async def test_secret_is_created_for_the_service_names(
     key = serialization.load_pem_private_key(data["tls.key"], password=None)
     cert = x509.load_pem_x509_certificate(data["tls.crt"])
     public = serialization.PublicFormat.SubjectPublicKeyInfo
-    assert key.public_key().public_bytes(serialization.Encoding.DER, public) == cert.public_key().public_bytes(
+    assert key.public_key().public_bytes(
         serialization.Encoding.DER, public
-    )
+    ) == cert.public_key().public_bytes(serialization.Encoding.DER, public)
     left = cert.not_valid_after_utc - datetime.now(UTC)
     assert timedelta(days=399) < left <= timedelta(days=400)
 
@@ -221,7 +221,9 @@ async def test_reissue_publishes_the_bundle_before_the_certificate_changes(
     assert done.index(mwc_patch) < done.index(secret_patch)
 
 
-async def test_install_without_a_configuration_yet(apiserver: kmock.KubernetesEmulator, kubeconfig: Path) -> None:
+async def test_install_without_a_configuration_yet(
+    apiserver: kmock.KubernetesEmulator, kubeconfig: Path
+) -> None:
     assert await make_secret(kubeconfig, extra=f"--webhook-config={MWC}") == 0
     assert set(secret_data(apiserver)) == {"ca.crt", "tls.crt", "tls.key"}
 
@@ -234,7 +236,9 @@ def test_bad_days_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 # ------------------------------------------------------------------------------------------ inject
-async def test_inject_fills_every_webhook_entry(apiserver: kmock.KubernetesEmulator, kubeconfig: Path) -> None:
+async def test_inject_fills_every_webhook_entry(
+    apiserver: kmock.KubernetesEmulator, kubeconfig: Path
+) -> None:
     assert await make_secret(kubeconfig) == 0
     ca = secret_data(apiserver)["ca.crt"]
     stale = base64.b64encode(certs.make_ca(now=datetime.now(UTC)).ca_cert).decode()
@@ -280,6 +284,6 @@ async def test_the_module_runs_as_the_chart_calls_it(
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )
-        out, err = await asyncio.wait_for(process.communicate(), 30)
+        _, err = await asyncio.wait_for(process.communicate(), 30)
         assert process.returncode == 0, err.decode()
     assert ca_bundles(apiserver) == [secret_data(apiserver)["ca.crt"]]

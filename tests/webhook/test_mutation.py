@@ -11,7 +11,7 @@ from webhook_cases import CORES, DEFAULT, GPU, MEM, PCT, PRIO, REFUSALS, ctr, ma
 from hami.annotations import INTERNAL_POD_ANNOTATIONS
 from hami.settings import DeviceConfig, ResourceNames
 from webhook.config import MutationSettings
-from webhook.mutation import Admit, Refuse, apply, plan
+from webhook.mutation import REFUSAL_REASONS, Admit, Refuse, apply, plan
 
 
 def admitted(pod: dict[str, Any], settings: MutationSettings = DEFAULT) -> dict[str, Any]:
@@ -208,9 +208,12 @@ def test_untouched(pod: dict[str, Any], settings: MutationSettings, note: str) -
 # ------------------------------------------------------------------------------------------- refusals
 
 
-@pytest.mark.parametrize(("pod", "message", "code"), [r[1:] for r in REFUSALS], ids=[r[0] for r in REFUSALS])
-def test_refusals(pod: dict[str, Any], message: str, code: int) -> None:
-    assert plan(pod, DEFAULT) == Refuse(message=message, code=code)
+@pytest.mark.parametrize(
+    ("pod", "message", "code", "reason"), [r[1:] for r in REFUSALS], ids=[r[0] for r in REFUSALS]
+)
+def test_refusals(pod: dict[str, Any], message: str, code: int, reason: str) -> None:
+    assert plan(pod, DEFAULT) == Refuse(message=message, code=code, reason=reason)
+    assert reason in REFUSAL_REASONS
 
 
 def test_count_zero_default_refuses_memory_only() -> None:
@@ -219,6 +222,7 @@ def test_count_zero_default_refuses_memory_only() -> None:
         message='container "t": asks for nvidia.com/gpumem without nvidia.com/gpu, '
         "and defaultGPUNum is 0; set the card count",
         code=422,
+        reason="no_card_count",
     )
 
 
@@ -226,7 +230,9 @@ def test_max_cards_is_configurable() -> None:
     settings = replace(DEFAULT, max_cards_per_container=4)
     assert isinstance(plan(make_pod(ctr(limits={GPU: "4"})), settings), Admit)
     assert plan(make_pod(ctr("t", limits={GPU: "5"})), settings) == Refuse(
-        message='container "t": nvidia.com/gpu "5" asks for more than 4 cards', code=422
+        message='container "t": nvidia.com/gpu "5" asks for more than 4 cards',
+        code=422,
+        reason="too_many_cards",
     )
 
 
@@ -241,7 +247,9 @@ def test_forged_internal_annotation_refused_on_every_new_pod(key: str, pod_kind:
     labels = {"hami.io/webhook": "ignore"} if pod_kind == "ignored" else None
     pod = make_pod(ctr(limits=limits), annotations={key: "forged", "other": "x"}, labels=labels, **extra)
     assert plan(pod, DEFAULT) == Refuse(
-        message=f"annotation {key} is written by HAMi only; a new pod may not carry it", code=403
+        message=f"annotation {key} is written by HAMi only; a new pod may not carry it",
+        code=403,
+        reason="forged_annotation",
     )
 
 
@@ -253,6 +261,7 @@ def test_all_forged_keys_are_listed() -> None:
         message="annotation hami.io/vgpu-node is written by HAMi only; "
         "annotation hami.io/bind-phase is written by HAMi only; a new pod may not carry it",
         code=403,
+        reason="forged_annotation",
     )
 
 
