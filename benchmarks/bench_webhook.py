@@ -126,6 +126,8 @@ def _webhook_process(api_url: str, workdir: Path) -> Iterator[subprocess.Popen[b
         CONFIG_NAME,
         "--health-listen",
         f"127.0.0.1:{_free_port()}",
+        "--metrics-listen",
+        f"127.0.0.1:{_free_port()}",
         "--log-level",
         "WARNING",
     ]

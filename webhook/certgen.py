@@ -214,6 +214,7 @@ async def ensure_secret(
 ) -> SecretOutcome:
     """Create, keep or re-issue the TLS Secret (see the module docstring)."""
     where = f"Secret {namespace}/{name}"
+    published_unused = False
     for attempt in range(1, ATTEMPTS + 1):
         try:
             secret = await get_secret(api, namespace, name)
@@ -234,11 +235,14 @@ async def ensure_secret(
             except Conflict:
                 if attempt == ATTEMPTS:
                     raise
+                published_unused = True
                 continue  # another Job made it meanwhile: judge that one
             return SecretOutcome(action="created", reason=f"{where} did not exist")
         old = secret.get("data") or {}
         reason = renewal_needed(old, hostnames, now=now, before=renew_before(validity), where=where)
         if not reason:
+            if published_unused:  # we published a CA that lost the race: publish the winner's
+                await _publish_first(api, webhook_config, old)
             return SecretOutcome(action="kept")
         data = issue_data(hostnames, now=now, validity=validity, previous=old)
         await _publish_first(api, webhook_config, data)

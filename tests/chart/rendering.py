@@ -59,7 +59,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "custom-scheduler-name": {
         "schedulerName": "gpu-share",
         "scheduler": {"nodeSchedulerPolicy": "spread", "gpuSchedulerPolicy": "topology-aware", "port": 8181},
-        "webhook": {"port": 10443, "healthPort": 10081, "failurePolicy": "Ignore"},
+        "webhook": {"port": 10443, "healthPort": 10081, "metricsPort": 10082, "failurePolicy": "Ignore"},
     },
     "everything-on": {
         "fullnameOverride": "gpu",

@@ -1,17 +1,42 @@
 """RBAC: least privilege, every rule documented, each role bound to the pod that uses it.
 
 The permission tables below are the chart's contract, one line per API call the component's code
-makes (see the comments in the templates). A later test runs each component against kmock and
-checks, with ``grant_for_request``/``allows``, that the recorded requests need exactly these.
+makes (see the comments in the templates). The certificate Jobs' command lines run against kmock
+here, and the requests they make map (``grant_for_request``) onto exactly their grants; the webhook's
+(none) is checked the same way in ``tests/webhook/test_chart_mode.py``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import re
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
+import kmock
 import pytest
 
-from .rendering import CHART, Grant, allows, grant_for_request, grants, labels, pod_spec, render
+from webhook import certs
+from webhook.certgen import main as certgen_main
+from webhook.config import service_hostnames
+
+from .rendering import (
+    CHART,
+    NAMESPACE,
+    Grant,
+    allows,
+    argv,
+    container,
+    flags,
+    grant_for_request,
+    grants,
+    labels,
+    pod_spec,
+    render,
+)
+
+MWC_COLLECTION = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
 
 SCHEDULER = {
     Grant("", "nodes", "get"),
@@ -32,12 +57,8 @@ NODE_AGENT = {
     Grant("", "pods", "list"),
     Grant("", "pods", "patch"),
 }
-WEBHOOK = {
-    Grant("", "namespaces", "list"),
-    Grant("", "namespaces", "watch"),
-    Grant("apiextensions.k8s.io", "customresourcedefinitions", "list"),
-    Grant("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
-}
+#: Admission needs no API access; Kopf reads only discovery (tests/webhook/test_chart_mode.py).
+WEBHOOK: set[Grant] = set()
 CERTGEN = {
     Grant("", "secrets", "create"),
     Grant("", "secrets", "get", "hami-webhook-tls"),
@@ -154,3 +175,41 @@ def test_permission_check_honours_resource_names() -> None:
     assert not allows(granted, Grant("", "secrets", "get", "someone-elses"))
     assert allows(granted, grant_for_request("POST", "/api/v1/namespaces/hami-system/secrets"))
     assert not allows(grants(render(), "scheduler"), grant_for_request("DELETE", "/api/v1/nodes/n1"))
+
+
+async def test_certificate_jobs_need_exactly_their_grants(
+    apiserver: kmock.KubernetesEmulator, kubeconfig: Path
+) -> None:
+    """Run the rendered Jobs' command lines (install, then an upgrade that must re-issue) against the
+    embedded API server; the requests they make need exactly the certgen roles' grants."""
+    rendered = render()
+    jobs = {job["metadata"]["name"].rpartition("-")[2]: job for job in rendered.of_kind("Job")}
+    create, inject = (argv(container(jobs[k], "certgen"))[3:] for k in ("create", "inject"))
+    config = rendered.component("MutatingWebhookConfiguration", "webhook")
+    secret = flags(container(jobs["create"], "certgen"))["secret"]
+
+    async def run(command: list[str]) -> None:
+        assert await asyncio.to_thread(certgen_main, [*command, f"--kubeconfig={kubeconfig}"], {}) == 0
+
+    await run(create)  # pre-install: no configuration yet
+    response = await apiserver.post(MWC_COLLECTION, json=config)  # Helm creates the chart's objects
+    assert response.status in (200, 201)
+    await run(inject)  # post-install
+    # an upgrade with a certificate about to expire: re-issued, published first
+    hostnames = service_hostnames(rendered.component("Service", "webhook")["metadata"]["name"], NAMESPACE)
+    expiring = certs.generate(hostnames, now=datetime.now(UTC) - timedelta(days=350))
+    data = {"ca.crt": expiring.ca_cert, "tls.crt": expiring.cert, "tls.key": expiring.key}
+    encoded = {key: base64.b64encode(value).decode() for key, value in data.items()}
+    response = await apiserver.patch(
+        f"/api/v1/namespaces/{NAMESPACE}/secrets/{secret}", json={"data": encoded}
+    )
+    assert response.status == 200
+    await run(create)
+    await run(inject)
+
+    made = [
+        grant_for_request(str(r.method.value), r.url.path, dict(r.params))
+        for r in list(apiserver)
+        if r.headers.get("User-Agent", "").startswith("OpenAPI-Generator")  # the command's client
+    ]
+    assert set(made) == grants(rendered, "certgen") == CERTGEN

@@ -246,7 +246,7 @@ def test_service_monitors_only_when_asked() -> None:
     assert render().of_kind("ServiceMonitor") == []
     rendered = render(VALUE_SETS["everything-on"])
     monitors = {m["metadata"]["name"]: m for m in rendered.of_kind("ServiceMonitor")}
-    assert set(monitors) == {"gpu-scheduler", "gpu-node-agent"}
+    assert set(monitors) == {"gpu-scheduler", "gpu-webhook", "gpu-node-agent"}
     for name, monitor in monitors.items():
         service = rendered.one("Service", name)
         assert monitor["spec"]["selector"]["matchLabels"].items() <= labels(service).items()

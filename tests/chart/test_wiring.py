@@ -243,7 +243,9 @@ def test_webhook_server_and_its_service_agree(values: dict[str, Any], tmp_path: 
     target = webhook["clientConfig"]["service"]
 
     # the API server -> Service:443 -> container port "https" -> the address Kopf listens on
-    (service_port,) = service["spec"]["ports"]
+    ports = {p["name"]: p for p in service["spec"]["ports"]}
+    assert set(ports) == {"https", "metrics"}
+    service_port = ports["https"]
     assert (target["name"], target["namespace"]) == (service["metadata"]["name"], NAMESPACE)
     assert target["port"] == service_port["port"] == 443
     assert settings.listen.port == port(ours, service_port["targetPort"])
@@ -260,6 +262,10 @@ def test_webhook_server_and_its_service_agree(values: dict[str, Any], tmp_path: 
     # health probes hit the health listener
     assert ours["readinessProbe"]["httpGet"]["port"] == "health"
     assert settings.health_listen.port == port(ours, "health")
+    # Prometheus: Service port "metrics" -> container port "metrics" -> the metrics listener
+    assert ports["metrics"]["targetPort"] == "metrics"
+    assert settings.metrics_listen.port == port(ours, "metrics")
+    assert settings.metrics_listen.port != settings.health_listen.port != settings.listen.port
     # the mutation uses the chart's scheduler and resource names
     assert settings.mutation.scheduler_name == scheduler_name(values)
     assert settings.mutation.device.resources == expected_names(values)

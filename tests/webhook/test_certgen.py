@@ -287,3 +287,27 @@ async def test_the_module_runs_as_the_chart_calls_it(
         _, err = await asyncio.wait_for(process.communicate(), 30)
         assert process.returncode == 0, err.decode()
     assert ca_bundles(apiserver) == [secret_data(apiserver)["ca.crt"]]
+
+
+async def test_losing_a_creation_race_keeps_the_winner_and_publishes_its_ca(
+    apiserver: kmock.KubernetesEmulator, kubeconfig: Path
+) -> None:
+    await put_mwc(apiserver, [entry("vgpu.hami.io")])
+    winner = certs.generate(service_hostnames(SERVICE, NS), now=datetime.now(UTC))
+    encoded = {k: base64.b64encode(v).decode() for k, v in bundle_data(winner).items()}
+
+    async def someone_else_first(request: kmock.Request) -> Any:
+        # another Job created the Secret between our read and our create
+        apiserver.objects[SECRETS, NS, SECRET] = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": SECRET, "namespace": NS},
+            "data": encoded,
+        }
+        status = {"apiVersion": "v1", "kind": "Status", "reason": "AlreadyExists", "code": 409}
+        return kmock.Response(status=409, payload=status)
+
+    apiserver["post", SECRETS] << someone_else_first
+    assert await make_secret(kubeconfig, extra=f"--webhook-config={MWC}") == 0
+    assert secret_data(apiserver) == bundle_data(winner)
+    assert ca_bundles(apiserver) == [winner.ca_cert]

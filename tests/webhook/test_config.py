@@ -14,6 +14,7 @@ def test_defaults() -> None:
     settings = parse_settings([], {})
     assert settings == WebhookSettings()
     assert settings.listen == Address(host="0.0.0.0", port=9443)
+    assert settings.metrics_listen == Address(host="0.0.0.0", port=8082)
     assert settings.mutation.scheduler_name == "hami-scheduler"
     assert settings.mutation.force_overwrite_default_scheduler is True
 
@@ -26,9 +27,11 @@ def test_env_fallbacks_and_flags_win() -> None:
         "HAMI_FAILURE_POLICY": "Ignore",
         "HAMI_MAX_CARDS_PER_CONTAINER": "8",
         "HAMI_FORCE_OVERWRITE_DEFAULT_SCHEDULER": "false",
+        "HAMI_METRICS_LISTEN": "127.0.0.1:9100",
     }
     settings = parse_settings([], env)
     assert settings.listen == Address(host="127.0.0.1", port=7443)
+    assert settings.metrics_listen == Address(host="127.0.0.1", port=9100)
     assert settings.manage_config is True
     assert settings.failure_policy == "Ignore"
     assert settings.mutation.scheduler_name == "gpu-sched"
@@ -38,6 +41,7 @@ def test_env_fallbacks_and_flags_win() -> None:
     assert flagged.listen == Address(host="::1", port=8443)
     assert flagged.manage_config is False
     assert flagged.mutation.scheduler_name == "x"
+    assert parse_settings(["--metrics-listen", "0.0.0.0:9200"], env).metrics_listen.port == 9200
 
 
 def test_service_names_become_hostnames() -> None:
@@ -68,6 +72,7 @@ def test_device_config_file(tmp_path: Path) -> None:
     [
         (["--listen", "9443"], {}, "--listen must be HOST:PORT, got '9443'"),
         (["--health-listen", "host:http"], {}, "--health-listen must be HOST:PORT, got 'host:http'"),
+        ([], {"HAMI_METRICS_LISTEN": ":x"}, "--metrics-listen must be HOST:PORT, got ':x'"),
         (["--failure-policy", "Never"], {}, "--failure-policy must be Fail or Ignore, got 'Never'"),
         (["--max-cards-per-container", "0"], {}, "--max-cards-per-container must be at least 1, got '0'"),
         (["--cert-check-interval", "soon"], {}, "--cert-check-interval must be a number, got 'soon'"),

@@ -121,6 +121,7 @@ async def test_console_script_runs_and_exits_cleanly(cluster: Cluster, tmp_path:
         sys.executable, "-m", "webhook", "--kubeconfig", str(cluster.kubeconfig),
         "--listen", str(settings.listen), "--tls-dir", str(settings.tls_dir), "--manage-config",
         "--config-name", settings.config_name, "--health-listen", str(settings.health_listen),
+        "--metrics-listen", str(settings.metrics_listen),
     ]  # fmt: skip
     process = await asyncio.create_subprocess_exec(*command, stderr=asyncio.subprocess.PIPE)
     try:

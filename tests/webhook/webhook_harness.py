@@ -93,6 +93,7 @@ def operator_settings(cluster: Cluster, tls_dir: Path, **overrides: Any) -> Webh
         service_name="hami-webhook",
         service_namespace="hami-system",
         health_listen=Address(host="127.0.0.1", port=free_port()),
+        metrics_listen=Address(host="127.0.0.1", port=free_port()),
         cert_check_interval=0.1,
         log_level="DEBUG",
     )
