@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -186,8 +187,6 @@ class EmbeddedSystem:
 
     async def restart_scheduler(self, *, kill: bool = True) -> None:
         """Stop the scheduler process (SIGKILL when ``kill``, as a crash) and start it again."""
-        import signal  # local: only the restart path needs it
-
         await self.supervisor.stop(SCHEDULER, sig=signal.SIGKILL if kill else signal.SIGTERM)
         await self.start_scheduler()
 
@@ -203,6 +202,7 @@ class EmbeddedSystem:
             "--device-config", str(self.device_config),
             "--failure-policy", "Fail",
             "--health-listen", f"127.0.0.1:{health}",
+            "--metrics-listen", f"127.0.0.1:{free_port()}",
             "--log-level", self.options.log_level,
         )  # fmt: skip
         await self.supervisor.start(WEBHOOK, argv)
