@@ -65,8 +65,12 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "fullnameOverride": "gpu",
         "image": {"registry": "registry.example.com", "tag": "1.2.3"},
         "imagePullSecrets": [{"name": "pull"}],
-        "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}},
+        "metrics": {
+            "serviceMonitor": {"enabled": True, "labels": {"release": "prom"}},
+            "dashboard": {"enabled": True},
+        },
         "nodeAgent": {
+            "legacyMetrics": True,
             "backend": "sim",
             "simDevices": {"cards": [{"uuid": "GPU-sim-0", "model": "NVIDIA A100", "memory_mib": 40960}]},
             "nodeConfig": [{"name": "node-1", "devicesplitcount": 4, "devicememoryscaling": 1.5}],
