@@ -1,1 +1,6 @@
-"""The only package that talks to the Kubernetes API (through the official ``kubernetes`` client)."""
+"""The only package that talks to the Kubernetes API (through the official ``kubernetes`` client).
+
+Modules: ``client`` (client factory, request timeout, error types, running sync calls off the event
+loop), ``nodes``, ``pods``, ``events``, ``nodelock`` (the compare-and-set node lock) and ``watch``
+(list + watch threads feeding an asyncio loop). Objects travel as raw JSON dicts.
+"""

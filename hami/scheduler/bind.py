@@ -13,6 +13,8 @@ Must not import the Kubernetes client (only ``hami.kube``) or aiohttp.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from typing import Any
 
@@ -30,7 +32,7 @@ from hami.core.allocate import fit_node
 from hami.core.model import Allocation, PodRequest
 from hami.core.usage import pod_usage
 from hami.kube.client import KubeError, NotFound
-from hami.kube.nodelock import acquire_node_lock, release_node_lock
+from hami.kube.nodelock import NodeLockBusy, acquire_node_lock, release_node_lock
 from hami.kube.pods import bind_pod, get_pod, patch_pod
 from hami.scheduler.context import Context, pod_ref
 from hami.scheduler.snapshot import PodRecord, local_time
@@ -69,19 +71,20 @@ async def handle_bind(ctx: Context, args: ExtenderBindingArgs) -> ExtenderBindin
 
     locked = booked = False
     try:
-        now = ctx.clock()
-        _decide(ctx, request, node, key)  # fail fast, without locking, when it cannot fit anyway
-        await acquire_node_lock(
-            ctx.api, node, namespace, name, now=now, expiry=ctx.settings.node_lock_timeout
-        )
-        locked = True
-        # decide and book with no await in between: the next bind on this loop sees the booking
-        decision = _decide(ctx, request, node, key)
-        annotations = allocation_annotations(node=node, devices=decision.devices, mig=decision.mig, now=now)
-        usage = pod_usage(decision.devices, request.init_count, init_done=False, mig=decision.mig)
-        record = PodRecord(node=node, usage=usage, allocated=annotations[POD_DEVICES_ALLOCATED])
-        ctx.snapshot.book(key, record)
-        booked = True
+        async with ctx.node_queue(node):
+            _decide(ctx, request, node, key)  # fail fast, without locking, when it cannot fit anyway
+            await _acquire(ctx, node, namespace, name)
+            locked = True
+            # decide and book with no await in between: the next bind on this loop sees the booking
+            now = ctx.clock()
+            decision = _decide(ctx, request, node, key)
+            annotations = allocation_annotations(
+                node=node, devices=decision.devices, mig=decision.mig, now=now
+            )
+            usage = pod_usage(decision.devices, request.init_count, init_done=False, mig=decision.mig)
+            record = PodRecord(node=node, usage=usage, allocated=annotations[POD_DEVICES_ALLOCATED])
+            ctx.snapshot.book(key, record)
+            booked = True
         annotations.update(bind_annotations(BindPhase.ALLOCATING, now=now))
         await patch_pod(ctx.api, namespace, name, annotations=annotations, labels={POD_VGPU_NODE: node})
         await bind_pod(ctx.api, namespace, name, node, uid or None)
@@ -89,6 +92,31 @@ async def handle_bind(ctx: Context, args: ExtenderBindingArgs) -> ExtenderBindin
         await _undo(ctx, namespace, name, node, booked=booked, locked=locked)
         return _failed(ctx, pod, node, str(exc))
     return _succeeded(ctx, pod, node)
+
+
+async def _acquire(ctx: Context, node: str, namespace: str, name: str) -> None:
+    """Take the node lock; while another pod holds it, wait up to ``--node-lock-wait`` seconds.
+
+    The wait listens to the node watch (a change of the lock annotation triggers a new attempt) and
+    re-checks at least every second in case an event is slow; 0 fails at once, as HAMi does.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + ctx.settings.node_lock_wait
+    while True:
+        change = ctx.snapshot.lock_change(node)  # registered before reading: no change is missed
+        try:
+            await acquire_node_lock(
+                ctx.api, node, namespace, name, now=ctx.clock(), expiry=ctx.settings.node_lock_timeout
+            )
+            return
+        except NodeLockBusy:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(change, timeout=min(remaining, 1.0))
+        finally:
+            change.cancel()
 
 
 def _decide(ctx: Context, request: PodRequest, node: str, key: tuple[str, str]) -> Allocation:

@@ -11,7 +11,7 @@ import asyncio
 import datetime
 import logging
 from collections.abc import Callable, Coroutine, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from hami.kube.client import KubeError
@@ -57,6 +57,19 @@ class Background:
         return len(self._tasks)
 
 
+class NodeQueues:
+    """One asyncio lock per node: binds to the same node in this process decide one at a time."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    def __call__(self, node: str) -> asyncio.Lock:
+        lock = self._locks.get(node)
+        if lock is None:
+            lock = self._locks[node] = asyncio.Lock()
+        return lock
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Context:
     settings: SchedulerSettings
@@ -65,6 +78,7 @@ class Context:
     metrics: Metrics
     background: Background
     clock: Callable[[], datetime.datetime] = utc_now
+    node_queue: NodeQueues = field(default_factory=NodeQueues)
 
     def event(self, involved: Mapping[str, Any], reason: str, message: str, *, warning: bool = False) -> None:
         """Record an Event in the background (an Event must never delay or fail an answer)."""

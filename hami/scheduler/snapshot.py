@@ -28,6 +28,7 @@ Kubernetes client or aiohttp.
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -38,6 +39,7 @@ from hami.annotations import (
     NO_GPU,
     NODE_DEVICE_CORDON,
     NODE_HANDSHAKE,
+    NODE_LOCK,
     NODE_PAIR_SCORES,
     NODE_REGISTER,
     POD_BIND_PHASE,
@@ -79,6 +81,7 @@ class NodeEntry:
     allocatable: int = 0
     stale_after: datetime.datetime | None = None  # naive local time, like the handshake stamp
     reported: set[str] = field(default_factory=set)  # malformed texts already reported
+    lock: str | None = None  # hami.io/mutex.lock as last seen
 
 
 def _annotations(obj: Mapping[str, Any]) -> Mapping[str, str]:
@@ -130,6 +133,7 @@ class Snapshot:
         self._bookings: dict[PodKey, PodRecord] = {}
         self._applied: dict[PodKey, PodRecord] = {}
         self._init_done: set[PodKey] = set()
+        self._lock_waiters: dict[str, list[asyncio.Future[None]]] = {}
         self.nodes_synced = False
         self.pods_synced = False
         self.pod_events = 0
@@ -153,7 +157,9 @@ class Snapshot:
     def node_event(self, kind: str, obj: Mapping[str, Any]) -> None:
         self.node_events += 1
         if kind == "DELETED":
-            self._nodes.pop(str((obj.get("metadata") or {}).get("name") or ""), None)
+            name = str((obj.get("metadata") or {}).get("name") or "")
+            self._nodes.pop(name, None)
+            self._lock_changed(name)
         else:
             self._upsert_node(obj)
 
@@ -177,6 +183,10 @@ class Snapshot:
         else:
             entry.stale_after = None
         entry.handshake = handshake_text
+        lock = annotations.get(NODE_LOCK)
+        if lock != entry.lock:
+            entry.lock = lock
+            self._lock_changed(name)
         signature = (
             annotations.get(NODE_REGISTER),
             annotations.get(NODE_PAIR_SCORES),
@@ -306,16 +316,39 @@ class Snapshot:
     def record(self, key: PodKey) -> PodRecord | None:
         return self._applied.get(key)
 
+    # ------------------------------------------------------------------------------- node locks
+
+    def lock_of(self, name: str) -> str | None:
+        """The node's ``hami.io/mutex.lock`` as the watch last showed it."""
+        entry = self._nodes.get(name)
+        return entry.lock if entry is not None else None
+
+    def lock_change(self, name: str) -> asyncio.Future[None]:
+        """A future resolved the next time the node's lock annotation changes (or the node goes)."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._lock_waiters.setdefault(name, []).append(future)
+        return future
+
+    def _lock_changed(self, name: str) -> None:
+        for future in self._lock_waiters.pop(name, ()):
+            if not future.done():
+                future.set_result(None)
+
     # ----------------------------------------------------------------------------------- queries
 
     def problem(self, name: str, local_now: datetime.datetime) -> str | None:
-        """Why ``name`` cannot take GPU pods at ``local_now`` (naive local time, see :func:`local_time`)."""
+        """Why ``name`` cannot take GPU pods at ``local_now`` (naive local time, see :func:`local_time`;
+        an aware time is converted)."""
         entry = self._nodes.get(name)
         if entry is None:
             return UNREGISTERED
         if entry.problem is not None:
             return entry.problem
-        if entry.stale_after is not None and local_now >= entry.stale_after:
+        if entry.stale_after is None:
+            return None
+        if local_now.tzinfo is not None:
+            local_now = local_time(local_now)
+        if local_now >= entry.stale_after:
             return (
                 f"{UNREGISTERED}: handshake {entry.handshake!r} unanswered and "
                 f"{self._count_resource} allocatable is 0"

@@ -1,4 +1,4 @@
-"""Builders and the running extender for the scheduler tests.
+"""The running extender for the scheduler tests.
 
 ``start_extender`` runs the real aiohttp app under ``aiohttp.test_utils.TestServer`` on 127.0.0.1, fed by
 list+watch from this test's embedded API server (kmock); the clock is fixed at ``NOW``.
@@ -6,10 +6,8 @@ list+watch from this test's embedded API server (kmock); the clock is fixed at `
 
 from __future__ import annotations
 
-import asyncio
-import datetime
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, replace
+from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,124 +15,17 @@ import kmock
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from hami.annotations import NODE_HANDSHAKE, NODE_REGISTER, HandshakeKind, encode_handshake, encode_node_devices
-from hami.core.model import Device
 from hami.kube.client import load_api_client
 from hami.scheduler.app import build_context, create_app
 from hami.scheduler.config import SchedulerSettings
-from hami.scheduler.context import Context
-from hami.scheduler.snapshot import local_time
 
-NOW = datetime.datetime(2026, 5, 1, 10, 0, 0, tzinfo=datetime.UTC)
-HANDSHAKE = encode_handshake(HandshakeKind.REQUESTING, local_time(NOW))
-
-
-def card(node: str, index: int, *, count: int = 10, memory: int = 10000, cores: int = 100) -> Device:
-    return Device(
-        uuid=f"GPU-{node}-{index}",
-        index=index,
-        count=count,
-        memory_mib=memory,
-        cores=cores,
-        type="NVIDIA-Tesla V100-PCIE-32GB",
-        mode="hami-core",
-        health=True,
-    )
-
-
-def make_node(
-    name: str,
-    cards: int = 2,
-    *,
-    memory: int = 10000,
-    count: int = 10,
-    register: str | None = None,
-    annotations: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    """A registered, healthy node (handshake answered, allocatable > 0) unless told otherwise."""
-    text = register if register is not None else encode_node_devices(
-        [card(name, i, count=count, memory=memory) for i in range(cards)]
-    )
-    merged = {NODE_REGISTER: text, NODE_HANDSHAKE: HANDSHAKE, **(annotations or {})}
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {"name": name, "annotations": merged},
-        "status": {"allocatable": {"nvidia.com/gpu": str(cards * count)}},
-    }
-
-
-def make_pod(
-    name: str,
-    *,
-    gpus: int = 1,
-    memory: int = 1000,
-    cores: int = 30,
-    annotations: dict[str, str] | None = None,
-    namespace: str = "default",
-) -> dict[str, Any]:
-    limits = {"nvidia.com/gpu": str(gpus), "nvidia.com/gpumem": str(memory), "nvidia.com/gpucores": str(cores)}
-    container: dict[str, Any] = {"name": "main", "image": "cuda"}
-    if gpus:
-        container["resources"] = {"limits": limits}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}", "annotations": annotations or {}},
-        "spec": {"schedulerName": "hami-scheduler", "containers": [container]},
-        "status": {"phase": "Pending"},
-    }
-
-
-async def until(predicate: Callable[[], bool], what: str, seconds: float = 5.0) -> None:
-    """Poll ``predicate`` on the loop until it holds, at most ``seconds``."""
-    deadline = asyncio.get_running_loop().time() + seconds
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.005)
-
-
-@dataclass
-class Extender:
-    ctx: Context
-    client: TestClient[Any, Any]
-    apiserver: kmock.KubernetesEmulator
-
-    async def post(self, path: str, body: Any) -> Any:
-        response = await self.client.post(path, json=body)
-        assert response.status == 200, await response.text()
-        return await response.json()
-
-    async def filter(self, pod: dict[str, Any], names: list[str]) -> Any:
-        return await self.post("/filter", {"Pod": pod, "Nodes": None, "NodeNames": names})
-
-    async def prioritize(self, pod: dict[str, Any], names: list[str]) -> Any:
-        return await self.post("/prioritize", {"Pod": pod, "Nodes": None, "NodeNames": names})
-
-    async def bind(self, name: str, node: str, namespace: str = "default") -> Any:
-        body = {"PodName": name, "PodNamespace": namespace, "PodUID": f"uid-{name}", "Node": node}
-        return await self.post("/bind", body)
-
-    async def stored(self, path: str) -> Any:
-        return await (await self.apiserver.get(path)).json()
-
-    async def pod(self, name: str, namespace: str = "default") -> Any:
-        return await self.stored(f"/api/v1/namespaces/{namespace}/pods/{name}")
-
-    async def node(self, name: str) -> Any:
-        return await self.stored(f"/api/v1/nodes/{name}")
-
-    async def settle(self) -> None:
-        """Wait for the background Events/handshakes to be written."""
-        await self.ctx.background.drain()
-
-
-StartExtender = Callable[..., Awaitable[Extender]]
+from .kit import NOW, Extender, StartExtender, until
 
 
 @pytest.fixture
-async def start_extender(apiserver: kmock.KubernetesEmulator, kubeconfig: Path) -> AsyncIterator[StartExtender]:
+async def start_extender(
+    apiserver: kmock.KubernetesEmulator, kubeconfig: Path
+) -> AsyncIterator[StartExtender]:
     """Seed objects first (``nodes``/``pods``), then call to start the extender and wait for its snapshot."""
     running: list[tuple[TestClient[Any, Any], Any]] = []
 

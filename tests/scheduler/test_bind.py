@@ -7,11 +7,13 @@ from typing import Any
 
 import kmock
 import pytest
-from conftest import NOW, Extender, StartExtender, make_node, make_pod, until
 from kmock._internal.rendering import Response
 
-from hami.annotations import NODE_LOCK, POD_BIND_PHASE, decode_pod_devices
+from hami.annotations import NODE_LOCK, POD_BIND_PHASE, decode_node_lock, decode_pod_devices
 from hami.kube.nodelock import release_node_lock
+from hami.scheduler.snapshot import local_time
+
+from .kit import NOW, Extender, StartExtender, make_node, make_pod, until
 
 PODS = kmock.resource("v1/pods")
 EVENTS = kmock.resource("v1/events")
@@ -51,8 +53,10 @@ async def test_bind_writes_exactly_the_protocol_and_keeps_the_lock(start_extende
     (event,) = _events(ext, "BindingSucceed")
     assert event["message"] == "Successfully binding node [n1] to default/p"
     assert event["involvedObject"]["uid"] == "uid-p"
-    # exactly one pod patch (annotations and label together) and one binding
-    assert len(ext.apiserver["patch", PODS]) == 1
+    # exactly one pod patch of ours (annotations and label together) and one binding (the embedded
+    # server's binding reaction sets spec.nodeName with a patch of its own)
+    ours = [r.data for r in ext.apiserver["patch", PODS] if "metadata" in r.data]
+    assert len(ours) == 1 and set(ours[0]["metadata"]) == {"annotations", "labels"}
     assert len(ext.apiserver["post", PODS, kmock.subresource("binding")]) == 1
 
 
@@ -102,24 +106,29 @@ async def test_twenty_concurrent_binds_on_room_for_ten(start_extender: StartExte
     # 2 cards x 5000 MiB, pods of 1000 MiB: 5 per card, room for exactly 10
     names = [f"p{i:02d}" for i in range(20)]
     ext = await start_extender(
-        nodes=[make_node("n1", memory=5000)], pods=[make_pod(n, memory=1000, cores=10) for n in names]
+        nodes=[make_node("n1", memory=5000)],
+        pods=[make_pod(n, memory=1000, cores=10) for n in names],
+        node_lock_wait=20.0,
     )
-    pending, bound, full = list(names), [], []
-    while pending:
-        # everyone still waiting tries at once (kube-scheduler retries a failed bind); at most one
-        # gets the lock per round, and the stand-in agent releases it once that bind has answered
-        results = await asyncio.gather(*(ext.bind(n, "n1") for n in pending))
-        for name, result in zip(list(pending), results, strict=True):
-            if result["Error"] == "":
-                bound.append(name)
-                assert await release_node_lock(ext.ctx.api, "n1", "default", name)
-            elif "does not fit" in result["Error"]:
-                full.append(name)
-            else:
-                assert "has been locked" in result["Error"], result
-                continue
-            pending.remove(name)
-    assert len(bound) == 10 and len(full) == 10
+
+    async def agent() -> None:
+        """Stand-in node agent: releases each lock as soon as the watch shows it (Allocate done)."""
+        while True:
+            await until(lambda: bool(ext.ctx.snapshot.lock_of("n1")), "a node lock", seconds=30)
+            holder = decode_node_lock(ext.ctx.snapshot.lock_of("n1") or "")
+            assert holder.namespace is not None and holder.name is not None
+            await release_node_lock(ext.ctx.api, "n1", holder.namespace, holder.name)
+            await until(lambda: ext.ctx.snapshot.lock_of("n1") is None, "the release to be seen")
+
+    releaser = asyncio.create_task(agent())
+    try:
+        results = await asyncio.gather(*(ext.bind(n, "n1") for n in names))
+    finally:
+        releaser.cancel()
+    errors = [r["Error"] for r in results]
+    bound = [n for n, e in zip(names, errors, strict=True) if e == ""]
+    assert len(bound) == 10, errors
+    assert all("does not fit node n1" in e for e in errors if e), errors
     memory: dict[str, int] = {}
     for name in bound:
         annotations = (await ext.pod(name))["metadata"]["annotations"]
@@ -127,8 +136,9 @@ async def test_twenty_concurrent_binds_on_room_for_ten(start_extender: StartExte
             for grant in grants:
                 memory[grant.uuid] = memory.get(grant.uuid, 0) + grant.memory_mib
     assert memory == {"GPU-n1-0": 5000, "GPU-n1-1": 5000}  # full, never over
-    for name in full:
-        assert (await ext.pod(name))["metadata"]["annotations"][POD_BIND_PHASE] == "failed"
+    usage = ext.ctx.snapshot.candidate("n1", local_time(NOW))
+    assert not isinstance(usage, str)
+    assert [d.used_mem for d in usage.devices] == [5000, 5000]
 
 
 @pytest.mark.parametrize(
@@ -194,3 +204,15 @@ async def test_a_pod_watch_that_ends_is_resumed(
     assert len(apiserver[kmock.action.WATCH, PODS]) >= 1  # the replacement watch (the first was cut)
     result = await ext.filter(make_pod("p", memory=1000), ["n1"])
     assert result["FailedNodes"] == {"n1": "1/1 CardInsufficientMemory"}
+
+
+async def test_a_bounded_wait_for_a_busy_lock_gives_up(start_extender: StartExtender) -> None:
+    held = "2026-05-01T09:59:00Z,default,holder"
+    ext = await start_extender(
+        nodes=[make_node("n1", annotations={NODE_LOCK: held})],
+        pods=[make_pod("p"), make_pod("holder")],
+        node_lock_wait=0.2,
+    )
+    result = await ext.bind("p", "n1")
+    assert result["Error"] == "node n1 has been locked within 5m0s by default/holder"
+    assert await _lock(ext) == held

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import kmock
-from conftest import NOW, StartExtender, make_node, make_pod, until
 
 from hami.annotations import NODE_HANDSHAKE, NODE_REGISTER, POD_DEVICES_ALLOCATED, POD_VGPU_NODE
 from hami.scheduler.snapshot import local_time
 
+from .kit import NOW, StartExtender, make_node, make_pod, until
+
 EVENTS = kmock.resource("v1/events")
 
 
-def _events(apiserver: kmock.KubernetesEmulator, reason: str) -> list[dict[str, object]]:
+def _events(apiserver: kmock.KubernetesEmulator, reason: str) -> list[dict[str, Any]]:
     return [r.data for r in apiserver["post", EVENTS] if r.data["reason"] == reason]
 
 
@@ -43,25 +46,32 @@ async def test_filter_returns_every_fitting_node_and_why_the_others_fail(
     # each malformed registration got exactly one Warning Event on its Node
     await ext.settle()
     events = _events(ext.apiserver, "InvalidNodeRegistration")
-    assert sorted(e["involvedObject"]["name"] for e in events) == ["garbage", "no-register"]  # type: ignore[index]
-    garbage = next(e for e in events if e["involvedObject"]["name"] == "garbage")  # type: ignore[index]
+    assert sorted(e["involvedObject"]["name"] for e in events) == ["garbage", "no-register"]
+    garbage = next(e for e in events if e["involvedObject"]["name"] == "garbage")
     assert garbage["involvedObject"] == {"apiVersion": "v1", "kind": "Node", "name": "garbage"}
     assert garbage["type"] == "Warning"
-    assert str(garbage["message"]).startswith("node excluded from GPU scheduling: hami.io/node-nvidia-register")
+    assert str(garbage["message"]).startswith(
+        "node excluded from GPU scheduling: hami.io/node-nvidia-register"
+    )
     # filter is read-only: no pod was patched, nothing bound
     assert len(ext.apiserver["patch", kmock.resource("v1/pods")]) == 0
 
 
 async def test_used_cards_are_a_resolvable_failure(start_extender: StartExtender) -> None:
     busy = make_pod("busy", gpus=1, memory=9500)
-    busy["metadata"]["annotations"] = {POD_VGPU_NODE: "n1", POD_DEVICES_ALLOCATED: "GPU-n1-0,NVIDIA,9500,30:;"}
+    busy["metadata"]["annotations"] = {
+        POD_VGPU_NODE: "n1",
+        POD_DEVICES_ALLOCATED: "GPU-n1-0,NVIDIA,9500,30:;",
+    }
     ext = await start_extender(nodes=[make_node("n1", cards=1)], pods=[busy])
     result = await ext.filter(make_pod("p", memory=1000), ["n1"])
     assert result["NodeNames"] == []
     assert result["FailedNodes"] == {"n1": "1/1 CardInsufficientMemory"}
     await ext.settle()
     (event,) = _events(ext.apiserver, "FilteringFailed")
-    assert event["message"] == "no available node, 1 nodes do not meet: 1 nodes 1/1 CardInsufficientMemory(n1)"
+    assert (
+        event["message"] == "no available node, 1 nodes do not meet: 1 nodes 1/1 CardInsufficientMemory(n1)"
+    )
     assert event["involvedObject"]["name"] == "p"
     # the busy pod finishing frees the card: the watch applies it incrementally
     await ext.apiserver.patch("/api/v1/namespaces/default/pods/busy", json={"status": {"phase": "Succeeded"}})
@@ -78,22 +88,31 @@ async def test_a_pod_without_gpus_passes_through(start_extender: StartExtender) 
 
 async def test_template_nodes_are_judged_from_their_annotations_alone(start_extender: StartExtender) -> None:
     ext = await start_extender()
-    nodes = {"items": [make_node("tpl-big"), make_node("tpl-small", memory=100), make_node("tpl-bad", register="x")]}
+    nodes = {
+        "items": [
+            make_node("tpl-big"),
+            make_node("tpl-small", memory=100),
+            make_node("tpl-bad", register="x"),
+        ]
+    }
     body = {"Pod": make_pod("p", memory=1000), "Nodes": nodes, "NodeNames": None}
     result = await ext.post("/filter", body)
     assert [n["metadata"]["name"] for n in result["Nodes"]["items"]] == ["tpl-big"]
     assert result["NodeNames"] == ["tpl-big"]
     assert set(result["FailedAndUnresolvableNodes"]) == {"tpl-small", "tpl-bad"}
-    assert len(ext.apiserver["patch"]) == 0 or all(
-        "pods" not in str(r.url) for r in ext.apiserver["patch"]
-    )
+    assert len(ext.apiserver["patch"]) == 0 or all("pods" not in str(r.url) for r in ext.apiserver["patch"])
 
 
 async def test_prioritize_follows_the_node_policy_and_the_pod_override(start_extender: StartExtender) -> None:
     used = make_pod("used", gpus=1, memory=5000, cores=50)
     # n-half: one of one card, 1/10 slots, 50/100 cores, 5000/10000 MiB -> 10 x (0.1 + 0.5 + 0.5) = 11 -> 4
-    used["metadata"]["annotations"] = {POD_VGPU_NODE: "n-half", POD_DEVICES_ALLOCATED: "GPU-n-half-0,NVIDIA,5000,50:;"}
-    ext = await start_extender(nodes=[make_node("n-half", cards=1), make_node("n-empty", cards=1)], pods=[used])
+    used["metadata"]["annotations"] = {
+        POD_VGPU_NODE: "n-half",
+        POD_DEVICES_ALLOCATED: "GPU-n-half-0,NVIDIA,5000,50:;",
+    }
+    ext = await start_extender(
+        nodes=[make_node("n-half", cards=1), make_node("n-empty", cards=1)], pods=[used]
+    )
     pod = make_pod("p")
     assert await ext.prioritize(pod, ["n-half", "n-empty", "ghost"]) == [
         {"Host": "n-half", "Score": 4},
@@ -149,5 +168,7 @@ async def test_the_handshake_is_written_and_a_stale_node_is_excluded(start_exten
     assert result["NodeNames"] == ["fresh"]
     assert result["FailedAndUnresolvableNodes"]["stale"].startswith("node unregistered: handshake")
     # the device plugin registers with the kubelet: allocatable > 0 makes the node usable again
-    await ext.apiserver.patch("/api/v1/nodes/stale", json={"status": {"allocatable": {"nvidia.com/gpu": "20"}}})
+    await ext.apiserver.patch(
+        "/api/v1/nodes/stale", json={"status": {"allocatable": {"nvidia.com/gpu": "20"}}}
+    )
     await until(lambda: ext.ctx.snapshot.problem("stale", local_time(NOW)) is None, "the node to recover")

@@ -1,0 +1,70 @@
+"""Flags, HAMI_<FLAG> env fallbacks and the device-config file of ``hami scheduler``."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+from pathlib import Path
+
+import pytest
+
+from hami.scheduler.config import SettingsError, add_arguments, from_args
+from hami.scheduler.main import run
+
+
+def _parse(argv: list[str], environ: dict[str, str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, environ or {})
+    return parser.parse_args(argv)
+
+
+def test_defaults_match_the_interface() -> None:
+    settings = from_args(_parse([]))
+    assert (settings.host, settings.port) == ("0.0.0.0", 8080)
+    assert settings.scheduler_name == "hami-scheduler"
+    assert (settings.node_policy, settings.gpu_policy) == ("binpack", "spread")
+    assert settings.node_lock_timeout == datetime.timedelta(minutes=5)
+    assert settings.node_lock_wait == 0.0
+    assert settings.device_config.resources.count == "nvidia.com/gpu"
+
+
+def test_env_fills_in_and_flags_win() -> None:
+    env = {
+        "HAMI_LISTEN": "127.0.0.1:9000",
+        "HAMI_NODE_SCHEDULER_POLICY": "spread",
+        "HAMI_NODE_LOCK_TIMEOUT": "60",
+    }
+    settings = from_args(_parse([], env))
+    assert (settings.host, settings.port, settings.node_policy) == ("127.0.0.1", 9000, "spread")
+    assert settings.node_lock_timeout == datetime.timedelta(seconds=60)
+    assert from_args(_parse(["--listen", "[::1]:81"], env)).port == 81
+
+
+def test_device_config_and_resource_overrides(tmp_path: Path) -> None:
+    path = tmp_path / "device-config.yaml"
+    path.write_text("nvidia:\n  resourceCountName: example.com/gpu\n  deviceSplitCount: 4\n")
+    settings = from_args(_parse(["--device-config", str(path), "--resource-mem", "example.com/mem"]))
+    assert settings.device_config.resources.count == "example.com/gpu"
+    assert settings.device_config.resources.memory == "example.com/mem"
+    assert settings.device_config.device_split_count == 4
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--listen", "nowhere"], "--listen must be HOST:PORT, got 'nowhere'"),
+        (["--node-scheduler-policy", "random"], "--node-scheduler-policy must be one of binpack, spread"),
+        (["--node-lock-timeout", "soon"], "--node-lock-timeout must be a number of seconds, got 'soon'"),
+        (["--node-lock-wait", "60"], "--node-lock-wait must be between 0 and 28 seconds, got '60'"),
+        (["--tls-cert", "c.pem"], "--tls-cert and --tls-key must be given together"),
+        (["--device-config", "/nonexistent/x.yaml"], "--device-config '/nonexistent/x.yaml'"),
+    ],
+)
+def test_bad_values_are_named(argv: list[str], message: str) -> None:
+    with pytest.raises(SettingsError, match=message.replace("[", r"\[")):
+        from_args(_parse(argv))
+
+
+def test_run_refuses_bad_flags_with_exit_code_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(_parse(["--listen", "nowhere"])) == 2
+    assert "--listen must be HOST:PORT" in capsys.readouterr().err
