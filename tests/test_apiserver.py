@@ -34,3 +34,9 @@ async def test_official_client_reads_through_the_kubeconfig(
         # the sync client must run off the loop that serves the emulator
         nodes = await asyncio.to_thread(client.CoreV1Api(api).list_node)
     assert [n.metadata.name for n in nodes.items] == ["n1"]
+
+
+async def test_binding_a_missing_pod_is_not_found(apiserver: kmock.KubernetesEmulator) -> None:
+    binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "ghost"}, "target": {"name": "n1"}}
+    response = await apiserver.post("/api/v1/namespaces/default/pods/ghost/binding", json=binding)
+    assert response.status == 404
