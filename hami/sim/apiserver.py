@@ -25,7 +25,7 @@ async def add_reactions(k: kmock.KubernetesEmulator) -> None:
         path = f"/api/v1/namespaces/{request.namespace}/pods/{request.name}"
         response = await k.patch(path, json={"spec": {"nodeName": target}})
         if response.status != 200:  # e.g. the pod is gone: answer with the patch's own status
-            return kmock.Response(status=response.status, payload=await response.json())
+            return kmock.Response(status=response.status, payload=await response.json())  # type: ignore[attr-defined]
         return {"apiVersion": "v1", "kind": "Status", "status": "Success", "code": 201}
 
     k["post", kmock.resource("v1/pods"), kmock.subresource("binding")] << bind
