@@ -35,7 +35,16 @@ class NodeExplanation:
     fits: bool
     reason: str = ""
     resolvable: bool = True
-    hints: tuple[str, ...] = ()
+    hints: tuple[str, ...] = ()  # nearest first
+    distance: float | None = None  # how much the nearest hint gives up (0..1); None without hints
+
+
+#: How much a hint that is not a number gives up, relative to "ask x% less" (0..1).
+DROP_PREFERENCE = 0.5
+WAIT_FOR_POD = 0.3
+
+#: (cost, text): cost is the share of the request given up, or a fixed cost for non-numeric hints
+_Hint = tuple[float, str]
 
 
 def explain_node(
@@ -57,21 +66,23 @@ def explain_node(
     decision = fit_node(request, node, policy, quotas=quotas)
     if isinstance(decision, Allocation):
         return NodeExplanation(node=node.name, fits=True)
-    hints: list[str] = []
+    hints: list[_Hint] = []
     for position, container in enumerate(request.containers):
         if container is None or container.nums <= 0:
             continue
         hints += _container_hints(request, position, container, fits, memory_name, cores_name, count_name)
     hints += _steering_hints(request, fits)
     if request.numa_bind and fits(replace(request, numa_bind=False)):
-        hints.append(_numa_hint(request, node))
+        hints.append((DROP_PREFERENCE, _numa_hint(request, node)))
     hints += _freeing_hints(request, node, pods or {}, fits)
+    hints.sort(key=lambda hint: hint[0])  # stable: equal costs keep their order
     return NodeExplanation(
         node=node.name,
         fits=False,
         reason=decision.message,
         resolvable=decision.resolvable,
-        hints=tuple(dict.fromkeys(hints)),
+        hints=tuple(dict.fromkeys(text for _, text in hints)),
+        distance=hints[0][0] if hints else None,
     )
 
 
@@ -102,8 +113,8 @@ def _container_hints(
     memory_name: str,
     cores_name: str,
     count_name: str,
-) -> list[str]:
-    hints: list[str] = []
+) -> list[_Hint]:
+    hints: list[_Hint] = []
     label = f"container #{position}" if len(request.containers) > 1 else "the container"
     # memory: absolute MiB, or a percentage of each card
     if container.memory_mib > 0:
@@ -113,7 +124,8 @@ def _container_hints(
             lambda m: fits(_with(request, position, replace(container, memory_mib=m))),
         )
         if best is not None:
-            hints.append(f"fits if {label} asks {memory_name} <= {best}")
+            text = f"fits if {label} asks {memory_name} <= {best}"
+            hints.append((_given_up(container.memory_mib, best), text))
     elif container.percentage != PERCENT_NOT_GIVEN:
         best = _largest(
             1,
@@ -121,23 +133,30 @@ def _container_hints(
             lambda p: fits(_with(request, position, replace(container, percentage=p))),
         )
         if best is not None:
-            hints.append(f"fits if {label} asks {memory_name}-percentage <= {best}")
+            text = f"fits if {label} asks {memory_name}-percentage <= {best}"
+            hints.append((_given_up(container.percentage, best), text))
     if container.cores > 0:
         best = _largest(
             0, container.cores - 1, lambda c: fits(_with(request, position, replace(container, cores=c)))
         )
         if best is not None:
-            hints.append(f"fits if {label} asks {cores_name} <= {best}")
+            text = f"fits if {label} asks {cores_name} <= {best}"
+            hints.append((_given_up(container.cores, best), text))
     if container.nums > 1:
         best = _largest(
             1, container.nums - 1, lambda n: fits(_with(request, position, replace(container, nums=n)))
         )
         if best is not None:
-            hints.append(f"fits if {label} asks {count_name} <= {best}")
+            text = f"fits if {label} asks {count_name} <= {best}"
+            hints.append((_given_up(container.nums, best), text))
     return hints
 
 
-def _steering_hints(request: PodRequest, fits: Callable[[PodRequest], bool]) -> list[str]:
+def _given_up(asked: int, best: int) -> float:
+    return (asked - best) / asked
+
+
+def _steering_hints(request: PodRequest, fits: Callable[[PodRequest], bool]) -> list[_Hint]:
     relaxed = (
         (request.use_types, replace(request, use_types=()), "nvidia.com/use-gputype"),
         (request.nouse_types, replace(request, nouse_types=()), "nvidia.com/nouse-gputype"),
@@ -145,10 +164,12 @@ def _steering_hints(request: PodRequest, fits: Callable[[PodRequest], bool]) -> 
         (request.nouse_uuids, replace(request, nouse_uuids=()), "nvidia.com/nouse-gpuuuid"),
     )
     hints = [
-        f"fits without the {name} annotation" for given, without, name in relaxed if given and fits(without)
+        (DROP_PREFERENCE, f"fits without the {name} annotation")
+        for given, without, name in relaxed
+        if given and fits(without)
     ]
     if request.vgpu_mode is not None and fits(replace(request, vgpu_mode=None)):
-        hints.append("fits without the nvidia.com/vgpu-mode annotation")
+        hints.append((DROP_PREFERENCE, "fits without the nvidia.com/vgpu-mode annotation"))
     return hints
 
 
@@ -171,11 +192,11 @@ def _freeing_hints(
     node: NodeState,
     pods: Mapping[str, PodUsage],
     fits: Callable[[PodRequest, NodeState], bool],
-) -> list[str]:
+) -> list[_Hint]:
     """Pods whose end alone would make room (at most three named, smallest first)."""
     freeing = [
         name
         for name, usage in sorted(pods.items(), key=lambda item: (item[1].memory, item[0]))
         if fits(request, apply_usage(node, usage, sign=-1))
     ]
-    return [f"fits when pod {name} ends" for name in freeing[:3]]
+    return [(WAIT_FOR_POD, f"fits when pod {name} ends") for name in freeing[:3]]

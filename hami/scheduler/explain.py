@@ -114,7 +114,8 @@ def print_results(results: Sequence[NodeExplanation], out: TextIO) -> None:
         for hint in r.hints:
             print(f"  {' ' * width}    - {hint}", file=out)
     if not fitting:
-        nearest = next((r for r in results if r.hints), None)
+        hinted = [r for r in results if r.distance is not None]
+        nearest = min(hinted, key=lambda r: (r.distance or 0.0, r.node), default=None)
         if nearest is not None:
             print(f"nearest fit: node {nearest.node} {nearest.hints[0]}", file=out)
 

@@ -72,3 +72,11 @@ def test_names_the_pod_whose_end_frees_room() -> None:
     assert result.reason == "1/1 CardInsufficientMemory"
     assert "fits when pod ns/big ends" in result.hints
     assert "fits when pod ns/small ends" not in result.hints
+
+
+def test_hints_are_ordered_nearest_first_with_their_distance() -> None:
+    # 2 cards x 70 % cores on cards with 60 % free: cores <= 60 gives up 1/7, one card gives up 1/2
+    cards = [make_card(f"GPU-{i}", index=i, memory=8000, used=1, used_cores=40) for i in range(2)]
+    result = explain_node(make_request(make_container(2, mem=100, cores=70)), make_node("n1", cards), POLICY)
+    assert result.hints[0] == "fits if the container asks gpucores <= 60"
+    assert result.distance == (70 - 60) / 70

@@ -112,3 +112,16 @@ async def test_placed_pod_shows_its_cards_and_cli_reports_missing_pod(
     code = await asyncio.to_thread(cli.main, ["explain", "default/ghost", "--kubeconfig", str(kubeconfig)])
     assert code == 2
     assert "pod default/ghost not found" in capsys.readouterr().out
+
+
+async def test_nearest_fit_is_the_smallest_change(
+    cluster: kmock.KubernetesEmulator, kubeconfig: Path
+) -> None:
+    # 12000 MiB: gpu-a fits at 8000 (gives up a third), gpu-b (A10, 16000 MiB) fits as asked
+    # only without the type preference (a fixed cost of one half): gpu-a is nearer
+    limits = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "12000"}
+    preference = {"nvidia.com/use-gputype": "A100"}
+    await cluster.post("/api/v1/namespaces/default/pods", json=pod("wide", limits, preference))
+    code, text = await run_explain("wide", kubeconfig)
+    assert code == 1
+    assert "nearest fit: node gpu-a fits if the container asks gpumem <= 8000" in text
