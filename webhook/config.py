@@ -14,10 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from hami.settings import ConfigError as DeviceConfigError
-from hami.settings import DeviceConfig, from_device_config
+from hami import devicefile
+from hami.settings import DeviceConfig
 
 #: The Kopf handler id: Kopf serves each admission handler at ``/<id>``, so this is the URL path.
 HANDLER_ID = "webhook"
@@ -164,20 +162,10 @@ def _number(flag: str, text: str, kind: type[int] | type[float], minimum: float)
 
 def load_device_config(path: str | None) -> DeviceConfig:
     """Read HAMi's device-config YAML; errors name the file."""
-    if not path:
-        return DeviceConfig()
     try:
-        document = yaml.safe_load(Path(path).read_text())
-    except OSError as exc:
-        raise ConfigError(f"--device-config {path}: {exc.strerror}") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"--device-config {path}: not valid YAML: {exc}") from exc
-    if document is not None and not isinstance(document, Mapping):
-        raise ConfigError(f"--device-config {path}: the top level must be a mapping")
-    try:
-        return from_device_config(document)
-    except DeviceConfigError as exc:
-        raise ConfigError(f"--device-config {path}: {exc}") from exc
+        return devicefile.load_device_config(path)
+    except devicefile.DeviceConfigFileError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def settings_from_args(args: argparse.Namespace) -> WebhookSettings:

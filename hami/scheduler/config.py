@@ -13,12 +13,10 @@ import datetime
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
-import yaml
-
+from hami import devicefile
 from hami.core.allocate import Policy
-from hami.settings import ConfigError, DeviceConfig, from_device_config
+from hami.settings import DeviceConfig
 
 POLICIES = ("binpack", "spread")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -109,20 +107,10 @@ def _listen(text: str) -> tuple[str, int]:
 
 
 def load_device_config(path: str | None) -> DeviceConfig:
-    if not path:
-        return DeviceConfig()
     try:
-        document = yaml.safe_load(Path(path).read_text())
-    except OSError as exc:
-        raise SettingsError(f"--device-config {path!r}: {exc.strerror or exc}") from exc
-    except yaml.YAMLError as exc:
-        raise SettingsError(f"--device-config {path!r} is not YAML: {exc}") from exc
-    if document is not None and not isinstance(document, dict):
-        raise SettingsError(f"--device-config {path!r} must hold a mapping with key 'nvidia'")
-    try:
-        return from_device_config(document)
-    except ConfigError as exc:
-        raise SettingsError(f"--device-config {path!r}: {exc}") from exc
+        return devicefile.load_device_config(path)
+    except devicefile.DeviceConfigFileError as exc:
+        raise SettingsError(str(exc)) from exc
 
 
 def from_args(args: argparse.Namespace) -> SchedulerSettings:

@@ -57,7 +57,7 @@ def test_device_config_and_resource_overrides(tmp_path: Path) -> None:
         (["--node-lock-timeout", "soon"], "--node-lock-timeout must be a number of seconds, got 'soon'"),
         (["--node-lock-wait", "60"], "--node-lock-wait must be between 0 and 28 seconds, got '60'"),
         (["--tls-cert", "c.pem"], "--tls-cert and --tls-key must be given together"),
-        (["--device-config", "/nonexistent/x.yaml"], "--device-config '/nonexistent/x.yaml'"),
+        (["--device-config", "/nonexistent/x.yaml"], "--device-config /nonexistent/x.yaml"),
     ],
 )
 def test_bad_values_are_named(argv: list[str], message: str) -> None:
