@@ -74,7 +74,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
             "backend": "sim",
             "simDevices": {"cards": [{"uuid": "GPU-sim-0", "model": "NVIDIA A100", "memory_mib": 40960}]},
             "nodeConfig": [{"name": "node-1", "devicesplitcount": 4, "devicememoryscaling": 1.5}],
-            "hookPath": "/usr/local/vgpu",
+            "hookPath": "/usr/local",
             "runtimeClassName": "nvidia",
             "metricsPort": 9500,
         },
