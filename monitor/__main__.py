@@ -101,6 +101,7 @@ async def run(config: AgentConfig) -> None:
                 serve_metrics(registry, config.metrics_listen, retry=config.retry_interval), name="metrics"
             )
     finally:
+        await allocator.events.drain(seconds=2.0)  # the last Events, briefly; never blocks shutdown long
         backend.close()
 
 

@@ -7,7 +7,10 @@ the device count, build envs and HAMi-core mounts (in MIG mode ``monitor.mig`` m
 booked instances instead), blank the entry and patch the annotation back; when
 no entry is left set ``bind-phase=success`` and release the lock; on any error set
 ``bind-phase=failed`` and release it (release is owner-checked: a lock held by another pod stays).
-Calls are serialised: kubelet's request names no pod, so only one pod may be in flight per node.
+Either way an Event tells the pod's owner (``monitor.podevents``: ``AllocationFailed`` with what to do,
+``AllocationSucceeded`` once every container is served), written in the background so it never
+delays or fails the answer. Calls are serialised: kubelet's request names no pod, so only one pod
+may be in flight per node.
 Imports the codec and ``hami.kube``; must not import grpc or pynvml.
 """
 
@@ -54,6 +57,7 @@ from monitor.allocation import (
 from monitor.backends.base import Backend
 from monitor.config import NodeSettings
 from monitor.mig import allocate_mig
+from monitor.podevents import FAILED, SUCCEEDED, PodEvents, failure_message, success_message
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +74,10 @@ class Allocator:
         hook_path: Path | None = None,
         lock_dir: Path = Path("/tmp/vgpulock"),
         backend: Backend | None = None,
+        events: PodEvents | None = None,
     ) -> None:
         self._api, self._node, self._settings = api, node_name, settings
+        self.events = events if events is not None else PodEvents(api)
         self._backend = backend  # makes the MIG instances in MIG mode
         self._hook, self._lock_dir = hook_path, lock_dir
         self._serial = asyncio.Lock()
@@ -135,11 +141,15 @@ class Allocator:
                     await release_node_lock(self._api, self._node, namespace, name)
             except (AllocationError, KubeError, ValueError, OSError) as exc:
                 await self._fail(namespace, name, exc)
+                self.events.record(pod, FAILED, failure_message(self._node, exc), warning=True)
                 if isinstance(exc, AllocationError):
                     raise
                 raise AllocationError(
                     f"allocating pod {namespace}/{name} on node {self._node}: {exc}"
                 ) from exc
+            if allocation_done(remaining):
+                served_uuids = [(a.container, a.uuids) for a in answers]
+                self.events.record(pod, SUCCEEDED, success_message(self._node, pod, served_uuids))
             done = "complete" if allocation_done(remaining) else "more containers to come"
             log.info(
                 "allocated pod %s/%s on node %s: %s (%s)",

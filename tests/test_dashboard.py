@@ -184,13 +184,24 @@ def test_every_dashboard_query_uses_exported_metrics(dashboard: dict[str, Any]) 
     }
     assert not missing, f"the dashboard queries metrics no code exports: {sorted(missing)}"
     used = set().union(*(promql_metric_names(expr) for _, expr in queries))
-    # the dashboard is built on the node exporter's card, live and per-container metrics
+    # the dashboard is built on the node exporter's card, live and per-container metrics, the
+    # scheduler's latency, rejections, binds, lock holds and live view, and the webhook's admissions
     for name in (
         "hami_node_card_healthy",
         "hami_node_card_memory_allocated_bytes",
         "hami_host_gpu_utilization_ratio",
         "hami_vgpu_memory_used_bytes",
         "hami_node_container_memory_allocated_bytes",
+        "hami_scheduler_request_seconds_bucket",
+        "hami_scheduler_node_rejections_total",
+        "hami_scheduler_binds_total",
+        "hami_scheduler_node_lock_hold_seconds_bucket",
+        "hami_scheduler_snapshot_nodes",
+        "hami_scheduler_snapshot_cards",
+        "hami_scheduler_snapshot_pods_tracked",
+        "hami_scheduler_watch_restarts_total",
+        "hami_webhook_admission_duration_seconds_bucket",
+        "hami_webhook_refusals_total",
     ):
         assert name in used
 

@@ -17,7 +17,10 @@ Per pod, in order:
 5. Each container, init containers first: refuse malformed or out-of-range values; default the card
    count (``defaultGPUNum``) when only memory/cores are given; the implicit exclusive ``gpucores: 100``
    for a bare card request; env ``CUDA_TASK_PRIORITY`` / ``GPU_CORE_UTILIZATION_POLICY``.
-6. No container asks for a managed resource -> untouched (no env, no scheduler name).
+6. No container asks for a managed resource -> untouched (no env, no scheduler name). A GPU pod's
+   steering annotations the codec cannot read (``pod_annotation_problems``: numa-bind, policies,
+   scoring weights) -> refuse, listed after the container problems: the scheduler would ignore them or
+   fail the pod's every Filter call.
 7. A privileged container in a GPU pod -> refuse; a preset ``spec.nodeName`` -> refuse.
 8. Set ``spec.schedulerName``, ``runtimeClassName`` (when configured and absent), and
    ``NVIDIA_VISIBLE_DEVICES=none`` on the pod's non-GPU containers when ``overwriteEnv``.
@@ -30,7 +33,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hami.annotations import INTERNAL_POD_ANNOTATIONS, POD_VGPU_NODE, WEBHOOK_IGNORE_LABEL
+from hami.annotations import (
+    INTERNAL_POD_ANNOTATIONS,
+    POD_VGPU_NODE,
+    WEBHOOK_IGNORE_LABEL,
+    pod_annotation_problems,
+)
 from hami.core.quantity import QuantityError, parse_quantity
 from hami.core.requests import lookup, parse_container
 from webhook.config import MutationSettings
@@ -59,6 +67,7 @@ TOO_MANY_CARDS = "too_many_cards"
 NO_CARD_COUNT = "no_card_count"
 PRIVILEGED = "privileged"
 NODE_ASSIGNED = "node_assigned"
+BAD_ANNOTATION = "bad_annotation"
 REFUSAL_REASONS = (
     FORGED_ANNOTATION,
     FORGED_LABEL,
@@ -72,6 +81,7 @@ REFUSAL_REASONS = (
     NO_CARD_COUNT,
     PRIVILEGED,
     NODE_ASSIGNED,
+    BAD_ANNOTATION,
 )
 
 
@@ -171,6 +181,9 @@ def plan(pod: Mapping[str, Any], settings: MutationSettings) -> Admit | Refuse:
     notes: list[str] = []
     for container in containers:
         _mutate_container(container, settings, problems, notes)
+    gpu_pod = bool(problems) or any(c.uses_gpu for c in containers)
+    if gpu_pod:
+        problems.extend(_Problem(BAD_ANNOTATION, f"annotation {p}") for p in pod_annotation_problems(pod))
     if problems:
         message = "; ".join(p.message for p in problems)
         return Refuse(message=message, code=CODE_INVALID, reason=problems[0].reason)

@@ -8,7 +8,7 @@ Pure: ``hami.core``, ``hami.settings`` and the stdlib.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from hami.annotations._text import go_bool, go_int, split_list
@@ -27,9 +27,20 @@ from hami.annotations.keys import (
 from hami.annotations.pod import pod_annotations
 from hami.core.model import PodRequest, ScoringWeights
 from hami.core.requests import ParsedContainer, parse_container
+from hami.core.score import BINPACK, MUTEX, NUMA, SPREAD, TOPOLOGY
 from hami.settings import DeviceConfig
 
 _WEIGHT_KEYS = ("slot", "core", "memory")
+#: Values the scheduler acts on (spec-scheduler §11). HAMi treats anything else as binpack (node) or
+#: spread (card), silently; :func:`pod_annotation_problems` reports it instead.
+NODE_POLICIES = (BINPACK, SPREAD)
+GPU_POLICIES = (BINPACK, SPREAD, MUTEX, TOPOLOGY, NUMA)
+_NODE_POLICY_ACCEPTED = "expected binpack or spread"
+_GPU_POLICY_ACCEPTED = "expected binpack, spread, mutex, topology-aware or numa, or a comma list of them"
+_WEIGHTS_ACCEPTED = (
+    "accepted: slot=<n>,core=<n>,memory=<n> in any order, non-negative integers, at least one positive"
+)
+_NUMA_BIND_ACCEPTED = "expected true or false (Go booleans: 1 t T TRUE true True, 0 f F FALSE false False)"
 
 
 def decode_scoring_weights(text: str | None) -> ScoringWeights:
@@ -72,7 +83,7 @@ def decode_numa_bind(text: str | None, *, strict: bool = False) -> bool:
     value = go_bool(text)
     if value is None:
         if strict:
-            raise AnnotationError(POD_NUMA_BIND, text, "expected true or false (also 1/0, t/f, TRUE/FALSE)")
+            raise AnnotationError(POD_NUMA_BIND, text, _NUMA_BIND_ACCEPTED)
         return False
     return value
 
@@ -84,18 +95,60 @@ def _optional(text: str | None) -> str | None:
     return text.strip()
 
 
+def decode_node_policy(text: str | None, *, strict: bool = False) -> str | None:
+    """``hami.io/node-scheduler-policy`` trimmed; blank -> None (the scheduler's default).
+
+    HAMi spreads only on ``spread`` and binpacks on anything else; ``strict=True`` raises on a value
+    other than ``binpack``/``spread`` instead (the webhook uses it to refuse the pod).
+    """
+    value = _optional(text)
+    if strict and value is not None and value not in NODE_POLICIES:
+        raise AnnotationError(POD_NODE_POLICY, text, f"unknown node policy; {_NODE_POLICY_ACCEPTED}")
+    return value
+
+
+def decode_gpu_policy(text: str | None, *, strict: bool = False) -> str | None:
+    """``hami.io/gpu-scheduler-policy`` trimmed (the scheduler splits it with the core's
+    ``parse_gpu_policy``); blank -> None (the scheduler's default).
+
+    HAMi ignores unknown entries (a lone unknown value sorts like ``spread``); ``strict=True`` raises
+    on an entry outside :data:`GPU_POLICIES`, or a list naming no policy at all (``","``).
+    """
+    value = _optional(text)
+    if not strict or value is None:
+        return value
+    entries = split_list(value)
+    unknown = [entry for entry in entries if entry not in GPU_POLICIES]
+    if unknown:
+        named = ", ".join(f'"{entry}"' for entry in unknown)
+        noun = "policy" if len(unknown) == 1 else "policies"
+        raise AnnotationError(POD_GPU_POLICY, text, f"unknown GPU {noun} {named}; {_GPU_POLICY_ACCEPTED}")
+    if not entries:
+        raise AnnotationError(POD_GPU_POLICY, text, f"names no policy; {_GPU_POLICY_ACCEPTED}")
+    return value
+
+
 def pod_annotation_problems(pod: Mapping[str, Any]) -> tuple[AnnotationError, ...]:
-    """Every steering annotation of ``pod`` that cannot be read (for the webhook to refuse early)."""
+    """Every steering annotation of ``pod`` the scheduler would ignore or fail on, in §17 order (for
+    the webhook to refuse the pod at admission). Each message names the key, quotes the text and says
+    what is accepted; a weights problem keeps HAMi's reason and adds the accepted form.
+    """
     annotations = pod_annotations(pod)
     problems: list[AnnotationError] = []
-    try:
-        decode_numa_bind(annotations.get(POD_NUMA_BIND), strict=True)
-    except AnnotationError as exc:
-        problems.append(exc)
+    checks: tuple[tuple[str, Callable[..., object]], ...] = (
+        (POD_NUMA_BIND, decode_numa_bind),
+        (POD_NODE_POLICY, decode_node_policy),
+        (POD_GPU_POLICY, decode_gpu_policy),
+    )
+    for key, decode in checks:
+        try:
+            decode(annotations.get(key), strict=True)
+        except AnnotationError as exc:
+            problems.append(exc)
     try:
         decode_scoring_weights(annotations.get(POD_SCORING_WEIGHTS))
     except AnnotationError as exc:
-        problems.append(exc)
+        problems.append(AnnotationError(exc.key, exc.text, f"{exc.reason}; {_WEIGHTS_ACCEPTED}"))
     return tuple(problems)
 
 
@@ -127,7 +180,8 @@ def parse_pod_containers(pod: Mapping[str, Any], config: DeviceConfig) -> tuple[
 def read_pod_request(pod: Mapping[str, Any], config: DeviceConfig) -> PodRequest:
     """A raw pod JSON object -> :class:`PodRequest` with its steering annotations.
 
-    Follows HAMi: an unreadable ``numa-bind`` counts as false. An unreadable
+    Follows HAMi: an unreadable ``numa-bind`` counts as false and unknown policies are passed on for
+    the scheduler to ignore. An unreadable
     ``hami.io/device-scoring-weights`` raises :class:`AnnotationError` (HAMi reports it as an error).
     """
     metadata = pod.get("metadata") or {}
@@ -145,7 +199,7 @@ def read_pod_request(pod: Mapping[str, Any], config: DeviceConfig) -> PodRequest
         nouse_uuids=split_list(annotations.get(POD_NOUSE_GPUUUID)),
         numa_bind=decode_numa_bind(annotations.get(POD_NUMA_BIND)),
         vgpu_mode=annotations.get(POD_VGPU_MODE),
-        gpu_policy=_optional(annotations.get(POD_GPU_POLICY)),
-        node_policy=_optional(annotations.get(POD_NODE_POLICY)),
+        gpu_policy=decode_gpu_policy(annotations.get(POD_GPU_POLICY)),
+        node_policy=decode_node_policy(annotations.get(POD_NODE_POLICY)),
         weights=decode_scoring_weights(annotations.get(POD_SCORING_WEIGHTS)),
     )

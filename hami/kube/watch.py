@@ -6,7 +6,11 @@ timeout, dropped connection) watch again from the last resourceVersion seen; on 
 HTTP 410 or an ``ERROR`` event with code 410) list again; on other errors wait ``backoff`` seconds and
 list again. Callbacks run on the loop (``call_soon_threadsafe``), never in the thread. Some API
 servers re-send every object as ``ADDED`` on each reconnect: consumers must treat events as
-idempotent upserts. Imports ``hami.kube.client`` and ``urllib3``; nothing above ``hami.kube``.
+idempotent upserts. Every restart is reported to ``on_restart`` with its cause (``ended``: the server
+closed the stream; ``dropped``: a read timeout or a broken connection; ``gone_410``: relist after 410;
+``error``: another failed list or watch, retried after ``backoff``), so the caller can count them
+without this module knowing about metrics. Stopping is not a restart.
+Imports ``hami.kube.client`` and ``urllib3``; nothing above ``hami.kube``.
 """
 
 from __future__ import annotations
@@ -29,6 +33,14 @@ Kind = Literal["nodes", "pods"]
 ListCallback = Callable[[list[dict[str, Any]]], None]
 EventCallback = Callable[[str, dict[str, Any]], None]
 ErrorCallback = Callable[[KubeError], None]
+RestartCallback = Callable[[str], None]
+
+#: Why a list/watch started over (the values handed to ``on_restart``).
+ENDED = "ended"
+DROPPED = "dropped"
+GONE = "gone_410"
+ERROR = "error"
+RESTART_CAUSES = (ENDED, DROPPED, GONE, ERROR)
 
 
 def _lines(response: Any) -> Iterator[bytes]:
@@ -54,6 +66,7 @@ class ListWatcher:
         on_list: ListCallback,
         on_event: EventCallback,
         on_error: ErrorCallback | None = None,
+        on_restart: RestartCallback | None = None,
         watch_seconds: int = 300,
         backoff: float = 1.0,
     ) -> None:
@@ -63,6 +76,7 @@ class ListWatcher:
         self._on_list = on_list
         self._on_event = on_event
         self._on_error = on_error
+        self._on_restart = on_restart
         self._watch_seconds = watch_seconds
         self._backoff = backoff
         self._stopping = threading.Event()
@@ -95,6 +109,10 @@ class ListWatcher:
         except RuntimeError:  # the loop is closed: nobody is listening any more
             self._stopping.set()
 
+    def _restarted(self, cause: str) -> None:
+        if self._on_restart is not None and not self._stopping.is_set():
+            self._deliver(self._on_restart, cause)
+
     def _method(self) -> Any:
         core = core_api(self._api)
         return core.list_node if self._kind == "nodes" else core.list_pod_for_all_namespaces
@@ -107,10 +125,12 @@ class ListWatcher:
                     version = self._watch(version)
             except Gone:
                 logger.info("watch of %s: resourceVersion too old, listing again", self._kind)
+                self._restarted(GONE)
             except KubeError as exc:
                 if self._stopping.is_set():
                     return
                 logger.warning("list/watch of %s failed: %s", self._kind, exc)
+                self._restarted(ERROR)
                 if self._on_error is not None:
                     self._deliver(self._on_error, exc)
                 self._stopping.wait(self._backoff)
@@ -148,9 +168,11 @@ class ListWatcher:
         try:
             for line in _lines(response):
                 version = self._handle(line, version)
+            self._restarted(ENDED)
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             # read timeout, dropped connection or our own shutdown(): the watch simply ended
             logger.debug("watch of %s ended: %s", self._kind, exc)
+            self._restarted(DROPPED)
         finally:
             with self._guard:
                 self._response = None

@@ -89,13 +89,14 @@ def build_context(
         handshake_window=settings.handshake_window,
         on_malformed=on_malformed,
         on_handshake=on_handshake,
+        on_lock=metrics.lock_holds.seen,
     )
 
     def nodes_for_metrics() -> Iterable[tuple[str, NodeState | None, str | None]]:
         local_now = local_time(clock())
         return [(e.name, e.state, snapshot.problem(e.name, local_now)) for e in snapshot.entries()]
 
-    metrics.attach(nodes_for_metrics)
+    metrics.attach(nodes_for_metrics, snapshot.tracked_count)
     return Context(
         settings=settings, api=api, snapshot=snapshot, metrics=metrics, background=background, clock=clock
     )
@@ -112,6 +113,7 @@ async def filter_view(request: web.Request) -> web.Response:
     started = time.perf_counter()
     body = await request.read()
     if not body:
+        ctx.metrics.observe("filter", "error", time.perf_counter() - started)
         return web.Response(status=400, text=NO_BODY)
     try:
         result = handle_filter(ctx, parse_extender_args(body))
@@ -126,6 +128,7 @@ async def prioritize_view(request: web.Request) -> web.Response:
     started = time.perf_counter()
     body = await request.read()
     if not body:
+        ctx.metrics.observe("prioritize", "error", time.perf_counter() - started)
         return web.Response(status=400, text=NO_BODY)
     try:
         scores: Any = handle_prioritize(ctx, parse_extender_args(body))
@@ -143,10 +146,13 @@ async def bind_view(request: web.Request) -> web.Response:
     started = time.perf_counter()
     body = await request.read()
     if not body:
+        ctx.metrics.observe("bind", "error", time.perf_counter() - started)
+        ctx.metrics.bound("invalid")
         return web.Response(status=400, text=NO_BODY)
     try:
         result = await handle_bind(ctx, parse_binding_args(body))
     except WireError as exc:
+        ctx.metrics.bound("invalid")
         result = ExtenderBindingResult(Error=str(exc))
     ctx.metrics.observe("bind", "error" if result["Error"] else "ok", time.perf_counter() - started)
     return _json(result)
@@ -198,6 +204,7 @@ def _watching(ctx: Context) -> Callable[[web.Application], AsyncIterator[None]]:
                 loop=loop,
                 on_list=snapshot.replace_nodes,
                 on_event=count("node", snapshot.node_event),
+                on_restart=ctx.metrics.watch_restarted("nodes"),
             ),
             ListWatcher(
                 ctx.api,
@@ -205,6 +212,7 @@ def _watching(ctx: Context) -> Callable[[web.Application], AsyncIterator[None]]:
                 loop=loop,
                 on_list=snapshot.replace_pods,
                 on_event=count("pod", snapshot.pod_event),
+                on_restart=ctx.metrics.watch_restarted("pods"),
             ),
         ]
         for watcher in watchers:

@@ -7,7 +7,9 @@ binds in this process always see each other); merge-patch the pod (device lists,
 annotation and label, ``vgpu-time``, ``bind-phase=allocating``, ``bind-time``, MIG reservations when
 any); create the Binding. Success: a ``BindingSucceed`` Event; the lock stays for the node agent to
 release after Allocate. Any failure: undo the booking, release our lock, mark the pod
-``bind-phase=failed``, a ``BindingFailed`` Warning Event, and the error text in the reply.
+``bind-phase=failed``, a ``BindingFailed`` Warning Event (the error and what to do about it), and the
+error text in the reply. Each outcome is counted (``hami_scheduler_binds_total{result}``) and every
+acquired lock is handed to the hold-time metric.
 Must not import the Kubernetes client (only ``hami.kube``) or aiohttp.
 """
 
@@ -52,29 +54,33 @@ async def handle_bind(ctx: Context, args: ExtenderBindingArgs) -> ExtenderBindin
         pod = await get_pod(ctx.api, namespace, name)
     except NotFound:
         ctx.snapshot.cancel(key)
+        ctx.metrics.bound("pod_missing")
         return ExtenderBindingResult(Error=f"pod {namespace}/{name} not found")
     except KubeError as exc:
-        return _failed(ctx, pod_ref(namespace, name, uid), node, f"reading pod {namespace}/{name}: {exc}")
+        message = f"reading pod {namespace}/{name}: {exc}"
+        return _failed(ctx, pod_ref(namespace, name, uid), node, message, "api_error")
     found_uid = str((pod.get("metadata") or {}).get("uid") or "")
     if uid and found_uid and uid != found_uid:
-        return _failed(ctx, pod, node, f"pod {namespace}/{name} was recreated (uid {found_uid}, not {uid})")
+        message = f"pod {namespace}/{name} was recreated (uid {found_uid}, not {uid})"
+        return _failed(ctx, pod, node, message, "pod_missing")
     try:
         request = read_pod_request(pod, ctx.settings.device_config)
     except AnnotationError as exc:
-        return _failed(ctx, pod, node, str(exc))
+        return _failed(ctx, pod, node, str(exc), "invalid")
     if not request.has_devices:
         try:
             await bind_pod(ctx.api, namespace, name, node, uid or None)
         except KubeError as exc:
-            return _failed(ctx, pod, node, f"binding {namespace}/{name} to {node}: {exc}")
+            return _failed(ctx, pod, node, f"binding {namespace}/{name} to {node}: {exc}", "api_error")
         return _succeeded(ctx, pod, node)
 
     locked = booked = False
     try:
         async with ctx.node_queue(node):
             _decide(ctx, request, node, key)  # fail fast, without locking, when it cannot fit anyway
-            await _acquire(ctx, node, namespace, name)
+            value = await _acquire(ctx, node, namespace, name)
             locked = True
+            ctx.metrics.lock_holds.acquired(node, value, ctx.snapshot.lock_of(node))
             # decide and book with no await in between: the next bind on this loop sees the booking
             now = ctx.clock()
             decision = _decide(ctx, request, node, key)
@@ -90,11 +96,11 @@ async def handle_bind(ctx: Context, args: ExtenderBindingArgs) -> ExtenderBindin
         await bind_pod(ctx.api, namespace, name, node, uid or None)
     except (KubeError, BindFailure) as exc:
         await _undo(ctx, namespace, name, node, booked=booked, locked=locked)
-        return _failed(ctx, pod, node, str(exc))
+        return _failed(ctx, pod, node, str(exc), _result_of(exc))
     return _succeeded(ctx, pod, node)
 
 
-async def _acquire(ctx: Context, node: str, namespace: str, name: str) -> None:
+async def _acquire(ctx: Context, node: str, namespace: str, name: str) -> str:
     """Take the node lock; while another pod holds it, wait up to ``--node-lock-wait`` seconds.
 
     The wait listens to the node watch (a change of the lock annotation triggers a new attempt) and
@@ -105,10 +111,9 @@ async def _acquire(ctx: Context, node: str, namespace: str, name: str) -> None:
     while True:
         change = ctx.snapshot.lock_change(node)  # registered before reading: no change is missed
         try:
-            await acquire_node_lock(
+            return await acquire_node_lock(
                 ctx.api, node, namespace, name, now=ctx.clock(), expiry=ctx.settings.node_lock_timeout
             )
-            return
         except NodeLockBusy:
             remaining = deadline - loop.time()
             if remaining <= 0:
@@ -145,14 +150,34 @@ async def _undo(ctx: Context, namespace: str, name: str, node: str, *, booked: b
         logger.warning("marking %s/%s bind-phase=failed failed: %s", namespace, name, exc)
 
 
-def _failed(ctx: Context, pod: dict[str, Any], node: str, message: str) -> ExtenderBindingResult:
+#: What a person can do about each kind of failed bind (appended to the ``BindingFailed`` Event).
+ADVICE = {
+    "lock_busy": "kube-scheduler retries the pod; the lock goes once that pod's GPUs are allocated by "
+    "the node agent, or after --node-lock-timeout if the agent never does (check hami-monitor there)",
+    "no_fit": "the node changed since filtering; kube-scheduler retries the pod on the nodes that fit",
+    "api_error": "kube-scheduler retries the pod; if this repeats, check the API server and the "
+    "scheduler's permissions (pods patch, pods/binding create, nodes patch)",
+    "invalid": "fix the value named above and recreate the pod",
+}
+
+
+def _result_of(exc: Exception) -> str:
+    if isinstance(exc, NodeLockBusy):
+        return "lock_busy"
+    return "no_fit" if isinstance(exc, BindFailure) else "api_error"
+
+
+def _failed(ctx: Context, pod: dict[str, Any], node: str, message: str, result: str) -> ExtenderBindingResult:
     logger.info("bind to %s failed: %s", node, message)
-    ctx.event(pod, "BindingFailed", message, warning=True)
+    ctx.metrics.bound(result)
+    advice = ADVICE.get(result)
+    ctx.event(pod, "BindingFailed", f"{message}. {advice}" if advice else message, warning=True)
     return ExtenderBindingResult(Error=message)
 
 
 def _succeeded(ctx: Context, pod: dict[str, Any], node: str) -> ExtenderBindingResult:
     metadata = pod.get("metadata") or {}
     message = f"Successfully binding node [{node}] to {metadata.get('namespace')}/{metadata.get('name')}"
+    ctx.metrics.bound("success")
     ctx.event(pod, "BindingSucceed", message)
     return ExtenderBindingResult(Error="")

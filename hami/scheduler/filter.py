@@ -4,8 +4,11 @@ Owns the filter decision over the snapshot (names only, ``nodeCacheCapable``) or
 given in the request (template nodes: evaluated from their annotations alone, zero usage). Every fitting
 node is returned in ``NodeNames``; the others go to ``FailedNodes`` when other pods leaving could make
 room (resolvable) and to ``FailedAndUnresolvableNodes`` otherwise (too few cards, type/uuid mismatch,
-unregistered). A pod without a device request passes through unchanged. When nothing fits, a
-``FilteringFailed`` Warning Event summarises the reasons on the pod. Writes nothing else: bind
+unregistered). A pod without a device request passes through unchanged. Every rejected node's reasons
+are counted (``hami_scheduler_node_rejections_total``). When nothing fits, a ``FilteringFailed``
+Warning Event on the pod gives the reasons (most common first, at most ``MAX_GROUPS`` groups of at
+most ``MAX_NAMES`` node names, so the text stays short on a large cluster), what to do about the most
+common one, and the ``hami explain`` command that details every node. Writes nothing else: bind
 recomputes and writes. Must not import the Kubernetes client or aiohttp.
 """
 
@@ -19,11 +22,14 @@ from hami.annotations import AnnotationError, read_node, read_pod_request
 from hami.core.allocate import allocate
 from hami.core.model import NodeState, PodRequest
 from hami.scheduler.context import Context
+from hami.scheduler.reasons import advice, rejection_words
 from hami.scheduler.snapshot import UNREGISTERED, local_time
 from hami.scheduler.wire import ExtenderArgs, ExtenderFilterResult, NodeListWire, filter_result
 
 MISSING_POD = "extender args missing pod"
 NOT_SYNCED = "scheduler cache not synced yet"
+MAX_GROUPS = 5
+MAX_NAMES = 5
 
 
 def pod_key(pod: Mapping[str, Any]) -> tuple[str, str]:
@@ -65,15 +71,36 @@ def snapshot_states(
 
 
 def failure_summary(failed: Mapping[str, str], candidates: int) -> str:
-    """``no available node, 3 nodes do not meet: 2 nodes <reason>(n1,n2); 1 nodes <reason>(n3)``."""
+    """``no available node, 3 nodes do not meet: 2 nodes <reason>(n1,n2); 1 nodes <reason>(n3)``.
+
+    Most common reason first; beyond ``MAX_NAMES`` names a group ends ``+N more``, beyond
+    ``MAX_GROUPS`` groups the rest are counted as ``+N more reasons``.
+    """
     by_reason: dict[str, list[str]] = defaultdict(list)
     for node, reason in failed.items():
         by_reason[reason].append(node)
-    parts = [
-        f"{len(nodes)} nodes {reason}({','.join(sorted(nodes))})"
-        for reason, nodes in sorted(by_reason.items(), key=lambda item: (-len(item[1]), item[0]))
-    ]
+    groups = sorted(by_reason.items(), key=lambda item: (-len(item[1]), item[0]))
+    parts = []
+    for reason, nodes in groups[:MAX_GROUPS]:
+        names = sorted(nodes)
+        shown = names[:MAX_NAMES] + ([f"+{len(names) - MAX_NAMES} more"] if len(names) > MAX_NAMES else [])
+        parts.append(f"{len(nodes)} nodes {reason}({','.join(shown)})")
+    if len(groups) > MAX_GROUPS:
+        parts.append(f"+{len(groups) - MAX_GROUPS} more reasons")
     return f"no available node, {candidates} nodes do not meet: " + "; ".join(parts)
+
+
+def failure_message(
+    pod: Mapping[str, Any], failed: Mapping[str, str], words: Mapping[str, frozenset[str]]
+) -> str:
+    """The ``FilteringFailed`` text: the summary, the remedy of the most common reason, the command."""
+    namespace, name = pod_key(pod)
+    hint = advice(words.values())
+    return (
+        failure_summary(failed, len(failed))
+        + (f". {hint}" if hint else "")
+        + f". Every node in detail: hami explain {namespace or 'default'}/{name}"
+    )
 
 
 def handle_filter(ctx: Context, args: ExtenderArgs) -> ExtenderFilterResult:
@@ -98,11 +125,15 @@ def handle_filter(ctx: Context, args: ExtenderArgs) -> ExtenderFilterResult:
     fitting = list(decisions.fitting)
     failed: dict[str, str] = {}
     unresolvable = dict(problems)
+    words = {name: rejection_words(problem) for name, problem in problems.items()}
     for name, rejection in decisions.rejections().items():
         (failed if rejection.resolvable else unresolvable)[name] = rejection.message
+        words[name] = rejection_words(rejection)
+    ctx.metrics.rejected(words.values())
     if not fitting:
+        ctx.metrics.unschedulable.inc()
         everything = {**failed, **unresolvable}
-        ctx.event(pod, "FilteringFailed", failure_summary(everything, len(everything)), warning=True)
+        ctx.event(pod, "FilteringFailed", failure_message(pod, everything, words), warning=True)
     if objects:
         listing = NodeListWire(
             apiVersion="v1", kind="NodeList", metadata={}, items=[objects[n] for n in fitting]

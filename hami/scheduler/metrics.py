@@ -1,14 +1,21 @@
 """Prometheus metrics of the scheduler, in a registry owned by the service (no module globals).
 
-Owns the request counters and latency histograms of the extender verbs, and a collector that derives
-HAMi's allocation gauges (spec-node-chart §B.5: ``hami_gpu_memory_limit_bytes``,
-``hami_gpu_memory_allocated_bytes``, ``hami_gpu_shared_count``, ...) from the snapshot on each scrape.
+Owns the request counters and latency histograms of the extender verbs, the filter's rejections by
+reason (labels from the closed vocabulary of ``hami.scheduler.reasons``) and unschedulable pods, bind
+outcomes, watch restarts, node-lock hold times (:class:`LockHolds`: from a bind's acquire until the
+node watch shows the lock gone or held by another pod), and a collector that derives HAMi's
+allocation gauges (spec-node-chart §B.5: ``hami_gpu_memory_limit_bytes``,
+``hami_gpu_memory_allocated_bytes``, ``hami_gpu_shared_count``, ...) and the snapshot's sizes from
+the snapshot on each scrape. Every labelled counter starts with all its label values at 0.
 Must not import the Kubernetes client or aiohttp.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import collections
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -16,9 +23,15 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from hami.core.model import NodeState
+from hami.kube.watch import RESTART_CAUSES
+from hami.scheduler.reasons import VOCABULARY
 
 MIB = 1048576
 _CARD_LABELS = ["node", "device_uuid", "device_index", "device_type"]
+#: ``hami_scheduler_binds_total{result}``: bound, the node lock busy, the pod no longer fits the node
+#: (or the node is excluded), the pod gone or recreated, an API failure, an unreadable request or pod.
+BIND_RESULTS = ("success", "lock_busy", "no_fit", "pod_missing", "api_error", "invalid")
+WATCHED = ("nodes", "pods")
 
 
 class NodeSource(Protocol):
@@ -28,8 +41,9 @@ class NodeSource(Protocol):
 
 
 class SnapshotCollector(Collector):
-    def __init__(self, source: NodeSource) -> None:
+    def __init__(self, source: NodeSource, pods_tracked: Callable[[], int]) -> None:
         self._source = source
+        self._pods_tracked = pods_tracked
 
     def collect(self) -> Iterator[Metric]:
         memory_limit = GaugeMetricFamily(
@@ -57,10 +71,13 @@ class SnapshotCollector(Collector):
             "1 when the node can take GPU pods, 0 when excluded",
             labels=["node"],
         )
+        nodes = cards = 0
         for name, state, problem in self._source():
+            nodes += 1
             usable.add_metric([name], 0.0 if problem or state is None else 1.0)
             if state is None:
                 continue
+            cards += len(state.devices)
             for card in state.devices:
                 dev = card.device
                 labels = [name, dev.uuid, str(dev.index), dev.type]
@@ -74,12 +91,71 @@ class SnapshotCollector(Collector):
                 if dev.memory_mib > 0:
                     memory_ratio.add_metric(labels, card.used_mem / dev.memory_mib)
         yield from (memory_limit, core_limit, memory_allocated, shared, core_allocated, memory_ratio, usable)
+        yield GaugeMetricFamily("hami_scheduler_snapshot_nodes", "nodes in the live view", value=nodes)
+        yield GaugeMetricFamily(
+            "hami_scheduler_snapshot_cards", "cards of the registered nodes in the live view", value=cards
+        )
+        yield GaugeMetricFamily(
+            "hami_scheduler_snapshot_pods_tracked",
+            "pods whose GPU grants count in the live view (bookings included)",
+            value=self._pods_tracked(),
+        )
+
+
+@dataclass(slots=True)
+class _Hold:
+    started: float
+    seen: bool  # the watch has shown the lock with this value
+
+
+class LockHolds:
+    """Node-lock hold times, measured between a bind's acquire and what the node watch shows next.
+
+    A hold ends when the watch shows the lock removed, held by another value, or the node gone, after
+    it has shown this bind's value (earlier events still in flight are ignored). Everything runs on
+    the event loop. At most ``per_node`` unfinished holds are kept per node (the oldest go first), so a
+    broken watch cannot grow memory without bound.
+    """
+
+    def __init__(self, histogram: Histogram, clock: Callable[[], float], per_node: int = 16) -> None:
+        self._histogram = histogram
+        self._clock = clock
+        self._per_node = per_node
+        self._held: dict[str, dict[str, _Hold]] = {}
+
+    def acquired(self, node: str, value: str, current: str | None) -> None:
+        """A bind stored ``value`` as the lock; ``current`` is what the watch has shown so far."""
+        holds = self._held.setdefault(node, {})
+        if value in holds:  # re-entrant acquire by the same pod: the hold goes on
+            holds[value].seen = holds[value].seen or current == value
+            return
+        holds[value] = _Hold(started=self._clock(), seen=current == value)
+        while len(holds) > self._per_node:
+            del holds[next(iter(holds))]
+
+    def seen(self, node: str, value: str | None) -> None:
+        """The node watch shows the lock now at ``value`` (``None``: removed, or the node is gone)."""
+        holds = self._held.get(node)
+        if not holds:
+            return
+        now = self._clock()
+        for held, hold in list(holds.items()):
+            if held == value:
+                hold.seen = True
+            elif hold.seen:
+                self._histogram.observe(max(0.0, now - hold.started))
+                del holds[held]
+        if not holds:
+            del self._held[node]
+
+    def pending(self) -> int:
+        return sum(len(holds) for holds in self._held.values())
 
 
 class Metrics:
     """The service's registry: verb counters and latencies, plus the snapshot gauges once attached."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, monotonic: Callable[[], float] = time.monotonic) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "hami_scheduler_requests",
@@ -100,9 +176,59 @@ class Metrics:
             ["kind"],
             registry=self.registry,
         )
+        self.rejections = Counter(
+            "hami_scheduler_node_rejections",
+            "nodes rejected by filter, once per reason per node and filter call",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.unschedulable = Counter(
+            "hami_scheduler_unschedulable",
+            "filter calls for a GPU pod that fits no candidate node",
+            registry=self.registry,
+        )
+        self.binds = Counter("hami_scheduler_binds", "bind outcomes", ["result"], registry=self.registry)
+        self.watch_restarts = Counter(
+            "hami_scheduler_watch_restarts",
+            "list/watch restarts by resource and cause",
+            ["resource", "cause"],
+            registry=self.registry,
+        )
+        self.lock_hold = Histogram(
+            "hami_scheduler_node_lock_hold_seconds",
+            "node lock held: from a bind's acquire until the watch shows it released or taken over",
+            buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0),
+            registry=self.registry,
+        )
+        self.lock_holds = LockHolds(self.lock_hold, monotonic)
+        for reason in VOCABULARY:
+            self.rejections.labels(reason)
+        for result in BIND_RESULTS:
+            self.binds.labels(result)
+        for resource in WATCHED:
+            for cause in RESTART_CAUSES:
+                self.watch_restarts.labels(resource, cause)
 
-    def attach(self, source: NodeSource) -> None:
-        self.registry.register(SnapshotCollector(source))
+    def attach(self, source: NodeSource, pods_tracked: Callable[[], int]) -> None:
+        self.registry.register(SnapshotCollector(source, pods_tracked))
+
+    def rejected(self, nodes: Iterable[Iterable[str]]) -> None:
+        """Count each failed node's distinct reason words (one set per node)."""
+        tally = collections.Counter(word for words in nodes for word in set(words))
+        for word, count in tally.items():  # one counter update per reason, not per node
+            self.rejections.labels(word).inc(count)
+
+    def bound(self, result: str) -> None:
+        self.binds.labels(result).inc()
+
+    def watch_restarted(self, resource: str) -> Callable[[str], None]:
+        """The ``on_restart`` callback of one ListWatcher."""
+        counter = self.watch_restarts
+
+        def restarted(cause: str) -> None:
+            counter.labels(resource, cause).inc()
+
+        return restarted
 
     def observe(self, verb: str, outcome: str, seconds: float) -> None:
         self.requests.labels(verb, outcome).inc()

@@ -20,7 +20,9 @@ malformed data is reported once per distinct text through ``on_malformed`` (the 
 Event on the Node). Handshake (§5.3): a node whose ``hami.io/node-handshake`` lacks ``Requesting`` is
 reported through ``on_handshake`` (the app writes ``Requesting_<time>``); a node whose Requesting stamp
 is older than the window while its allocatable count is 0 is stale (its device plugin is not
-registered with the kubelet) and excluded until that changes.
+registered with the kubelet) and excluded until that changes. Every change of a node's
+``hami.io/mutex.lock`` (``None`` when removed or the node is gone) goes to ``on_lock`` (lock hold
+metrics) and wakes the binds waiting for that node's lock.
 
 No I/O here: callbacks are called synchronously and must only schedule work. Must not import the
 Kubernetes client or aiohttp.
@@ -122,11 +124,13 @@ class Snapshot:
         handshake_window: datetime.timedelta = datetime.timedelta(seconds=60),
         on_malformed: Callable[[Mapping[str, Any], str], None] | None = None,
         on_handshake: Callable[[str], None] | None = None,
+        on_lock: Callable[[str, str | None], None] | None = None,
     ) -> None:
         self._count_resource = count_resource
         self._window = handshake_window
         self._on_malformed = on_malformed
         self.on_handshake = on_handshake
+        self._on_lock = on_lock
         self._nodes: dict[str, NodeEntry] = {}
         self._node_pods: dict[str, set[PodKey]] = {}
         self._observed: dict[PodKey, PodRecord] = {}
@@ -152,6 +156,7 @@ class Snapshot:
             seen.add(self._upsert_node(obj))
         for name in [n for n in self._nodes if n not in seen]:
             del self._nodes[name]
+            self._lock_changed(name, None)
         self.nodes_synced = True
 
     def node_event(self, kind: str, obj: Mapping[str, Any]) -> None:
@@ -159,7 +164,7 @@ class Snapshot:
         if kind == "DELETED":
             name = str((obj.get("metadata") or {}).get("name") or "")
             self._nodes.pop(name, None)
-            self._lock_changed(name)
+            self._lock_changed(name, None)
         else:
             self._upsert_node(obj)
 
@@ -186,7 +191,7 @@ class Snapshot:
         lock = annotations.get(NODE_LOCK)
         if lock != entry.lock:
             entry.lock = lock
-            self._lock_changed(name)
+            self._lock_changed(name, lock)
         signature = (
             annotations.get(NODE_REGISTER),
             annotations.get(NODE_PAIR_SCORES),
@@ -329,7 +334,9 @@ class Snapshot:
         self._lock_waiters.setdefault(name, []).append(future)
         return future
 
-    def _lock_changed(self, name: str) -> None:
+    def _lock_changed(self, name: str, lock: str | None) -> None:
+        if self._on_lock is not None:
+            self._on_lock(name, lock)
         for future in self._lock_waiters.pop(name, ()):
             if not future.done():
                 future.set_result(None)
@@ -383,3 +390,7 @@ class Snapshot:
 
     def tracked(self) -> Mapping[PodKey, PodRecord]:
         return dict(self._applied)
+
+    def tracked_count(self) -> int:
+        """How many pods count against cards now (bookings included)."""
+        return len(self._applied)

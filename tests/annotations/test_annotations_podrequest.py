@@ -26,6 +26,8 @@ from hami.annotations import (
     pod_annotation_problems,
     read_pod_request,
 )
+from hami.annotations.podrequest import GPU_POLICIES, NODE_POLICIES, decode_gpu_policy, decode_node_policy
+from hami.core import score
 from hami.core.model import ContainerRequest, ScoringWeights
 from hami.settings import DeviceConfig
 
@@ -175,3 +177,100 @@ _weight = st.integers(min_value=0, max_value=2**40)
 )
 def test_scoring_weights_round_trip(weights: ScoringWeights) -> None:
     assert decode_scoring_weights(encode_scoring_weights(weights)) == weights
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"), [(None, None), ("", None), ("  ", None), ("spread", "spread"), (" binpack ", "binpack")]
+)
+def test_node_policy_trimmed_blank_is_the_default(text: str | None, expected: str | None) -> None:
+    assert decode_node_policy(text, strict=True) == expected
+
+
+@pytest.mark.parametrize("text", ["pack", "Spread", "binpack,spread", "numa"])
+def test_unknown_node_policy_passes_for_the_scheduler_and_is_an_error_for_the_webhook(text: str) -> None:
+    assert decode_node_policy(text) == text  # HAMi binpacks on it; the scheduler does the same
+    with pytest.raises(AnnotationError) as caught:
+        decode_node_policy(text, strict=True)
+    assert (caught.value.key, caught.value.text) == (POD_NODE_POLICY, text)
+    assert str(caught.value) == f'{POD_NODE_POLICY} "{text}": unknown node policy; expected binpack or spread'
+    pod = make_pod(app=[container("main", {"nvidia.com/gpu": "1"})], annotations={POD_NODE_POLICY: text})
+    assert read_pod_request(pod, CONFIG).node_policy == text
+    assert [p.key for p in pod_annotation_problems(pod)] == [POD_NODE_POLICY]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (" ", None),
+        ("binpack", "binpack"),
+        ("spread", "spread"),
+        ("mutex", "mutex"),
+        ("topology-aware", "topology-aware"),
+        ("numa", "numa"),
+        (" binpack , numa ", "binpack , numa"),
+        ("spread,numa,", "spread,numa,"),
+        ("mutex,binpack,mutex", "mutex,binpack,mutex"),
+    ],
+)
+def test_gpu_policy_known_entries(text: str, expected: str | None) -> None:
+    assert decode_gpu_policy(text, strict=True) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "unknown"),
+    [
+        ("binpak", 'unknown GPU policy "binpak"'),
+        ("Binpack", 'unknown GPU policy "Binpack"'),
+        ("binpack,topology , NUMA", 'unknown GPU policies "topology", "NUMA"'),
+        (",", "names no policy"),
+    ],
+)
+def test_unknown_gpu_policy_passes_for_the_scheduler_and_is_an_error_for_the_webhook(
+    text: str, unknown: str
+) -> None:
+    assert decode_gpu_policy(text) == text.strip()
+    with pytest.raises(AnnotationError) as caught:
+        decode_gpu_policy(text, strict=True)
+    assert (caught.value.key, caught.value.text) == (POD_GPU_POLICY, text)
+    assert caught.value.reason == (
+        f"{unknown}; expected binpack, spread, mutex, topology-aware or numa, or a comma list of them"
+    )
+
+
+def test_the_accepted_gpu_policies_are_the_ones_the_scheduler_knows() -> None:
+    assert set(GPU_POLICIES) == {score.BINPACK, score.SPREAD, score.MUTEX, score.TOPOLOGY, score.NUMA}
+    assert set(NODE_POLICIES) == {score.BINPACK, score.SPREAD}
+    for policy in GPU_POLICIES:
+        assert policy in str(AnnotationError(POD_GPU_POLICY, "x", _accepted_gpu_reason()))
+
+
+def _accepted_gpu_reason() -> str:
+    with pytest.raises(AnnotationError) as caught:
+        decode_gpu_policy("x", strict=True)
+    return caught.value.reason
+
+
+def test_every_problem_is_reported_in_spec_order_and_says_what_is_accepted() -> None:
+    pod = make_pod(
+        app=[container("main", {"nvidia.com/gpu": "1"})],
+        annotations={
+            POD_SCORING_WEIGHTS: "slot=1",
+            POD_GPU_POLICY: "pack",
+            POD_NODE_POLICY: "pack",
+            POD_NUMA_BIND: "yes",
+            POD_USE_GPUTYPE: ",,",  # lists are never wrong
+        },
+    )
+    problems = pod_annotation_problems(pod)
+    assert [(p.key, p.text) for p in problems] == [
+        (POD_NUMA_BIND, "yes"),
+        (POD_NODE_POLICY, "pack"),
+        (POD_GPU_POLICY, "pack"),
+        (POD_SCORING_WEIGHTS, "slot=1"),
+    ]
+    assert problems[0].reason.startswith("expected true or false")
+    # the weights keep HAMi's reason and add the accepted form
+    assert problems[3].reason == (
+        "expected slot, core, and memory weights; accepted: slot=<n>,core=<n>,memory=<n> in any order, "
+        "non-negative integers, at least one positive"
+    )

@@ -56,6 +56,7 @@ NODE_AGENT = {
     Grant("", "pods", "get"),
     Grant("", "pods", "list"),
     Grant("", "pods", "patch"),
+    Grant("", "events", "create"),
 }
 #: Admission needs no API access; Kopf reads only discovery (tests/webhook/test_chart_mode.py).
 WEBHOOK: set[Grant] = set()

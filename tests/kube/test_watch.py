@@ -113,3 +113,38 @@ async def test_list_errors_are_retried(apiserver: Emulator, api: Any) -> None:
     finally:
         await asyncio.to_thread(watcher.stop)
     assert errors == [500, 500]
+
+
+async def test_restarts_are_reported_with_their_cause(apiserver: Emulator, api: Any) -> None:
+    """An ended stream, a 410 and another watch error each restart the loop, reported in order; the
+    stream open when the watcher stops is not a restart."""
+
+    def line(code: int) -> bytes:
+        error = {"type": "ERROR", "object": {"kind": "Status", "code": code, "reason": "X", "message": "m"}}
+        return (json.dumps(error) + "\n").encode()
+
+    apiserver[kmock.action.WATCH, NODES][:1] << b""
+    apiserver[kmock.action.WATCH, NODES][1:2] << line(410)  # slices count the matching requests
+    apiserver[kmock.action.WATCH, NODES][2:3] << line(500)
+    events = Feed()
+    causes: list[str] = []
+    watcher = ListWatcher(
+        api,
+        "nodes",
+        loop=asyncio.get_running_loop(),
+        on_list=events.on_list,
+        on_event=events.on_event,
+        on_restart=causes.append,
+        backoff=0.01,
+    )
+    watcher.start()
+    try:
+        for _ in range(3):  # the first list, the relist after 410, the relist after the error
+            assert await events.next() == ("LIST", [])
+        await apiserver.post("/api/v1/nodes", json=_node("late"))
+        await events.until(("ADDED", "late"))  # the fourth watch is open and live
+    finally:
+        await asyncio.to_thread(watcher.stop)
+    # each restart is delivered to the loop before the list it leads to, so all three have arrived
+    assert causes == ["ended", "gone_410", "error"]
+    assert watcher.lists_done == 3

@@ -69,8 +69,10 @@ async def test_used_cards_are_a_resolvable_failure(start_extender: StartExtender
     assert result["FailedNodes"] == {"n1": "1/1 CardInsufficientMemory"}
     await ext.settle()
     (event,) = _events(ext.apiserver, "FilteringFailed")
-    assert (
-        event["message"] == "no available node, 1 nodes do not meet: 1 nodes 1/1 CardInsufficientMemory(n1)"
+    assert event["message"] == (
+        "no available node, 1 nodes do not meet: 1 nodes 1/1 CardInsufficientMemory(n1). "
+        "CardInsufficientMemory: the cards lack free memory: ask for less GPU memory, or wait for other "
+        "GPU pods to finish. Every node in detail: hami explain default/p"
     )
     assert event["involvedObject"]["name"] == "p"
     # the busy pod finishing frees the card: the watch applies it incrementally

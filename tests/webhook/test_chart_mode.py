@@ -92,6 +92,7 @@ async def test_metrics_count_every_admission_by_result_and_reason(
         make_pod(ctr(limits={"cpu": "1"}), annotations={"hami.io/vgpu-node": "n1"}),
         make_pod(ctr("t", limits={GPU: "1", MEM: "16Gi"})),
         make_pod(ctr("t", limits={GPU: "1", MEM: "lots"}), ctr("u", limits={"nvidia.com/gpucores": "300"})),
+        make_pod(ctr(limits={GPU: "1"}), annotations={"nvidia.com/numa-bind": "yes"}),
     ]
     started = time.perf_counter()
     results = [await direct.admit(pod) for pod in pods]
@@ -101,13 +102,13 @@ async def test_metrics_count_every_admission_by_result_and_reason(
     async with direct.session.post(direct.url, json=bad) as response:
         assert response.status == 404
     elapsed = time.perf_counter() - started
-    assert [r["allowed"] for r in results] == [True, True, True, False, False, False, False]
+    assert [r["allowed"] for r in results] == [True, True, True, False, False, False, False, False]
 
     after, _ = await scrape(operator)
     admissions = "hami_webhook_admissions_total"
     assert delta(before, after, admissions, result="mutated") == 2
     assert delta(before, after, admissions, result="unchanged") == 1
-    assert delta(before, after, admissions, result="refused") == 4
+    assert delta(before, after, admissions, result="refused") == 5
     assert delta(before, after, admissions, result="error") == 1
     refusals = {
         reason: delta(before, after, "hami_webhook_refusals_total", reason=reason)
@@ -118,11 +119,12 @@ async def test_metrics_count_every_admission_by_result_and_reason(
         "privileged": 1,
         "forged_annotation": 1,
         "bad_gpumem": 2,
+        "bad_annotation": 1,
     }
 
     duration = "hami_webhook_admission_duration_seconds"
     count = delta(before, after, f"{duration}_count")
-    assert count == 8
+    assert count == 9
     assert delta(before, after, f"{duration}_bucket", le="+Inf") == count
     # the server-side time of sequential requests fits inside the client's wall-clock time
     assert 0 < delta(before, after, f"{duration}_sum") < elapsed

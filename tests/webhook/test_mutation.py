@@ -6,7 +6,21 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from webhook_cases import CORES, DEFAULT, GPU, MEM, PCT, PRIO, REFUSALS, ctr, make_pod
+from webhook_cases import (
+    CORES,
+    DEFAULT,
+    GPU,
+    GPU_POLICY,
+    MEM,
+    NODE_POLICY,
+    NUMA_BIND,
+    PCT,
+    PRIO,
+    REFUSALS,
+    WEIGHTS,
+    ctr,
+    make_pod,
+)
 
 from hami.annotations import INTERNAL_POD_ANNOTATIONS
 from hami.settings import DeviceConfig, ResourceNames
@@ -169,6 +183,8 @@ def test_already_ours_needs_no_scheduler_change() -> None:
     assert decision == Admit(spec={}, notes=())
 
 
+BAD_STEERING = {NUMA_BIND: "yes", NODE_POLICY: "pack", GPU_POLICY: "pack", WEIGHTS: "slot=1"}
+
 UNTOUCHED: list[tuple[str, dict[str, Any], MutationSettings, str]] = [
     ("no GPU", make_pod(ctr(limits={"cpu": "1"})), DEFAULT, "no container asks for a managed resource"),
     (
@@ -188,6 +204,18 @@ UNTOUCHED: list[tuple[str, dict[str, Any], MutationSettings, str]] = [
         make_pod(ctr(limits={GPU: "1"}), schedulerName="default-scheduler"),
         replace(DEFAULT, force_overwrite_default_scheduler=False),
         "scheduler 'default-scheduler' is not ours",
+    ),
+    (
+        "no GPU, with unreadable steering annotations",
+        make_pod(ctr(limits={"cpu": "1"}), annotations=BAD_STEERING),
+        DEFAULT,
+        "no container asks for a managed resource",
+    ),
+    (
+        "foreign scheduler, with unreadable steering annotations",
+        make_pod(ctr(limits={GPU: "1"}), schedulerName="volcano", annotations=BAD_STEERING),
+        DEFAULT,
+        "scheduler 'volcano' is not ours",
     ),
     (
         "ignored by label, even with bad values",
@@ -268,3 +296,33 @@ def test_all_forged_keys_are_listed() -> None:
 def test_user_steering_annotations_are_welcome() -> None:
     pod = make_pod(ctr(limits={GPU: "1"}), annotations={"nvidia.com/use-gputype": "A100"})
     assert isinstance(plan(pod, DEFAULT), Admit)
+
+
+@pytest.mark.parametrize(
+    "annotations",
+    [
+        {NUMA_BIND: "true", NODE_POLICY: "spread", GPU_POLICY: "binpack", WEIGHTS: "slot=1,core=2,memory=0"},
+        {NUMA_BIND: "0", NODE_POLICY: " binpack ", GPU_POLICY: " binpack , numa ", WEIGHTS: ""},
+        {NUMA_BIND: "True", NODE_POLICY: "", GPU_POLICY: "topology-aware"},
+        {GPU_POLICY: "mutex"},
+        {GPU_POLICY: "numa"},
+        {GPU_POLICY: "spread,numa,"},  # an empty entry is dropped, as the scheduler does
+        {GPU_POLICY: "   "},  # blank: the scheduler's default
+        {WEIGHTS: " memory = 3 , slot=0,core=0"},
+    ],
+)
+def test_readable_steering_annotations_are_admitted(annotations: dict[str, str]) -> None:
+    decision = plan(make_pod(ctr(limits={GPU: "1"}), annotations=annotations), DEFAULT)
+    assert isinstance(decision, Admit)
+    assert decision.spec["schedulerName"] == "hami-scheduler"
+
+
+def test_bad_annotation_on_a_gpu_pod_with_an_unusable_count_is_still_named() -> None:
+    # the container's value problem makes it ask for nothing, yet the pod is a GPU pod
+    pod = make_pod(ctr("t", limits={GPU: "x"}), annotations={NODE_POLICY: "Spread"})
+    decision = plan(pod, DEFAULT)
+    assert isinstance(decision, Refuse)
+    assert decision.reason == "bad_gpu"
+    assert decision.message.endswith(
+        'annotation hami.io/node-scheduler-policy "Spread": unknown node policy; expected binpack or spread'
+    )

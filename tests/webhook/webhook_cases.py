@@ -42,6 +42,12 @@ GPU, MEM, PCT, CORES, PRIO = (
     "nvidia.com/gpucores",
     "nvidia.com/priority",
 )
+NUMA_BIND, NODE_POLICY, GPU_POLICY, WEIGHTS = (
+    "nvidia.com/numa-bind",
+    "hami.io/node-scheduler-policy",
+    "hami.io/gpu-scheduler-policy",
+    "hami.io/device-scoring-weights",
+)
 
 
 #: (id, pod, message, status code, reason code of the metrics)
@@ -146,6 +152,65 @@ REFUSALS: list[tuple[str, dict[str, Any], str, int, str]] = [
         "init container problem",
         make_pod(ctr("app"), init=(ctr("warm", limits={CORES: "-5"}),)),
         'container "warm": nvidia.com/gpucores "-5" must not be negative',
+        422,
+        "bad_gpucores",
+    ),
+    # steering annotations the scheduler would ignore (numa-bind, policies) or fail on forever (weights)
+    (
+        "numa-bind not a boolean",
+        make_pod(ctr(limits={GPU: "1"}), annotations={NUMA_BIND: "yes"}),
+        'annotation nvidia.com/numa-bind "yes": expected true or false '
+        "(Go booleans: 1 t T TRUE true True, 0 f F FALSE false False)",
+        422,
+        "bad_annotation",
+    ),
+    (
+        "unreadable scoring weights",
+        make_pod(ctr(limits={GPU: "1", MEM: "1000"}), annotations={WEIGHTS: "slot=1,core=x,memory=1"}),
+        'annotation hami.io/device-scoring-weights "slot=1,core=x,memory=1": "core" weight must be an '
+        "integer; accepted: slot=<n>,core=<n>,memory=<n> in any order, non-negative integers, "
+        "at least one positive",
+        422,
+        "bad_annotation",
+    ),
+    (
+        "unknown node policy",
+        make_pod(ctr(limits={GPU: "1"}), annotations={NODE_POLICY: "pack"}),
+        'annotation hami.io/node-scheduler-policy "pack": unknown node policy; expected binpack or spread',
+        422,
+        "bad_annotation",
+    ),
+    (
+        "unknown GPU policy in a list",
+        make_pod(ctr(limits={GPU: "1"}), annotations={GPU_POLICY: "binpack, Numa ,topology"}),
+        'annotation hami.io/gpu-scheduler-policy "binpack, Numa ,topology": unknown GPU policies '
+        '"Numa", "topology"; expected binpack, spread, mutex, topology-aware or numa, '
+        "or a comma list of them",
+        422,
+        "bad_annotation",
+    ),
+    (
+        "GPU policy naming no policy",
+        make_pod(ctr(limits={GPU: "1"}), annotations={GPU_POLICY: " , "}),
+        'annotation hami.io/gpu-scheduler-policy " , ": names no policy; expected binpack, spread, '
+        "mutex, topology-aware or numa, or a comma list of them",
+        422,
+        "bad_annotation",
+    ),
+    (
+        "every bad annotation listed, after the container problems",
+        make_pod(
+            ctr("app"),
+            init=(ctr("warm", limits={CORES: "-5"}),),
+            annotations={NUMA_BIND: "on", GPU_POLICY: "pack", WEIGHTS: "slot=1"},
+        ),
+        'container "warm": nvidia.com/gpucores "-5" must not be negative; '
+        'annotation nvidia.com/numa-bind "on": expected true or false '
+        "(Go booleans: 1 t T TRUE true True, 0 f F FALSE false False); "
+        'annotation hami.io/gpu-scheduler-policy "pack": unknown GPU policy "pack"; expected binpack, '
+        "spread, mutex, topology-aware or numa, or a comma list of them; "
+        'annotation hami.io/device-scoring-weights "slot=1": expected slot, core, and memory weights; '
+        "accepted: slot=<n>,core=<n>,memory=<n> in any order, non-negative integers, at least one positive",
         422,
         "bad_gpucores",
     ),

@@ -1,0 +1,112 @@
+"""Events the node agent records on pods: ``AllocationFailed`` (Warning) and ``AllocationSucceeded``.
+
+Owns the texts (what failed, and what a person can do about it) and the fire-and-forget writing: an
+Event must never delay or fail an ``Allocate`` answer, so each one is a tracked background task whose
+errors are logged and dropped; at most ``limit`` are in flight (more are dropped with a log line, so a
+broken API server cannot pile them up); :meth:`PodEvents.drain` waits for them on shutdown and in
+tests. Events go through ``hami.kube.events.record_event`` with component ``hami-monitor``.
+Imports ``hami.kube`` and the codec; must not import grpc or pynvml.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from hami.annotations import POD_BIND_PHASE, AnnotationError, read_pod_devices
+from hami.core.model import Grant
+from hami.kube.client import KubeError
+from hami.kube.events import record_event
+from monitor.allocation import container_names
+
+log = logging.getLogger(__name__)
+
+COMPONENT = "hami-monitor"
+FAILED = "AllocationFailed"
+SUCCEEDED = "AllocationSucceeded"
+
+
+def failure_message(node: str, cause: BaseException) -> str:
+    """What failed, what the agent did about it, and what a person should do next."""
+    if isinstance(cause, KubeError):
+        advice = (
+            "The node agent could not read or write the pod or node: check that hami-monitor on this node "
+            "reaches the API server and keeps its permissions (pods get/list/patch, nodes get/patch)"
+        )
+    elif isinstance(cause, AnnotationError):
+        advice = "The pod's hami.io annotations were changed after scheduling: do not edit them by hand"
+    elif isinstance(cause, OSError):
+        advice = (
+            "The node agent could not prepare HAMi-core's files under --hook-path: check that host "
+            "directory and its free space"
+        )
+    else:
+        advice = f"If it happens again, read the hami-monitor log on node {node}"
+    return (
+        f"GPU allocation on node {node} failed: {cause}. The pod is marked {POD_BIND_PHASE}=failed, "
+        f"its node lock is released and kubelet rejects it (UnexpectedAdmissionError). {advice}; then "
+        "delete the pod so it is scheduled again (a Deployment, Job or StatefulSet recreates it)."
+    )
+
+
+def _grant(grant: Grant) -> str:
+    return f"{grant.uuid} ({grant.memory_mib} MiB, {grant.cores}% cores)"
+
+
+def success_message(node: str, pod: Mapping[str, Any], served: Sequence[tuple[str, Sequence[str]]]) -> str:
+    """Every container's cards (from ``hami.io/vgpu-devices-allocated``; ``served`` if unreadable)."""
+    try:
+        devices = read_pod_devices(pod) or ()
+    except AnnotationError:
+        devices = ()
+    names = container_names(pod)
+    parts = [
+        f"{names[index] if index < len(names) else f'#{index}'}: {', '.join(_grant(g) for g in grants)}"
+        for index, grants in enumerate(devices)
+        if grants
+    ]
+    if not parts:
+        parts = [f"{container}: {', '.join(uuids)}" for container, uuids in served]
+    return f"GPUs allocated on node {node}: " + "; ".join(parts)
+
+
+class PodEvents:
+    """Writes Events in the background; nothing here ever raises into the caller."""
+
+    def __init__(self, api: Any, *, component: str = COMPONENT, limit: int = 32) -> None:
+        self._api = api
+        self._component = component
+        self._limit = limit
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def record(self, pod: Mapping[str, Any], reason: str, message: str, *, warning: bool = False) -> None:
+        name = (pod.get("metadata") or {}).get("name")
+        if len(self._tasks) >= self._limit:
+            log.warning("dropping the %s event of pod %s: %d events in flight", reason, name, self._limit)
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._write(pod, reason, message, "Warning" if warning else "Normal")
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _write(self, pod: Mapping[str, Any], reason: str, message: str, kind: str) -> None:
+        try:
+            await record_event(
+                self._api, involved=pod, reason=reason, message=message, type=kind, component=self._component
+            )
+        except (KubeError, ValueError) as exc:  # ValueError: an unreadable answer
+            name = (pod.get("metadata") or {}).get("name")
+            log.warning("could not record the %s event of pod %s: %s", reason, name, exc)
+
+    async def drain(self, seconds: float = 5.0) -> None:
+        """Wait for the Events being written (at most ``seconds``), then cancel what is left."""
+        if self._tasks:
+            _, pending = await asyncio.wait(set(self._tasks), timeout=seconds)
+            for task in pending:
+                task.cancel()
+
+    def __len__(self) -> int:
+        return len(self._tasks)

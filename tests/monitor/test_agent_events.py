@@ -1,0 +1,151 @@
+"""The node agent's Events on the pod it allocates, on the embedded API server: ``AllocationSucceeded``
+once every container is served, ``AllocationFailed`` with the cause and what to do, and an Event that
+cannot be written neither fails nor delays the allocation."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import kmock
+import pytest
+from agent_helpers import annotations_of, create_node, create_pod
+from kmock._internal.rendering import Response
+
+from hami.annotations import POD_BIND_PHASE, BindPhase, allocation_annotations, bind_annotations
+from hami.core.model import Grant, PodDevices
+from hami.kube.nodelock import acquire_node_lock
+from monitor.allocation import AllocationError
+from monitor.allocator import Allocator
+from monitor.config import NodeSettings
+
+EVENTS = kmock.resource("v1/events")
+POD = "/api/v1/namespaces/default/pods/"
+NOW = datetime.datetime(2026, 3, 1, 12, 0, tzinfo=datetime.UTC)
+
+
+def events(k: kmock.KubernetesEmulator, reason: str) -> list[dict[str, Any]]:
+    return [r.data for r in k["post", EVENTS] if r.data["reason"] == reason]
+
+
+async def bound(k: kmock.KubernetesEmulator, api: Any, devices: PodDevices, names: list[str]) -> None:
+    """Pod ``p`` as the scheduler's bind leaves it: annotations, node, and the node lock."""
+    annotations = allocation_annotations(node="n1", devices=devices, now=NOW)
+    annotations.update(bind_annotations(BindPhase.ALLOCATING, now=NOW))
+    containers = [{"name": n, "image": "x"} for n in names]
+    await create_pod(k, "p", annotations=annotations, node="n1", containers=containers)
+    await acquire_node_lock(api, "n1", "default", "p", now=datetime.datetime.now(datetime.UTC))
+
+
+@pytest.fixture
+async def allocator(apiserver: kmock.KubernetesEmulator, api: Any) -> AsyncIterator[Allocator]:
+    await create_node(apiserver, "n1")
+    allocator = Allocator(api=api, node_name="n1", settings=NodeSettings())
+    yield allocator
+    await allocator.events.drain()
+
+
+async def test_success_is_recorded_once_the_last_container_is_served(
+    apiserver: kmock.KubernetesEmulator, api: Any, allocator: Allocator
+) -> None:
+    devices = (
+        (Grant(uuid="GPU-a", memory_mib=3000, cores=30),),
+        (Grant(uuid="GPU-a", memory_mib=1000, cores=0), Grant(uuid="GPU-b", memory_mib=2000, cores=50)),
+    )
+    await bound(apiserver, api, devices, ["train", "sidecar"])
+    await allocator.allocate([["GPU-a-0"]])
+    await allocator.events.drain()
+    assert events(apiserver, "AllocationSucceeded") == []  # one container still to come
+    await allocator.allocate([["GPU-a-1", "GPU-b-0"]])
+    await allocator.events.drain()
+    (event,) = events(apiserver, "AllocationSucceeded")
+    assert event["type"] == "Normal"
+    assert event["message"] == (
+        "GPUs allocated on node n1: train: GPU-a (3000 MiB, 30% cores); "
+        "sidecar: GPU-a (1000 MiB, 0% cores), GPU-b (2000 MiB, 50% cores)"
+    )
+    assert event["involvedObject"] == {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "name": "p",
+        "namespace": "default",
+        "uid": "uid-p",
+    }
+    assert event["metadata"]["namespace"] == "default"
+    assert event["source"] == {"component": "hami-monitor"} and event["reportingComponent"] == "hami-monitor"
+    assert events(apiserver, "AllocationFailed") == []
+
+
+async def test_a_failure_says_what_failed_and_what_to_do(
+    apiserver: kmock.KubernetesEmulator, api: Any, allocator: Allocator
+) -> None:
+    await bound(apiserver, api, ((Grant(uuid="GPU-a", memory_mib=1000, cores=10),),), ["c"])
+    with pytest.raises(AllocationError):
+        await allocator.allocate([["GPU-a-0", "GPU-b-0"]])  # kubelet asks for 2 cards, the pod got 1
+    await allocator.events.drain()
+    (event,) = events(apiserver, "AllocationFailed")
+    assert event["type"] == "Warning" and event["source"] == {"component": "hami-monitor"}
+    assert event["involvedObject"]["name"] == "p"
+    assert event["message"] == (
+        "GPU allocation on node n1 failed: pod default/p on node n1: device number not matched for "
+        "container c: kubelet asked for 2, hami.io/vgpu-devices-to-allocate holds 1. The pod is marked "
+        "hami.io/bind-phase=failed, its node lock is released and kubelet rejects it "
+        "(UnexpectedAdmissionError). If it happens again, read the hami-monitor log on node n1; then "
+        "delete the pod so it is scheduled again (a Deployment, Job or StatefulSet recreates it)."
+    )
+    assert events(apiserver, "AllocationSucceeded") == []
+
+
+async def test_an_edited_annotation_gets_its_own_advice(
+    apiserver: kmock.KubernetesEmulator, api: Any, allocator: Allocator
+) -> None:
+    await bound(apiserver, api, ((Grant(uuid="GPU-a", memory_mib=1000, cores=10),),), ["c"])
+    await apiserver.patch(
+        POD + "p",
+        json={"metadata": {"annotations": {"hami.io/vgpu-devices-to-allocate": "GPU-a,NVIDIA,x,1:;"}}},
+    )
+    with pytest.raises(AllocationError):
+        await allocator.allocate([["GPU-a-0"]])
+    await allocator.events.drain()
+    (event,) = events(apiserver, "AllocationFailed")
+    assert '"GPU-a,NVIDIA,x,1:;"' in event["message"]
+    assert (
+        "annotations were changed after scheduling: do not edit them by hand; then delete" in event["message"]
+    )
+
+
+async def test_an_event_that_cannot_be_written_does_not_fail_the_allocation(
+    apiserver: kmock.KubernetesEmulator, api: Any, allocator: Allocator, caplog: pytest.LogCaptureFixture
+) -> None:
+    (apiserver**10)["post", EVENTS] << 500
+    await bound(apiserver, api, ((Grant(uuid="GPU-a", memory_mib=1000, cores=10),),), ["c"])
+    (answer,) = await allocator.allocate([["GPU-a-0"]])
+    assert answer.uuids == ("GPU-a",)
+    with caplog.at_level(logging.WARNING, logger="monitor.podevents"):
+        await allocator.events.drain()
+    assert (await annotations_of(apiserver, POD + "p"))[POD_BIND_PHASE] == "success"
+    assert len(apiserver["post", EVENTS]) == 1  # tried once, failed, dropped
+    assert "could not record the AllocationSucceeded event of pod p: 500" in caplog.text
+
+
+async def test_a_hanging_event_write_does_not_delay_the_answer(
+    apiserver: kmock.KubernetesEmulator, api: Any, allocator: Allocator
+) -> None:
+    release = asyncio.Event()
+
+    async def hang(_: kmock.Request) -> Response:
+        await release.wait()
+        return Response(status=201)
+
+    (apiserver**10)["post", EVENTS] << hang
+    await bound(apiserver, api, ((Grant(uuid="GPU-a", memory_mib=1000, cores=10),),), ["c"])
+    try:
+        await asyncio.wait_for(allocator.allocate([["GPU-a-0"]]), timeout=5)
+        assert len(allocator.events) == 1  # answered while the Event is still being written
+    finally:
+        release.set()
+    await allocator.events.drain()
+    assert len(allocator.events) == 0
