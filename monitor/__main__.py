@@ -53,7 +53,7 @@ async def run(config: AgentConfig) -> None:
     """Run the agent until cancelled."""
     parse_listen(config.metrics_listen)  # a bad address is a start-up error (exit 2), not a retry loop
     settings = load_node_settings(config)
-    api = load_api_client(config.kubeconfig)
+    api = load_api_client(config.kubeconfig, component="hami-monitor")
     backend = await open_backend_patiently(config)
     log.info(
         "node %s: using the %s backend, resource %s", config.node_name, backend.name, settings.resource_name

@@ -410,7 +410,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 async def serve(args: argparse.Namespace) -> None:
-    api = load_api_client(args.kubeconfig)
+    api = load_api_client(args.kubeconfig, component="kubelet-standin")
     kubelets: dict[str, NodeKubelet] = {}
     for value in args.node:
         name, directory = value.split("=", 1)

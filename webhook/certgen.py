@@ -323,7 +323,7 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
 
 
 async def _run(args: argparse.Namespace) -> str:
-    api = load_api_client(args.kubeconfig)
+    api = load_api_client(args.kubeconfig, component="hami-certgen")
     try:
         if args.command == "secret":
             outcome = await ensure_secret(

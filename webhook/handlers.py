@@ -112,7 +112,7 @@ def build_registry(
 
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
-        api = load_api_client(settings.kubeconfig)
+        api = load_api_client(settings.kubeconfig, component="hami-webhook")
         conf = api.configuration
         header = conf.get_api_key_with_prefix("BearerToken") or conf.get_api_key_with_prefix("authorization")
         scheme, _sep, token = (header or "").rpartition(" ")

@@ -11,6 +11,7 @@ dicts, never as client model classes) and the error hierarchy (:class:`KubeError
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -54,8 +55,13 @@ class HamiApiClient(client.ApiClient):
         self.request_timeout = request_timeout
 
 
-def load_api_client(kubeconfig: str | None, *, request_timeout: float = DEFAULT_TIMEOUT) -> Any:
+def load_api_client(
+    kubeconfig: str | None, *, request_timeout: float = DEFAULT_TIMEOUT, component: str = "hami"
+) -> Any:
     """Build an ``ApiClient``: the given kubeconfig file, else in-cluster, else ``~/.kube/config``.
+
+    Requests carry the User-Agent ``<component>/<version>`` so audit logs (and our RBAC tests) can tell
+    the scheduler, the webhook and the node agent apart.
 
     Connection errors are retried twice by urllib3; a read is never retried (a POST or PATCH that
     timed out may have been applied; the caller decides).
@@ -72,7 +78,16 @@ def load_api_client(kubeconfig: str | None, *, request_timeout: float = DEFAULT_
             config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     configuration.retries = urllib3.Retry(total=2, connect=2, read=0, status=0, other=0, redirect=2)
     configuration.connection_pool_maxsize = 64
-    return HamiApiClient(configuration, request_timeout=request_timeout)
+    api = HamiApiClient(configuration, request_timeout=request_timeout)
+    api.user_agent = f"{component}/{_version()}"
+    return api
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("hami-py")
+    except importlib.metadata.PackageNotFoundError:
+        return "dev"
 
 
 def timeout_of(api: Any) -> float:

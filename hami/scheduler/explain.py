@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     namespace, _, name = str(args.pod).rpartition("/")
     try:
         config = load_device_config(args.device_config)
-        api = load_api_client(args.kubeconfig)
+        api = load_api_client(args.kubeconfig, component="hami-explain")
         policy = Policy(node_policy=args.node_scheduler_policy, gpu_policy=args.gpu_scheduler_policy)
         return asyncio.run(explain(api, namespace or "default", name, config, policy, out=sys.stdout))
     except (KubeError, ValueError) as exc:

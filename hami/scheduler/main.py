@@ -35,7 +35,9 @@ def run(args: argparse.Namespace) -> int:
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
-        api = load_api_client(settings.kubeconfig, request_timeout=settings.api_timeout)
+        api = load_api_client(
+            settings.kubeconfig, request_timeout=settings.api_timeout, component="hami-scheduler"
+        )
     except (KubeError, OSError, ValueError) as exc:
         print(f"hami scheduler: cannot build the Kubernetes client: {exc}", file=sys.stderr)
         return 2

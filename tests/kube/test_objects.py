@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import kmock
@@ -138,3 +139,15 @@ async def test_a_hanging_request_fails_within_the_client_timeout(
 async def test_unreadable_kubeconfig_path_is_named(tmp_path: Any) -> None:
     with pytest.raises(KubeError, match="missing-kubeconfig"):
         load_api_client(str(tmp_path / "missing-kubeconfig"))
+
+
+async def test_requests_name_their_component_in_the_user_agent(
+    apiserver: kmock.KubernetesEmulator, kubeconfig: Path
+) -> None:
+    api = load_api_client(str(kubeconfig), component="hami-scheduler")
+    await apiserver.post(
+        "/api/v1/nodes", json={"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}
+    )
+    await get_node(api, "n1")
+    agents = [r.headers.get("User-Agent", "") for r in apiserver["get"] if r.url.path == "/api/v1/nodes/n1"]
+    assert agents and agents[-1].startswith("hami-scheduler/")
