@@ -131,7 +131,9 @@ def decode_gpu_policy(text: str | None, *, strict: bool = False) -> str | None:
 def pod_annotation_problems(pod: Mapping[str, Any]) -> tuple[AnnotationError, ...]:
     """Every steering annotation of ``pod`` the scheduler would ignore or fail on, in §17 order (for
     the webhook to refuse the pod at admission). Each message names the key, quotes the text and says
-    what is accepted; a weights problem keeps HAMi's reason and adds the accepted form.
+    what is accepted; a weights problem keeps HAMi's reason and adds the accepted form. A blank value
+    is never a problem: it means the default everywhere (for numa-bind Go's error reads as false, the
+    default too).
     """
     annotations = pod_annotations(pod)
     problems: list[AnnotationError] = []
@@ -141,8 +143,11 @@ def pod_annotation_problems(pod: Mapping[str, Any]) -> tuple[AnnotationError, ..
         (POD_GPU_POLICY, decode_gpu_policy),
     )
     for key, decode in checks:
+        text = annotations.get(key)
+        if text is None or not text.strip():
+            continue
         try:
-            decode(annotations.get(key), strict=True)
+            decode(text, strict=True)
         except AnnotationError as exc:
             problems.append(exc)
     try:

@@ -307,7 +307,7 @@ def test_user_steering_annotations_are_welcome() -> None:
         {GPU_POLICY: "mutex"},
         {GPU_POLICY: "numa"},
         {GPU_POLICY: "spread,numa,"},  # an empty entry is dropped, as the scheduler does
-        {GPU_POLICY: "   "},  # blank: the scheduler's default
+        {GPU_POLICY: "   ", NODE_POLICY: "", NUMA_BIND: " "},  # blank: the scheduler's defaults
         {WEIGHTS: " memory = 3 , slot=0,core=0"},
     ],
 )
