@@ -97,6 +97,7 @@ def _context(nodes: int) -> Any:
     now_local = local_time(ctx.clock())
     ctx.snapshot.replace_nodes([_node(f"node-{i:05d}", now_local) for i in range(nodes)])
     ctx.snapshot.replace_pods([_pod(f"used-{i:05d}", f"node-{i:05d}") for i in range(nodes)])
+    ctx.snapshot.replace_quotas([])  # no namespace quota: the plain-pod fast path
     return ctx
 
 

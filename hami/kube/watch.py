@@ -1,4 +1,4 @@
-"""List + watch of Nodes or Pods in a background thread that feeds an asyncio loop.
+"""List + watch of Nodes, Pods or ResourceQuotas (all namespaces) in a thread that feeds an asyncio loop.
 
 Owns the informer-like loop: list (raw JSON), hand the full list to the loop, then watch from the
 list's resourceVersion and hand every event over; when a watch ends (server timeout, client read
@@ -29,7 +29,7 @@ from hami.kube.client import Gone, KubeError, core_api, error_from, timeout_of
 
 logger = logging.getLogger(__name__)
 
-Kind = Literal["nodes", "pods"]
+Kind = Literal["nodes", "pods", "resourcequotas"]
 ListCallback = Callable[[list[dict[str, Any]]], None]
 EventCallback = Callable[[str, dict[str, Any]], None]
 ErrorCallback = Callable[[KubeError], None]
@@ -41,6 +41,13 @@ DROPPED = "dropped"
 GONE = "gone_410"
 ERROR = "error"
 RESTART_CAUSES = (ENDED, DROPPED, GONE, ERROR)
+
+#: The ``CoreV1Api`` method that lists (and, with ``watch=True``, watches) each kind cluster-wide.
+METHODS: dict[str, str] = {
+    "nodes": "list_node",
+    "pods": "list_pod_for_all_namespaces",
+    "resourcequotas": "list_resource_quota_for_all_namespaces",
+}
 
 
 def _lines(response: Any) -> Iterator[bytes]:
@@ -114,8 +121,7 @@ class ListWatcher:
             self._deliver(self._on_restart, cause)
 
     def _method(self) -> Any:
-        core = core_api(self._api)
-        return core.list_node if self._kind == "nodes" else core.list_pod_for_all_namespaces
+        return getattr(core_api(self._api), METHODS[self._kind])
 
     def _run(self) -> None:
         while not self._stopping.is_set():

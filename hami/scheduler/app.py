@@ -3,8 +3,8 @@
 Owns the routes (``POST /filter``, ``/prioritize``, ``/bind``; ``GET /healthz``, ``/readyz``,
 ``/metrics``), the HTTP status rules (spec-scheduler §15: an empty body is HTTP 400 ``Please send a
 request body``; unreadable JSON and every other failure are HTTP 200 with ``Error`` set), and the
-service lifecycle: list+watch threads for Nodes and Pods feeding the snapshot, the registration pass
-(handshakes, spec-scheduler §5.3) and the background tasks, all stopped on cleanup.
+service lifecycle: list+watch threads for Nodes, Pods and ResourceQuotas feeding the snapshot, the
+registration pass (handshakes, spec-scheduler §5.3) and the background tasks, all stopped on cleanup.
 Must not import the Kubernetes client (only ``hami.kube``).
 """
 
@@ -30,6 +30,7 @@ from hami.scheduler.context import Background, Context, utc_now
 from hami.scheduler.filter import handle_filter
 from hami.scheduler.metrics import Metrics
 from hami.scheduler.prioritize import handle_prioritize
+from hami.scheduler.quotas import QuotaBook
 from hami.scheduler.snapshot import Snapshot, local_time
 from hami.scheduler.wire import (
     ExtenderBindingResult,
@@ -90,6 +91,11 @@ def build_context(
         on_malformed=on_malformed,
         on_handshake=on_handshake,
         on_lock=metrics.lock_holds.seen,
+        quotas=QuotaBook(
+            memory_resource=settings.device_config.resources.memory,
+            cores_resource=settings.device_config.resources.cores,
+            memory_factor=settings.device_config.effective_memory_factor,
+        ),
     )
 
     def nodes_for_metrics() -> Iterable[tuple[str, NodeState | None, str | None]]:
@@ -213,6 +219,14 @@ def _watching(ctx: Context) -> Callable[[web.Application], AsyncIterator[None]]:
                 on_list=snapshot.replace_pods,
                 on_event=count("pod", snapshot.pod_event),
                 on_restart=ctx.metrics.watch_restarted("pods"),
+            ),
+            ListWatcher(
+                ctx.api,
+                "resourcequotas",
+                loop=loop,
+                on_list=snapshot.replace_quotas,
+                on_event=count("quota", snapshot.quota_event),
+                on_restart=ctx.metrics.watch_restarted("resourcequotas"),
             ),
         ]
         for watcher in watchers:

@@ -1,6 +1,8 @@
 """``POST /bind``: the only scheduler step that writes (spec-scheduler §16, architecture rule 7).
 
-Order: read the pod fresh from the API; take the node lock (compare-and-set, ``hami.kube.nodelock``);
+Order: read the pod fresh from the API; take the node lock (compare-and-set, ``hami.kube.nodelock``)
+when some *app* container asks for cards (HAMi's NVIDIA backend: a pod whose only GPU request is in
+init containers binds without it, the node agent finds it by its bind phase);
 recompute the pod's allocation for that node on the snapshot's current state with the core's
 ``fit_node`` and book it in the snapshot at once (no ``await`` between deciding and booking, so racing
 binds in this process always see each other); merge-patch the pod (device lists, ``hami.io/vgpu-node``
@@ -8,8 +10,10 @@ annotation and label, ``vgpu-time``, ``bind-phase=allocating``, ``bind-time``, M
 any); create the Binding. Success: a ``BindingSucceed`` Event; the lock stays for the node agent to
 release after Allocate. Any failure: undo the booking, release our lock, mark the pod
 ``bind-phase=failed``, a ``BindingFailed`` Warning Event (the error and what to do about it), and the
-error text in the reply. Each outcome is counted (``hami_scheduler_binds_total{result}``) and every
-acquired lock is handed to the hold-time metric.
+error text in the reply. A busy lock fails at once unless ``--node-lock-wait`` is set; PodGroup
+members (label ``scheduling.x-k8s.io/pod-group`` non-empty) wait up to ``--node-lock-retry-timeout``
+(28 s, HAMi's retry), the longer of the two. Each outcome is counted
+(``hami_scheduler_binds_total{result}``) and every acquired lock is handed to the hold-time metric.
 Must not import the Kubernetes client (only ``hami.kube``) or aiohttp.
 """
 
@@ -18,11 +22,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from hami.annotations import (
     POD_BIND_PHASE,
     POD_DEVICES_ALLOCATED,
+    POD_GROUP_LABEL,
     POD_VGPU_NODE,
     AnnotationError,
     BindPhase,
@@ -78,9 +84,10 @@ async def handle_bind(ctx: Context, args: ExtenderBindingArgs) -> ExtenderBindin
     try:
         async with ctx.node_queue(node):
             _decide(ctx, request, node, key)  # fail fast, without locking, when it cannot fit anyway
-            value = await _acquire(ctx, node, namespace, name)
-            locked = True
-            ctx.metrics.lock_holds.acquired(node, value, ctx.snapshot.lock_of(node))
+            if locks_node(request):
+                value = await _acquire(ctx, node, namespace, name, wait=lock_wait(ctx, pod))
+                locked = True
+                ctx.metrics.lock_holds.acquired(node, value, ctx.snapshot.lock_of(node))
             # decide and book with no await in between: the next bind on this loop sees the booking
             now = ctx.clock()
             decision = _decide(ctx, request, node, key)
@@ -100,14 +107,34 @@ async def handle_bind(ctx: Context, args: ExtenderBindingArgs) -> ExtenderBindin
     return _succeeded(ctx, pod, node)
 
 
-async def _acquire(ctx: Context, node: str, namespace: str, name: str) -> str:
-    """Take the node lock; while another pod holds it, wait up to ``--node-lock-wait`` seconds.
+def locks_node(request: PodRequest) -> bool:
+    """HAMi's NVIDIA backend locks the node only when some app container asks for cards (§16 step 3)."""
+    return any(c is not None and c.nums > 0 for c in request.containers[request.init_count :])
+
+
+def is_group_member(pod: Mapping[str, Any]) -> bool:
+    """A PodGroup member: label ``scheduling.x-k8s.io/pod-group`` with a non-empty value."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return bool(labels.get(POD_GROUP_LABEL))
+
+
+def lock_wait(ctx: Context, pod: Mapping[str, Any]) -> float:
+    """Seconds this pod's bind waits for a busy node lock: ``--node-lock-wait``, or for a PodGroup
+    member the longer of that and ``--node-lock-retry-timeout`` (a group waits for its siblings)."""
+    if is_group_member(pod):
+        return max(ctx.settings.node_lock_wait, ctx.settings.node_lock_retry_timeout)
+    return ctx.settings.node_lock_wait
+
+
+async def _acquire(ctx: Context, node: str, namespace: str, name: str, *, wait: float) -> str:
+    """Take the node lock; while another pod holds it, wait up to ``wait`` seconds.
 
     The wait listens to the node watch (a change of the lock annotation triggers a new attempt) and
-    re-checks at least every second in case an event is slow; 0 fails at once, as HAMi does.
+    re-checks at least every second in case an event is slow (or the holder pod was deleted, which
+    does not change the annotation); 0 fails at once, as HAMi does for pods outside a PodGroup.
     """
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + ctx.settings.node_lock_wait
+    deadline = loop.time() + wait
     while True:
         change = ctx.snapshot.lock_change(node)  # registered before reading: no change is missed
         try:
@@ -129,7 +156,8 @@ def _decide(ctx: Context, request: PodRequest, node: str, key: tuple[str, str]) 
     found = ctx.snapshot.candidate(node, local_time(ctx.clock()), exclude=key)
     if isinstance(found, str):
         raise BindFailure(found)
-    decision = fit_node(request, found, ctx.settings.policy, now=ctx.clock())
+    quotas = ctx.snapshot.quotas_for(request.namespace, exclude=key)
+    decision = fit_node(request, found, ctx.settings.policy, quotas=quotas, now=ctx.clock())
     if not isinstance(decision, Allocation):
         raise BindFailure(f"pod {key[0]}/{key[1]} does not fit node {node}: {decision.message}")
     return decision

@@ -34,6 +34,8 @@ class SchedulerSettings:
     gpu_policy: str = "spread"
     node_lock_timeout: datetime.timedelta = datetime.timedelta(minutes=5)
     node_lock_wait: float = 0.0  # seconds a bind waits for a busy node lock; 0 = fail at once (HAMi)
+    # seconds a PodGroup member's bind waits for a busy node lock (HAMi's retry); 0 = like other pods
+    node_lock_retry_timeout: float = 28.0
     api_timeout: float = 30.0  # seconds one API request may take
     resync_seconds: float = 15.0  # the registration pass: handshakes and stale nodes
     handshake_window: datetime.timedelta = datetime.timedelta(seconds=60)
@@ -65,6 +67,11 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | 
     flag("gpu-scheduler-policy", "spread", "default GPU policy: binpack, spread, topology-aware, ...")
     flag("node-lock-timeout", "300", "seconds after which a node lock may be taken over")
     flag("node-lock-wait", "0", "seconds a bind waits for another pod's node lock (0: fail at once)")
+    flag(
+        "node-lock-retry-timeout",
+        "28",
+        "seconds a PodGroup member's bind waits for another pod's node lock (0: as --node-lock-wait)",
+    )
     flag("api-timeout", "30", "seconds one Kubernetes API request may take")
     flag("resync-seconds", "15", "seconds between registration passes (handshakes, stale nodes)")
     flag("device-config", None, "HAMi device-config YAML (top key 'nvidia:')")
@@ -89,13 +96,14 @@ def _seconds(name: str, text: str) -> float:
     return value
 
 
-def _wait(text: str) -> float:
+def _wait(name: str, text: str) -> float:
+    """A lock wait: 0..28 s, so a bind answers within kube-scheduler's 30 s extender timeout."""
     try:
         value = float(text)
     except ValueError:
-        raise SettingsError(f"--node-lock-wait must be a number of seconds, got {text!r}") from None
+        raise SettingsError(f"--{name} must be a number of seconds, got {text!r}") from None
     if not 0 <= value <= 28:
-        raise SettingsError(f"--node-lock-wait must be between 0 and 28 seconds, got {text!r}")
+        raise SettingsError(f"--{name} must be between 0 and 28 seconds, got {text!r}")
     return value
 
 
@@ -144,7 +152,8 @@ def from_args(args: argparse.Namespace) -> SchedulerSettings:
         node_policy=args.node_scheduler_policy,
         gpu_policy=args.gpu_scheduler_policy,
         node_lock_timeout=datetime.timedelta(seconds=_seconds("node-lock-timeout", args.node_lock_timeout)),
-        node_lock_wait=_wait(args.node_lock_wait),
+        node_lock_wait=_wait("node-lock-wait", args.node_lock_wait),
+        node_lock_retry_timeout=_wait("node-lock-retry-timeout", args.node_lock_retry_timeout),
         api_timeout=_seconds("api-timeout", args.api_timeout),
         resync_seconds=_seconds("resync-seconds", args.resync_seconds),
         device_config=device_config,

@@ -1,8 +1,9 @@
 """``hami explain NAMESPACE/POD``: why a pod is pending, per node, in words, and the nearest fit.
 
-Owns the command: read the pod, the nodes and the pods from any cluster (the embedded one included),
-build the same :class:`~hami.scheduler.snapshot.Snapshot` the extender keeps, and ask the core's
-:func:`~hami.core.explain.explain_node` about every node. Read-only: writes nothing to the cluster.
+Owns the command: read the pod, the nodes, the pods and the pod's namespace ResourceQuotas from any
+cluster (the embedded one included), build the same :class:`~hami.scheduler.snapshot.Snapshot` the
+extender keeps, and ask the core's :func:`~hami.core.explain.explain_node` about every node (with the
+namespace's GPU quota). Read-only: writes nothing to the cluster.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ from hami.core.explain import NodeExplanation, explain_node
 from hami.core.model import PERCENT_NOT_GIVEN, PodRequest
 from hami.kube import nodes as kube_nodes
 from hami.kube import pods as kube_pods
+from hami.kube import quotas as kube_quotas
 from hami.kube.client import KubeError, NotFound, load_api_client
 from hami.scheduler.config import load_device_config
+from hami.scheduler.quotas import QuotaBook
 from hami.scheduler.snapshot import Snapshot
 from hami.settings import DeviceConfig
 
@@ -76,8 +79,14 @@ async def explain(
     if placed:
         print(f"placed on node {placed}: {describe_grants(pod)}", file=out)
         return 0
-    snapshot = Snapshot(count_resource=config.resources.count)
+    book = QuotaBook(
+        memory_resource=config.resources.memory,
+        cores_resource=config.resources.cores,
+        memory_factor=config.effective_memory_factor,
+    )
+    snapshot = Snapshot(count_resource=config.resources.count, quotas=book)
     snapshot.replace_nodes(nodes)
+    snapshot.replace_quotas(await kube_quotas.list_resource_quotas(api, namespace))
     snapshot.replace_pods(pods)
     results = explain_all(snapshot, request, policy, (namespace, name))
     print_results(results, out)
@@ -92,13 +101,14 @@ def explain_all(
     for (ns, pod_name), record in snapshot.tracked().items():
         if (ns, pod_name) != key:
             holders.setdefault(record.node, {})[f"{ns}/{pod_name}"] = record.usage
+    quotas = snapshot.quotas_for(request.namespace, exclude=key)
     results = []
     for entry in sorted(snapshot.entries(), key=lambda e: e.name):
         state = snapshot.candidate(entry.name, now, exclude=key)
         if isinstance(state, str):
             results.append(NodeExplanation(node=entry.name, fits=False, reason=state, resolvable=False))
             continue
-        results.append(explain_node(request, state, policy, pods=holders.get(entry.name, {})))
+        results.append(explain_node(request, state, policy, quotas=quotas, pods=holders.get(entry.name, {})))
     return results
 
 

@@ -4,7 +4,9 @@ Owns the filter decision over the snapshot (names only, ``nodeCacheCapable``) or
 given in the request (template nodes: evaluated from their annotations alone, zero usage). Every fitting
 node is returned in ``NodeNames``; the others go to ``FailedNodes`` when other pods leaving could make
 room (resolvable) and to ``FailedAndUnresolvableNodes`` otherwise (too few cards, type/uuid mismatch,
-unregistered). A pod without a device request passes through unchanged. Every rejected node's reasons
+unregistered). The pod's namespace GPU quota (spec-scheduler §14, from the snapshot's ResourceQuotas,
+without the pod's own usage) is passed to the core, so a pod over quota gets ``ResourceQuotaNotFit``.
+A pod without a device request passes through unchanged. Every rejected node's reasons
 are counted (``hami_scheduler_node_rejections_total``). When nothing fits, a ``FilteringFailed``
 Warning Event on the pod gives the reasons (most common first, at most ``MAX_GROUPS`` groups of at
 most ``MAX_NAMES`` node names, so the text stays short on a large cluster), what to do about the most
@@ -121,7 +123,8 @@ def handle_filter(ctx: Context, args: ExtenderArgs) -> ExtenderFilterResult:
         if not ctx.snapshot.ready:
             return filter_result(error=NOT_SYNCED)
         states, problems = snapshot_states(ctx, names or [], request)
-    decisions = allocate(request, states, ctx.settings.policy, now=ctx.clock())
+    quotas = ctx.snapshot.quotas_for(request.namespace, exclude=(request.namespace, request.name))
+    decisions = allocate(request, states, ctx.settings.policy, quotas=quotas, now=ctx.clock())
     fitting = list(decisions.fitting)
     failed: dict[str, str] = {}
     unresolvable = dict(problems)

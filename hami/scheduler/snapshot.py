@@ -15,6 +15,10 @@ Bookings: bind decides on this state and books the allocation at once (before an
 racing bind sees it. A booking wins over what the watch says about that pod until the watch shows the
 same allocation (confirmed), the bind fails (cancelled) or the pod is deleted.
 
+Namespace quotas (§14): ``quotas`` (a :class:`~hami.scheduler.quotas.QuotaBook`, fed by the
+ResourceQuota watch through ``replace_quotas``/``quota_event``) also receives every change of a pod's
+applied usage, so a namespace's used amounts move with the same add/remove as the nodes'.
+
 Registration (spec-scheduler §5): a node without a readable registration is excluded with a reason;
 malformed data is reported once per distinct text through ``on_malformed`` (the app records a Warning
 Event on the Node). Handshake (§5.3): a node whose ``hami.io/node-handshake`` lacks ``Requesting`` is
@@ -54,8 +58,9 @@ from hami.annotations import (
     read_node,
     read_pod_mig_allocations,
 )
-from hami.core.model import NodeState
+from hami.core.model import NamespaceQuota, NodeState
 from hami.core.usage import PodUsage, apply_usage, pod_usage
+from hami.scheduler.quotas import QuotaBook
 
 logger = logging.getLogger(__name__)
 
@@ -125,8 +130,12 @@ class Snapshot:
         on_malformed: Callable[[Mapping[str, Any], str], None] | None = None,
         on_handshake: Callable[[str], None] | None = None,
         on_lock: Callable[[str, str | None], None] | None = None,
+        quotas: QuotaBook | None = None,
     ) -> None:
         self._count_resource = count_resource
+        if quotas is None:  # the default resource names (spec-scheduler §2)
+            quotas = QuotaBook(memory_resource="nvidia.com/gpumem", cores_resource="nvidia.com/gpucores")
+        self.quotas = quotas
         self._window = handshake_window
         self._on_malformed = on_malformed
         self.on_handshake = on_handshake
@@ -145,7 +154,7 @@ class Snapshot:
 
     @property
     def ready(self) -> bool:
-        return self.nodes_synced and self.pods_synced
+        return self.nodes_synced and self.pods_synced and self.quotas.synced
 
     # ------------------------------------------------------------------------------------- nodes
 
@@ -294,10 +303,12 @@ class Snapshot:
             return
         if current is not None:
             self._apply(current, -1)
+            self.quotas.add_usage(key[0], current.usage, -1)
             self._node_pods[current.node].discard(key)
             del self._applied[key]
         if wanted is not None:
             self._apply(wanted, 1)
+            self.quotas.add_usage(key[0], wanted.usage, 1)
             self._node_pods.setdefault(wanted.node, set()).add(key)
             self._applied[key] = wanted
 
@@ -305,6 +316,20 @@ class Snapshot:
         entry = self._nodes.get(record.node)
         if entry is not None and entry.state is not None:
             entry.state = apply_usage(entry.state, record.usage, sign=sign)
+
+    # ------------------------------------------------------------------------------------ quotas
+
+    def replace_quotas(self, items: Iterable[Mapping[str, Any]]) -> None:
+        """A full ResourceQuota list (the limits; the used amounts come from the tracked pods)."""
+        self.quotas.replace(items)
+
+    def quota_event(self, kind: str, obj: Mapping[str, Any]) -> None:
+        self.quotas.event(kind, obj)
+
+    def quotas_for(self, namespace: str, exclude: PodKey | None = None) -> dict[str, NamespaceQuota]:
+        """``quotas=`` for the core when deciding a pod of ``namespace`` (without ``exclude``'s own usage)."""
+        own = self._applied.get(exclude) if exclude is not None else None
+        return self.quotas.quotas(namespace, own.usage if own is not None else None)
 
     # ---------------------------------------------------------------------------------- bookings
 

@@ -270,6 +270,18 @@ def grant_for_request(method: str, path: str, query: Mapping[str, str] | None = 
     )
 
 
+def is_resource_path(path: str) -> bool:
+    """Whether a request path names a resource (RBAC applies), not API discovery (``/api``,
+    ``/api/v1``, ``/apis``, ``/apis/GROUP``, ``/apis/GROUP/VERSION``), which every authenticated
+    account may read (the built-in ``system:discovery`` role)."""
+    parts = [p for p in path.split("?")[0].strip("/").split("/") if p]
+    if parts[:1] == ["api"]:
+        return len(parts) > 2
+    if parts[:1] == ["apis"]:
+        return len(parts) > 3
+    return parts not in (["version"], ["healthz"], ["readyz"], ["livez"])
+
+
 def allows(granted: set[Grant], needed: Grant) -> bool:
     """Whether ``granted`` covers ``needed`` (a rule without resourceNames covers every name)."""
     return any(

@@ -48,6 +48,8 @@ SCHEDULER = {
     Grant("", "pods", "watch"),
     Grant("", "pods", "patch"),
     Grant("", "pods/binding", "create"),
+    Grant("", "resourcequotas", "list"),
+    Grant("", "resourcequotas", "watch"),
     Grant("", "events", "create"),
 }
 NODE_AGENT = {
@@ -151,6 +153,8 @@ def test_every_rule_says_why_it_is_needed(template: str) -> None:
     [
         ("GET", "/api/v1/nodes", {}, Grant("", "nodes", "list")),
         ("GET", "/api/v1/pods", {"watch": "true"}, Grant("", "pods", "watch")),
+        ("GET", "/api/v1/resourcequotas", {"watch": "true"}, Grant("", "resourcequotas", "watch")),
+        ("GET", "/api/v1/namespaces/team/resourcequotas", {}, Grant("", "resourcequotas", "list")),
         ("GET", "/api/v1/nodes/gpu-1", {}, Grant("", "nodes", "get", "gpu-1")),
         ("PATCH", "/api/v1/namespaces/ns/pods/p", {}, Grant("", "pods", "patch", "p")),
         ("POST", "/api/v1/namespaces/ns/pods/p/binding", {}, Grant("", "pods/binding", "create", "p")),
@@ -211,6 +215,6 @@ async def test_certificate_jobs_need_exactly_their_grants(
     made = [
         grant_for_request(str(r.method.value), r.url.path, dict(r.params))
         for r in list(apiserver)
-        if r.headers.get("User-Agent", "").startswith("OpenAPI-Generator")  # the command's client
+        if r.headers.get("User-Agent", "").startswith("hami-certgen/")  # the command's client
     ]
     assert set(made) == grants(rendered, "certgen") == CERTGEN

@@ -26,16 +26,21 @@ from .kit import NOW, Extender, StartExtender, until
 async def start_extender(
     apiserver: kmock.KubernetesEmulator, kubeconfig: Path
 ) -> AsyncIterator[StartExtender]:
-    """Seed objects first (``nodes``/``pods``), then call to start the extender and wait for its snapshot."""
+    """Seed objects first (``nodes``/``pods``/``quotas``), then call to start the extender and wait for
+    its snapshot."""
     running: list[tuple[TestClient[Any, Any], Any]] = []
 
     async def start(
         nodes: list[dict[str, Any]] = (),  # type: ignore[assignment]
         pods: list[dict[str, Any]] = (),  # type: ignore[assignment]
+        quotas: list[dict[str, Any]] = (),  # type: ignore[assignment]
         **overrides: Any,
     ) -> Extender:
         for node in nodes:
             await apiserver.post("/api/v1/nodes", json=node)
+        for quota in quotas:
+            namespace = quota["metadata"]["namespace"]
+            await apiserver.post(f"/api/v1/namespaces/{namespace}/resourcequotas", json=quota)
         for pod in pods:
             await apiserver.post(f"/api/v1/namespaces/{pod['metadata']['namespace']}/pods", json=pod)
         settings = replace(SchedulerSettings(api_timeout=5.0), **overrides)
@@ -44,7 +49,7 @@ async def start_extender(
         client: TestClient[Any, Any] = TestClient(TestServer(create_app(ctx), host="127.0.0.1"))
         await client.start_server()
         running.append((client, api))
-        await until(lambda: ctx.snapshot.ready, "the first list of nodes and pods")
+        await until(lambda: ctx.snapshot.ready, "the first list of nodes, pods and quotas")
         return Extender(ctx=ctx, client=client, apiserver=apiserver)
 
     yield start

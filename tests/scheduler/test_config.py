@@ -25,6 +25,7 @@ def test_defaults_match_the_interface() -> None:
     assert (settings.node_policy, settings.gpu_policy) == ("binpack", "spread")
     assert settings.node_lock_timeout == datetime.timedelta(minutes=5)
     assert settings.node_lock_wait == 0.0
+    assert settings.node_lock_retry_timeout == 28.0  # HAMi's PodGroup retry
     assert settings.device_config.resources.count == "nvidia.com/gpu"
 
 
@@ -33,8 +34,11 @@ def test_env_fills_in_and_flags_win() -> None:
         "HAMI_LISTEN": "127.0.0.1:9000",
         "HAMI_NODE_SCHEDULER_POLICY": "spread",
         "HAMI_NODE_LOCK_TIMEOUT": "60",
+        "HAMI_NODE_LOCK_RETRY_TIMEOUT": "0",
     }
     settings = from_args(_parse([], env))
+    assert settings.node_lock_retry_timeout == 0.0
+    assert from_args(_parse(["--node-lock-retry-timeout", "5"], env)).node_lock_retry_timeout == 5.0
     assert (settings.host, settings.port, settings.node_policy) == ("127.0.0.1", 9000, "spread")
     assert settings.node_lock_timeout == datetime.timedelta(seconds=60)
     assert from_args(_parse(["--listen", "[::1]:81"], env)).port == 81
@@ -56,6 +60,14 @@ def test_device_config_and_resource_overrides(tmp_path: Path) -> None:
         (["--node-scheduler-policy", "random"], "--node-scheduler-policy must be one of binpack, spread"),
         (["--node-lock-timeout", "soon"], "--node-lock-timeout must be a number of seconds, got 'soon'"),
         (["--node-lock-wait", "60"], "--node-lock-wait must be between 0 and 28 seconds, got '60'"),
+        (
+            ["--node-lock-retry-timeout", "-1"],
+            "--node-lock-retry-timeout must be between 0 and 28 seconds, got '-1'",
+        ),
+        (
+            ["--node-lock-retry-timeout", "28s"],
+            "--node-lock-retry-timeout must be a number of seconds, got '28s'",
+        ),
         (["--tls-cert", "c.pem"], "--tls-cert and --tls-key must be given together"),
         (["--device-config", "/nonexistent/x.yaml"], "--device-config /nonexistent/x.yaml"),
     ],

@@ -125,3 +125,20 @@ async def test_nearest_fit_is_the_smallest_change(
     code, text = await run_explain("wide", kubeconfig)
     assert code == 1
     assert "nearest fit: node gpu-a fits if the container asks gpumem <= 8000" in text
+
+
+async def test_the_namespace_quota_is_explained(cluster: kmock.KubernetesEmulator, kubeconfig: Path) -> None:
+    # the holder (default namespace) uses 5000 MiB of a 6000 MiB quota: 2000 more would exceed it
+    quota = {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": "gpu", "namespace": "default"},
+        "spec": {"hard": {"limits.nvidia.com/gpumem": "6000"}},
+    }
+    await cluster.post("/api/v1/namespaces/default/resourcequotas", json=quota)
+    limits = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "2000"}
+    await cluster.post("/api/v1/namespaces/default/pods", json=pod("capped", limits))
+    code, text = await run_explain("capped", kubeconfig)
+    assert code == 1
+    assert "gpu-a  2/2 ResourceQuotaNotFit" in text
+    assert "gpu-b  1/1 ResourceQuotaNotFit" in text

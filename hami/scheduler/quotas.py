@@ -1,0 +1,176 @@
+"""Namespace GPU quotas as the scheduler sees them (spec-scheduler §14): limits from ResourceQuotas,
+used amounts from the tracked pods.
+
+Owns :class:`QuotaBook`: the ``spec.hard`` limits ``limits.<memory resource>`` and
+``limits.<cores resource>`` of every ResourceQuota (fed by a list+watch, like nodes and pods), and per
+namespace the collapsed usage (§6) of its tracked pods, kept incrementally by the snapshot with the same
+add/remove it applies to node usage. :meth:`QuotaBook.quota` answers the core's
+:class:`~hami.core.model.NamespaceQuota` for one namespace, optionally without one pod's own usage (the
+pod being decided, as ``Snapshot.candidate(..., exclude=key)`` does for nodes).
+
+Rules: quantities are parsed with :mod:`hami.core.quantity` and rounded up to a whole number (Go's
+``Quantity.Value``); the memory limit is multiplied by ``memoryFactor`` when it is > 1 (HAMi); with
+several quotas in one namespace each dimension takes the tightest (smallest) limit; a value that is
+not a non-negative quantity is logged once and ignored (the rest of that quota still counts). Every
+other ``spec.hard`` key is ignored; the quota's ``status`` is never read (HAMi counts from its own pods).
+
+No I/O: must not import the Kubernetes client or aiohttp.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from hami.core.model import NamespaceQuota
+from hami.core.quantity import QuantityError, parse_quantity
+from hami.core.usage import PodUsage
+
+logger = logging.getLogger(__name__)
+
+QuotaKey = tuple[str, str]  # (namespace, name) of one ResourceQuota
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QuotaLimits:
+    """The two limits one ResourceQuota sets (``None`` = that quota does not set it)."""
+
+    memory: int | None = None
+    cores: int | None = None
+
+
+class QuotaError(ValueError):
+    """One ``spec.hard`` value that cannot be a limit; the message names the quota, key and text."""
+
+
+def _tightest(values: Iterable[int | None]) -> int | None:
+    given = [v for v in values if v is not None]
+    return min(given) if given else None
+
+
+class QuotaBook:
+    """ResourceQuota limits and per-namespace usage; every method runs on the event loop."""
+
+    def __init__(self, *, memory_resource: str, cores_resource: str, memory_factor: int = 1) -> None:
+        self.memory_key = f"limits.{memory_resource}"
+        self.cores_key = f"limits.{cores_resource}"
+        self._factor = memory_factor if memory_factor > 1 else 1
+        self._limits: dict[QuotaKey, QuotaLimits] = {}
+        self._by_namespace: dict[str, set[QuotaKey]] = {}
+        self._used: dict[str, tuple[int, int]] = {}
+        self._reported: set[str] = set()
+        self.synced = False
+
+    # ---------------------------------------------------------------------------------- quotas
+
+    def replace(self, items: Iterable[Mapping[str, Any]]) -> None:
+        """A full ResourceQuota list: upsert each, forget the ones that are gone."""
+        seen = {self._upsert(obj) for obj in items}
+        for key in [k for k in self._limits if k not in seen]:
+            self._drop(key)
+        self.synced = True
+
+    def event(self, kind: str, obj: Mapping[str, Any]) -> None:
+        if kind == "DELETED":
+            self._drop(_key(obj))
+        else:
+            self._upsert(obj)
+
+    def _upsert(self, obj: Mapping[str, Any]) -> QuotaKey:
+        key = _key(obj)
+        limits = self.limits_of(obj)
+        if limits.memory is None and limits.cores is None:
+            self._drop(key)  # no GPU limit (left): this quota does not concern us
+        else:
+            self._limits[key] = limits
+            self._by_namespace.setdefault(key[0], set()).add(key)
+        return key
+
+    def _drop(self, key: QuotaKey) -> None:
+        if self._limits.pop(key, None) is not None:
+            keys = self._by_namespace[key[0]]
+            keys.discard(key)
+            if not keys:
+                del self._by_namespace[key[0]]
+
+    def limits_of(self, obj: Mapping[str, Any]) -> QuotaLimits:
+        """The GPU limits of one ResourceQuota object; malformed values are logged once and left out."""
+        hard = (obj.get("spec") or {}).get("hard") or {}
+        if not isinstance(hard, Mapping):
+            return QuotaLimits()
+        namespace, name = _key(obj)
+        found: dict[str, int | None] = {"memory": None, "cores": None}
+        for field, key, factor in (("memory", self.memory_key, self._factor), ("cores", self.cores_key, 1)):
+            if key not in hard:
+                continue
+            try:
+                found[field] = parse_limit(namespace, name, key, hard[key]) * factor
+            except QuotaError as exc:
+                if str(exc) not in self._reported:
+                    self._reported.add(str(exc))
+                    logger.warning("%s; the value is ignored", exc)
+        return QuotaLimits(memory=found["memory"], cores=found["cores"])
+
+    # ----------------------------------------------------------------------------------- usage
+
+    def add_usage(self, namespace: str, usage: PodUsage, sign: int = 1) -> None:
+        """Count (``sign=1``) or uncount (``sign=-1``) one tracked pod's collapsed usage."""
+        memory, cores = self._used.get(namespace, (0, 0))
+        memory, cores = memory + sign * usage.memory, cores + sign * usage.cores
+        if memory or cores:
+            self._used[namespace] = (memory, cores)
+        else:
+            self._used.pop(namespace, None)
+
+    def used(self, namespace: str) -> tuple[int, int]:
+        """``(MiB, cores)`` the namespace's tracked pods hold."""
+        return self._used.get(namespace, (0, 0))
+
+    # ---------------------------------------------------------------------------------- queries
+
+    def quota(self, namespace: str, exclude: PodUsage | None = None) -> NamespaceQuota | None:
+        """The namespace's quota for the core (``None`` when no quota limits GPUs there), leaving out
+        ``exclude`` (the usage the pod being decided already holds)."""
+        keys = self._by_namespace.get(namespace)
+        if not keys:
+            return None
+        limits = [self._limits[k] for k in keys]
+        memory, cores = self.used(namespace)
+        if exclude is not None:
+            memory, cores = memory - exclude.memory, cores - exclude.cores
+        return NamespaceQuota(
+            memory_limit=_tightest(q.memory for q in limits),
+            cores_limit=_tightest(q.cores for q in limits),
+            memory_used=memory,
+            cores_used=cores,
+        )
+
+    def quotas(self, namespace: str, exclude: PodUsage | None = None) -> dict[str, NamespaceQuota]:
+        """``{namespace: quota}`` for ``allocate``/``fit_node``'s ``quotas=``; empty without a quota."""
+        found = self.quota(namespace, exclude)
+        return {} if found is None else {namespace: found}
+
+    def __len__(self) -> int:
+        return len(self._limits)
+
+
+def parse_limit(namespace: str, name: str, key: str, text: Any) -> int:
+    """One ``spec.hard`` value -> a whole non-negative number (rounded up), or :class:`QuotaError`."""
+    where = f"resourcequota {namespace}/{name}: spec.hard[{key}]"
+    if not isinstance(text, str):
+        raise QuotaError(f"{where} = {text!r} is not a quantity string")
+    try:
+        value = parse_quantity(text).value
+    except QuantityError as exc:
+        raise QuotaError(f"{where}: {exc}") from None
+    if value < 0:
+        raise QuotaError(f"{where} = {text!r} is negative")
+    return math.ceil(value)
+
+
+def _key(obj: Mapping[str, Any]) -> QuotaKey:
+    metadata = obj.get("metadata") or {}
+    return str(metadata.get("namespace") or ""), str(metadata.get("name") or "")

@@ -1,0 +1,118 @@
+"""Which binds take the node lock and how long they wait for it (spec-scheduler §16 step 3): PodGroup
+members wait up to --node-lock-retry-timeout, other pods follow --node-lock-wait; a pod whose only GPU
+request is in init containers binds without the lock."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import kmock
+import pytest
+
+from hami.annotations import NODE_LOCK, POD_BIND_PHASE, POD_GROUP_LABEL, decode_pod_devices
+from hami.kube.nodelock import release_node_lock
+
+from .kit import Extender, StartExtender, make_node, make_pod, until
+
+PODS = kmock.resource("v1/pods")
+HELD = "2026-05-01T09:59:00Z,default,holder"  # a fresh lock of a live pod
+
+
+def group_pod(name: str, group: str = "training") -> dict[str, Any]:
+    pod = make_pod(name)
+    pod["metadata"]["labels"] = {POD_GROUP_LABEL: group}
+    return pod
+
+
+def init_only_pod(name: str) -> dict[str, Any]:
+    """The GPU request sits in the init container; the app container asks for none."""
+    pod = make_pod(name, gpus=0)
+    limits = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "2000", "nvidia.com/gpucores": "20"}
+    pod["spec"]["initContainers"] = [{"name": "warmup", "image": "cuda", "resources": {"limits": limits}}]
+    return pod
+
+
+async def _lock(ext: Extender) -> str | None:
+    value: str | None = ((await ext.node("n1"))["metadata"].get("annotations") or {}).get(NODE_LOCK)
+    return value
+
+
+def _holder_checks(ext: Extender) -> int:
+    """How often a bind found the lock busy and asked whether its holder pod still exists."""
+    return len([r for r in ext.apiserver["get", PODS] if r.name == "holder"])
+
+
+async def _start(start_extender: StartExtender, *pods: dict[str, Any], **overrides: Any) -> Extender:
+    return await start_extender(
+        nodes=[make_node("n1", annotations={NODE_LOCK: HELD})],
+        pods=[make_pod("holder"), *pods],
+        **overrides,
+    )
+
+
+async def test_a_group_member_waits_for_the_lock_until_it_is_released(start_extender: StartExtender) -> None:
+    ext = await _start(start_extender, group_pod("g"))  # defaults: node-lock-wait 0, retry 28 s
+    assert ext.ctx.settings.node_lock_retry_timeout == 28.0
+    binding = asyncio.create_task(ext.bind("g", "n1"))
+    # the bind found the lock busy (it checked the holder) and is still waiting, not failed
+    await until(lambda: _holder_checks(ext) >= 1, "the bind to meet the busy lock")
+    assert not binding.done()
+    assert await release_node_lock(ext.ctx.api, "n1", "default", "holder")  # the agent's release
+    result = await asyncio.wait_for(binding, timeout=10)
+    assert result == {"Error": ""}
+    assert await _lock(ext) == "2026-05-01T10:00:00Z,default,g"
+    assert (await ext.pod("g"))["metadata"]["annotations"][POD_BIND_PHASE] == "allocating"
+
+
+@pytest.mark.parametrize(
+    ("pod", "overrides"),
+    [
+        (make_pod("g"), {}),  # not a group member: HAMi fails at once
+        (group_pod("g", group=""), {}),  # an empty group label is no group
+        (group_pod("g"), {"node_lock_retry_timeout": 0.0}),  # retry disabled
+    ],
+    ids=["plain-pod", "empty-group-label", "retry-disabled"],
+)
+async def test_other_binds_fail_at_once_on_a_busy_lock(
+    start_extender: StartExtender, pod: dict[str, Any], overrides: dict[str, Any]
+) -> None:
+    ext = await _start(start_extender, pod, **overrides)
+    result = await ext.bind("g", "n1")
+    assert result["Error"] == "node n1 has been locked within 5m0s by default/holder"
+    assert _holder_checks(ext) == 1  # one attempt, no retry
+    assert await _lock(ext) == HELD
+
+
+async def test_a_group_member_gives_up_after_the_retry_timeout(start_extender: StartExtender) -> None:
+    ext = await _start(start_extender, group_pod("g"), node_lock_retry_timeout=0.3)
+    result = await ext.bind("g", "n1")
+    assert result["Error"] == "node n1 has been locked within 5m0s by default/holder"
+    assert _holder_checks(ext) >= 1
+    assert await _lock(ext) == HELD
+    assert (await ext.pod("g"))["metadata"]["annotations"] == {POD_BIND_PHASE: "failed"}
+
+
+async def test_an_init_container_only_pod_binds_without_the_lock(start_extender: StartExtender) -> None:
+    # the node is locked by another live pod: an app-container pod would fail, this one binds
+    ext = await _start(start_extender, init_only_pod("warm"), make_pod("app"))
+    assert (await ext.bind("app", "n1"))["Error"] == "node n1 has been locked within 5m0s by default/holder"
+    assert await ext.bind("warm", "n1") == {"Error": ""}
+    assert await _lock(ext) == HELD  # neither taken nor released
+    pod = await ext.pod("warm")
+    annotations = pod["metadata"]["annotations"]
+    assert annotations[POD_BIND_PHASE] == "allocating"  # the node agent finds it by its bind phase
+    init, app = decode_pod_devices(annotations["hami.io/vgpu-devices-to-allocate"])
+    assert [(g.memory_mib, g.cores) for g in init] == [(2000, 20)] and app == ()
+    assert pod["spec"]["nodeName"] == "n1"
+    assert len(ext.apiserver["patch", kmock.resource("v1/nodes")]) == 0  # no lock write at all
+
+
+async def test_an_init_only_bind_that_fails_leaves_the_lock_alone(start_extender: StartExtender) -> None:
+    ext = await _start(start_extender, init_only_pod("warm"))
+    (ext.apiserver**10)["post", PODS, kmock.subresource("binding")][:1] << 500
+    result = await ext.bind("warm", "n1")
+    assert result["Error"].startswith("500 "), result
+    assert await _lock(ext) == HELD  # not ours: never released by this bind
+    assert (await ext.pod("warm"))["metadata"]["annotations"][POD_BIND_PHASE] == "failed"
+    await until(lambda: ext.ctx.snapshot.record(("default", "warm")) is None, "the booking to be undone")
