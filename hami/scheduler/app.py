@@ -23,7 +23,7 @@ from hami.annotations import NODE_HANDSHAKE, HandshakeKind, encode_handshake
 from hami.core.model import NodeState
 from hami.kube.events import record_event
 from hami.kube.nodes import patch_node_annotations
-from hami.kube.watch import ListWatcher
+from hami.kube.watch import Kind, ListWatcher
 from hami.scheduler.bind import handle_bind
 from hami.scheduler.config import SchedulerSettings
 from hami.scheduler.context import Background, Context, utc_now
@@ -203,31 +203,21 @@ def _watching(ctx: Context) -> Callable[[web.Application], AsyncIterator[None]]:
 
             return apply
 
+        feeds: tuple[tuple[Kind, str, Callable[..., None], Callable[[str, dict[str, Any]], None]], ...] = (
+            ("nodes", "node", snapshot.replace_nodes, snapshot.node_event),
+            ("pods", "pod", snapshot.replace_pods, snapshot.pod_event),
+            ("resourcequotas", "quota", snapshot.replace_quotas, snapshot.quota_event),
+        )
         watchers = [
             ListWatcher(
                 ctx.api,
-                "nodes",
+                resource,
                 loop=loop,
-                on_list=snapshot.replace_nodes,
-                on_event=count("node", snapshot.node_event),
-                on_restart=ctx.metrics.watch_restarted("nodes"),
-            ),
-            ListWatcher(
-                ctx.api,
-                "pods",
-                loop=loop,
-                on_list=snapshot.replace_pods,
-                on_event=count("pod", snapshot.pod_event),
-                on_restart=ctx.metrics.watch_restarted("pods"),
-            ),
-            ListWatcher(
-                ctx.api,
-                "resourcequotas",
-                loop=loop,
-                on_list=snapshot.replace_quotas,
-                on_event=count("quota", snapshot.quota_event),
-                on_restart=ctx.metrics.watch_restarted("resourcequotas"),
-            ),
+                on_list=on_list,
+                on_event=count(kind, on_event),
+                on_restart=ctx.metrics.watch_restarted(resource),
+            )
+            for resource, kind, on_list, on_event in feeds
         ]
         for watcher in watchers:
             watcher.start()
