@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 import hami
+from hami.annotations import read_vgpu_node
 from hami.sim.admission_standin import Admitted, Refused
 from hami.sim.cluster import ClusterFileError, load_cluster
 from hami.sim.kubeapi import JsonDict, pods_path
@@ -108,6 +109,7 @@ async def _main(args: argparse.Namespace) -> int:
                 print(f"  kubectl --kubeconfig {system.kubeconfig} get pods -o wide", flush=True)
                 print(f"  kubectl --kubeconfig {system.kubeconfig} get pods -o yaml", flush=True)
                 print(f"  kubectl --kubeconfig {system.kubeconfig} get nodes -o yaml", flush=True)
+                print(f"  hami explain default/too-much-memory --kubeconfig {system.kubeconfig}", flush=True)
                 print(f"  logs: {system.supervisor.log_dir}", flush=True)
                 with contextlib.suppress(asyncio.CancelledError):
                     await asyncio.Event().wait()
@@ -174,6 +176,12 @@ async def _show(system: EmbeddedSystem, pods: list[JsonDict], limit: float) -> i
     print(
         render([describe(n, stored[n], refused.get(n), system.scheduler, cards) for n in names]), flush=True
     )
+    pending = [n for n in names if n not in refused and not read_vgpu_node(stored[n] or {})]
+    if pending:
+        print(
+            "Why a pod is pending, per node, with the nearest fit (while the cluster runs, see --keep):\n"
+            f"  hami explain {pending[0]} --kubeconfig {system.kubeconfig}"
+        )
     print()
     if undecided:
         print(f"hami demo: not decided within {limit:.0f}s: {', '.join(undecided)}", file=sys.stderr)
