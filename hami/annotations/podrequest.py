@@ -56,8 +56,7 @@ def decode_scoring_weights(text: str | None) -> ScoringWeights:
         if not found:
             raise AnnotationError(POD_SCORING_WEIGHTS, text, "expected key=value entries")
         key, raw = key.strip(), raw.strip()
-        if key not in _WEIGHT_KEYS:
-            raise AnnotationError(POD_SCORING_WEIGHTS, text, f'unknown weight "{key}"')
+        # HAMi's order: duplicate, integer, sign, and only then whether the key is known.
         if key in weights:
             raise AnnotationError(POD_SCORING_WEIGHTS, text, f'duplicate "{key}" weight')
         value = go_int(raw)
@@ -65,6 +64,8 @@ def decode_scoring_weights(text: str | None) -> ScoringWeights:
             raise AnnotationError(POD_SCORING_WEIGHTS, text, f'"{key}" weight must be an integer')
         if value < 0:
             raise AnnotationError(POD_SCORING_WEIGHTS, text, f'"{key}" weight must not be negative')
+        if key not in _WEIGHT_KEYS:
+            raise AnnotationError(POD_SCORING_WEIGHTS, text, f'unknown weight "{key}"')
         weights[key] = value
     if not any(weights.values()):
         raise AnnotationError(POD_SCORING_WEIGHTS, text, "at least one weight must be positive")

@@ -113,7 +113,8 @@ def order_cards(
         if numa_bind:
             return sorted(positions, key=lambda i: (-numa(i), scores[i]))
         return sorted(positions, key=lambda i: (scores[i], numa(i)))
-    if single == MUTEX and not numa_bind:
+    if single == MUTEX:
+        # HAMi tests the single "mutex" value before numa-bind, so NUMA never becomes primary here.
         return sorted(positions, key=lambda i: (-cards[i].used, numa(i)))
     if numa_bind:
         return sorted(positions, key=lambda i: (numa(i), -scores[i]))

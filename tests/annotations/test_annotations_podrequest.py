@@ -149,6 +149,10 @@ def test_numa_bind_unreadable_is_false_for_the_scheduler_and_an_error_for_the_we
         ("slot=1,cores=1,memory=1", 'unknown weight "cores"'),
         ("slot=1,slot=2,memory=1", 'duplicate "slot" weight'),
         ("slot=0,core=0,memory=0", "at least one weight must be positive"),
+        # HAMi checks the value (integer, sign) before it looks at the key's name
+        ("slot=1,core=1,mem=x", '"mem" weight must be an integer'),
+        ("slot=1,core=1,mem=-1", '"mem" weight must not be negative'),
+        ("slot=1,slot=x,memory=1", 'duplicate "slot" weight'),
     ],
 )
 def test_scoring_weight_errors_use_hamis_texts(text: str, reason: str) -> None:

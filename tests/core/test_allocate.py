@@ -140,7 +140,7 @@ def test_precheck_table() -> None:
         ({"use_uuids": ("GPU-0",)}, True),
         ({"vgpu_mode": "mig"}, False),
     ):
-        request = make_request(make_container(mem=1), **steering)  # type: ignore[arg-type]
+        request = make_request(make_container(mem=1), **steering)
         plan = precheck.plan(request, parse_gpu_policy("spread"), None)
         assert plan is not None and precheck.verdict(plan, steered.summary) is fits, steering
         assert isinstance(fit_node(request, steered, Policy()), Allocation) is fits, steering

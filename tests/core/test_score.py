@@ -92,6 +92,9 @@ def test_mutex_orders_by_used_only() -> None:
     cards = (make_card("GPU-0", index=0), make_card("GPU-1", index=1, used_mem=500))
     assert chosen(cards, make_request(make_container(mem=1))) == ["GPU-0"]
     assert chosen(cards, make_request(make_container(mem=1), gpu_policy="mutex")) == ["GPU-1"]
+    # HAMi's comparator tests the single "mutex" value before numa-bind: NUMA does not become primary and
+    # the score is still ignored (numa-bind ordering would sort by score and try GPU-0 first).
+    assert chosen(cards, make_request(make_container(mem=1), gpu_policy="mutex", numa_bind=True)) == ["GPU-1"]
 
 
 def test_chain_full_tie_breaks_by_card_index() -> None:
