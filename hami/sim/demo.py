@@ -110,6 +110,7 @@ async def _main(args: argparse.Namespace) -> int:
                 print(f"  kubectl --kubeconfig {system.kubeconfig} get pods -o yaml", flush=True)
                 print(f"  kubectl --kubeconfig {system.kubeconfig} get nodes -o yaml", flush=True)
                 print(f"  hami explain default/too-much-memory --kubeconfig {system.kubeconfig}", flush=True)
+                print(f"  hami doctor --kubeconfig {system.kubeconfig}", flush=True)
                 print(f"  logs: {system.supervisor.log_dir}", flush=True)
                 with contextlib.suppress(asyncio.CancelledError):
                     await asyncio.Event().wait()
