@@ -99,11 +99,14 @@ def container_spec(pod: Mapping[str, Any], index: int) -> Mapping[str, Any]:
     return every[index] if 0 <= index < len(every) else {}
 
 
+#: The spellings Go's ``strconv.ParseBool`` reads as true (HAMi parses ``CUDA_DISABLE_CONTROL`` with it).
+_GO_TRUE = frozenset({"1", "t", "T", "true", "TRUE", "True"})
+
+
 def _env_true(container: Mapping[str, Any], name: str) -> bool:
-    for env in container.get("env") or ():
-        if env.get("name") == name:
-            return str(env.get("value") or "").strip().lower() in ("1", "t", "true")
-    return False
+    """True when ANY ``env`` entry called ``name`` has a value Go's ParseBool reads as true: HAMi skips a
+    false or unparsable entry and keeps looking, and trims nothing (``" true"`` is not true)."""
+    return any(env.get("name") == name and env.get("value") in _GO_TRUE for env in container.get("env") or ())
 
 
 def container_envs(

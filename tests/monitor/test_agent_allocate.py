@@ -4,6 +4,7 @@ kubelet, and the embedded API server holding the Node and Pods."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -243,3 +244,46 @@ async def test_preferred_allocation_follows_the_pending_pod(
     )
     response = await plugin.stub.GetPreferredAllocation(request, timeout=10)
     assert list(response.container_responses[0].deviceIDs) == ["GPU-b-0"]
+
+
+# ------------------------------------------------------------------------------------------ pod lookup
+async def test_the_lock_owner_is_served_before_an_earlier_listed_candidate(
+    apiserver: kmock.KubernetesEmulator, api: Any, plugin: Plugin
+) -> None:
+    # §A.9 2a before 2b: both pods wait on this node, the list shows "first" first, the lock names "second"
+    containers = [{"name": "c", "image": "x"}]
+    await bound_pod(apiserver, api, "first", ((g("GPU-a", 1000, 10),),), lock=False, containers=containers)
+    await bound_pod(apiserver, api, "second", ((g("GPU-b", 2000, 20),),), containers=containers)
+    (plugin.hook / "vgpu").mkdir(parents=True)
+    (plugin.hook / "vgpu" / "license").write_text("licensed")
+    response = await plugin.stub.Allocate(allocate_request(["GPU-a-0"]), timeout=10)
+    answer = response.container_responses[0]
+    assert dict(answer.envs)["NVIDIA_VISIBLE_DEVICES"] == "GPU-b"
+    mounts = {m.container_path: m.host_path for m in answer.mounts}
+    assert mounts["/tmp/license"] == f"{plugin.hook}/vgpu/license"  # the license file exists on the host
+    assert mounts["/usr/bin/vgpuvalidator"] == f"{plugin.hook}/vgpu/vgpuvalidator"
+    assert (await annotations_of(apiserver, POD + "second"))[POD_BIND_PHASE] == "success"
+    assert (await annotations_of(apiserver, POD + "first"))[POD_BIND_PHASE] == "allocating"
+    assert await node_lock(apiserver) is None  # released by its owner
+
+
+async def test_concurrent_allocate_calls_are_served_one_after_the_other(
+    apiserver: kmock.KubernetesEmulator, api: Any, plugin: Plugin
+) -> None:
+    # kubelet's request names no pod: two calls in flight must not both pop the same container entry
+    await bound_pod(
+        apiserver,
+        api,
+        "p",
+        ((g("GPU-a", 1000, 10),), (g("GPU-b", 2000, 20),)),
+        containers=[{"name": "one", "image": "x"}, {"name": "two", "image": "x"}],
+    )
+    first, second = await asyncio.gather(
+        plugin.stub.Allocate(allocate_request(["GPU-a-0"]), timeout=10),
+        plugin.stub.Allocate(allocate_request(["GPU-b-0"]), timeout=10),
+    )
+    served = {dict(r.container_responses[0].envs)["NVIDIA_VISIBLE_DEVICES"] for r in (first, second)}
+    assert served == {"GPU-a", "GPU-b"}
+    stored = await annotations_of(apiserver, POD + "p")
+    assert stored[POD_DEVICES_TO_ALLOCATE] == ";;" and stored[POD_BIND_PHASE] == "success"
+    assert await node_lock(apiserver) is None

@@ -230,3 +230,14 @@ def test_nvml_query_failure_is_a_backend_error(tmp_path: Path) -> None:
     fake.lost = True
     with pytest.raises(BackendError, match="NVML device query failed"):
         backend.cards()
+
+
+@pytest.mark.parametrize("xid", [13, 31, 43, 45, 68, 109])
+def test_nvml_application_xids_leave_the_card_healthy(tmp_path: Path, xid: int) -> None:
+    fake = _fake()
+    backend = NvmlBackend(nvml=fake, sysfs=tmp_path)
+    fake.events = [Event(device=1, eventData=xid), Event(device=0, eventData=48)]  # 48: double-bit ECC
+    cards = backend.cards()
+    assert [c.healthy for c in cards] == [False, True]
+    assert [c.numa for c in cards] == [0, 0]  # no sysfs entry: NUMA unknown counts as 0
+    backend.close()

@@ -224,3 +224,32 @@ async def test_errors_are_retried_after_5s(
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_the_stored_register_json_is_hamis_byte_for_byte(
+    apiserver: kmock.KubernetesEmulator, api: Any, tmp_path: Path
+) -> None:
+    # spec-node-chart §A.5's example: zero index/numa and false health are omitted (Go omitempty), key
+    # order id, index, count, devmem, devcore, type, numa, mode, health; scaling applied (1.5 × 32768)
+    path = write_cards(
+        tmp_path / "cards.yaml",
+        [
+            card("GPU-a", memory=32768),
+            card("GPU-b", memory=32768, numa=1, healthy=False),
+            {"uuid": "GPU-c", "model": "NVIDIA A100-SXM4-40GB", "memory_mib": 40960, "numa": 1},
+        ],
+    )
+    await create_node(apiserver, "n1")
+    settings = NodeSettings(memory_scaling=1.5, core_scaling=0.5, split_count=4)
+    registrar = Registrar(api=api, node_name="n1", inventory=Inventory(SimBackend(path)), settings=settings)
+    assert await registrar.register_once()
+    stored = (await annotations_of(apiserver, "/api/v1/nodes/n1"))[NODE_REGISTER]
+    assert stored == (
+        '[{"id":"GPU-a","count":4,"devmem":49152,"devcore":50,"type":"NVIDIA-Tesla V100-PCIE-32GB",'
+        '"mode":"hami-core","health":true},'
+        '{"id":"GPU-b","index":1,"count":4,"devmem":49152,"devcore":50,"type":"NVIDIA-Tesla V100-PCIE-32GB",'
+        '"numa":1,"mode":"hami-core"},'
+        '{"id":"GPU-c","index":2,"count":4,"devmem":61440,"devcore":50,"type":"NVIDIA A100-SXM4-40GB",'
+        '"numa":1,"mode":"hami-core","health":true}]'
+    )
+    assert not await registrar.register_once()  # unchanged: no second patch
