@@ -41,7 +41,10 @@ async def open_backend_patiently(config: AgentConfig, retry: float = BACKEND_RET
     while True:
         try:
             return open_backend(
-                config.backend, sim_devices=config.sim_devices, topology=config.topology_score
+                config.backend,
+                sim_devices=config.sim_devices,
+                topology=config.topology_score,
+                health_recovery=config.health_recovery,
             )
         except BackendUnavailable as exc:
             level = logging.WARNING if config.backend == "auto" else logging.ERROR

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -65,6 +66,7 @@ class AgentConfig:
     retry_interval: float = 5.0
     refresh_interval: float = 300.0
     health_interval: float = 5.0
+    health_recovery: float = 300.0  # 0 = an unhealthy card never comes back (HAMi)
     kubelet_dir: Path = Path("/var/lib/kubelet/device-plugins")
     config: Path | None = None
     device_config: Path | None = None
@@ -85,6 +87,11 @@ _FLAGS: dict[str, tuple[type, Any, str]] = {
     "retry-interval": (str, "5.0", "seconds before retrying a failed registration"),
     "refresh-interval": (str, "300.0", "re-patch the registration at least this often (seconds)"),
     "health-interval": (str, "5.0", "seconds between card health polls"),
+    "health-recovery": (
+        str,
+        "300",
+        "seconds without a critical XID before an unhealthy card is probed and may come back (0 = never)",
+    ),
     "kubelet-dir": (Path, Path("/var/lib/kubelet/device-plugins"), "kubelet device-plugin directory"),
     "config": (Path, None, "per-node overrides (HAMi device-plugin config.json)"),
     "device-config": (Path, None, "HAMi device-config YAML (top key nvidia:)"),
@@ -131,6 +138,12 @@ def parse_agent_config(argv: Sequence[str] | None, environ: Mapping[str, str]) -
             ) from exc
         if numbers[name] <= 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {numbers[name]!r}")
+    try:
+        recovery = float(args.health_recovery)
+    except ValueError as exc:
+        raise ConfigError(f"--health-recovery must be a number, got {args.health_recovery!r}") from exc
+    if not recovery >= 0 or math.isinf(recovery):  # `not >=` also refuses NaN
+        raise ConfigError(f"--health-recovery must be 0 (never) or positive seconds, got {recovery!r}")
     return AgentConfig(
         kubeconfig=args.kubeconfig,
         node_name=args.node_name,
@@ -144,6 +157,7 @@ def parse_agent_config(argv: Sequence[str] | None, environ: Mapping[str, str]) -
         metrics_listen=args.metrics_listen,
         legacy_metrics=_flag_bool("legacy-metrics", args.legacy_metrics),
         log_level=str(args.log_level).upper(),
+        health_recovery=recovery,
         **numbers,
     )
 

@@ -35,8 +35,11 @@ __all__ = [
 ]
 
 
-def open_backend(kind: str, *, sim_devices: Path | None = None, topology: bool = False) -> Backend:
-    """Build the backend named by ``--backend``; raises :class:`BackendUnavailable` with the reason."""
+def open_backend(
+    kind: str, *, sim_devices: Path | None = None, topology: bool = False, health_recovery: float = 300.0
+) -> Backend:
+    """Build the backend named by ``--backend``; raises :class:`BackendUnavailable` with the reason.
+    ``health_recovery`` is NVML's quiet period before an unhealthy card may come back (0 = never)."""
     if kind == "sim":
         if sim_devices is None:
             raise BackendUnavailable("--backend sim needs --sim-devices FILE (env HAMI_SIM_DEVICES)")
@@ -46,5 +49,5 @@ def open_backend(kind: str, *, sim_devices: Path | None = None, topology: bool =
     if kind in ("nvml", "auto"):
         from monitor.backends.nvml import NvmlBackend
 
-        return NvmlBackend(topology=topology)
+        return NvmlBackend(topology=topology, health_recovery=health_recovery)
     raise BackendUnavailable(f"unknown backend {kind!r}: expected auto, nvml or sim")

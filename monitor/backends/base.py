@@ -47,6 +47,7 @@ class Card:
     memory_mib: int | None
     numa: int = 0
     healthy: bool = True
+    health_reason: str = ""  # why the card is unhealthy (e.g. "XID 79"); "" when healthy or unknown
     mig_profiles: tuple[MigProfileInfo, ...] = ()
     device_paths: tuple[str, ...] = ()  # /dev/nvidiaN nodes (informational; the runtime injects them)
 
@@ -95,8 +96,9 @@ class Backend(Protocol):
     def cards(self) -> tuple[Card, ...]:
         """The current cards in index order, with health. Raises :class:`BackendError` on failure.
 
-        Health is sticky where the hardware says so (an NVML XID error stays unhealthy); the
-        simulated backend reports whatever its file says now.
+        NVML health has hysteresis (an XID error keeps the card unhealthy until a quiet period has
+        passed and a probe succeeds; ``--health-recovery``); the simulated backend reports whatever
+        its file says now.
         """
         ...
 

@@ -1,20 +1,24 @@
 """Real cards through NVML (``nvidia-ml-py``, import name ``pynvml``): the project's ONLY pynvml import.
 
-Owns discovery (uuid, index, model, memory, NUMA node from sysfs, MIG profiles), sticky health from XID
-critical-error events (HAMi's ignore list), NVLink/PCIe pair scores, and the exporter's live usage
-(memory used, utilisation, compute processes with their memory and SM share). Tests pass a fake module
-with the same function names that raises pynvml's own ``NVMLError`` subclasses. Dynamic MIG: list,
-create (GPU instance at an exact placement + one compute instance spanning it, undone on failure) and
-destroy GPU instances, MIG UUIDs read from the MIG device handles. Must not import grpc,
-the Kubernetes client or the codec.
+Owns discovery (uuid, index, model, memory, NUMA node from sysfs, MIG profiles), health from XID
+critical-error events (HAMi's ignore list) with recovery after a quiet period and a successful probe of
+the card (the state machine is ``monitor.backends.health``), NVLink/PCIe pair scores, and the
+exporter's live usage (memory used, utilisation, compute processes with their memory and SM share).
+Tests pass a fake module with the same function names that raises pynvml's own ``NVMLError``
+subclasses. Dynamic MIG: list, create (GPU instance at an exact placement + one compute instance
+spanning it, undone on failure) and destroy GPU instances, MIG UUIDs read from the MIG device handles.
+Must not import grpc, the Kubernetes client or the codec.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import math
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +34,7 @@ from monitor.backends.base import (
     MigProfileInfo,
     ProcessUsage,
 )
+from monitor.backends.health import HealthBook
 
 log = logging.getLogger(__name__)
 
@@ -57,14 +62,25 @@ def _profile_name(info: Any) -> str:
 
 
 class NvmlBackend:
-    """Cards from the NVIDIA driver. ``nvml`` defaults to the real module; ``sysfs`` to ``/sys``."""
+    """Cards from the NVIDIA driver. ``nvml`` defaults to the real module; ``sysfs`` to ``/sys``.
 
-    def __init__(self, *, nvml: Any = None, sysfs: Path = Path("/sys"), topology: bool = False) -> None:
+    ``health_recovery``: seconds without a critical XID before an unhealthy card is probed and may come
+    back (0 = never); ``clock`` measures them (tests pass a fake one).
+    """
+
+    def __init__(
+        self,
+        *,
+        nvml: Any = None,
+        sysfs: Path = Path("/sys"),
+        topology: bool = False,
+        health_recovery: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._nvml: Any = nvml if nvml is not None else pynvml
         self._sysfs = sysfs
         self._topology = topology
-        self._unhealthy: set[str] = set()
-        self._all_unhealthy = False
+        self._health = HealthBook(recovery=health_recovery, clock=clock)
         self._mig_cache: dict[str, tuple[MigProfileInfo, ...]] = {}
         self._lock = threading.Lock()  # health state is shared by the registrar and the health poll
         self._mig_lock = threading.Lock()  # one MIG reconfiguration at a time
@@ -94,13 +110,15 @@ class NvmlBackend:
 
     # ------------------------------------------------------------------------------------- discovery
     def cards(self) -> tuple[Card, ...]:
-        try:
-            with self._lock:
+        with self._lock:  # the whole health pass: events, then one verdict per card
+            try:
                 self._drain_events()
-            count = self._nvml.nvmlDeviceGetCount()
-            return tuple(self._card(self._nvml.nvmlDeviceGetHandleByIndex(i)) for i in range(count))
-        except pynvml.NVMLError as exc:
-            raise BackendError(f"NVML device query failed: {exc}") from exc
+                count = self._nvml.nvmlDeviceGetCount()
+                cards = tuple(self._card(self._nvml.nvmlDeviceGetHandleByIndex(i)) for i in range(count))
+            except pynvml.NVMLError as exc:
+                raise BackendError(f"NVML device query failed: {exc}") from exc
+            self._health.settled()  # a node-wide event has now reached every card
+            return cards
 
     def _card(self, handle: Any) -> Card:
         nvml = self._nvml
@@ -110,13 +128,15 @@ class NvmlBackend:
         except pynvml.NVMLError_NotSupported:
             memory = None  # unified-memory parts (GB10): preConfiguredDeviceMemory applies
         index = int(nvml.nvmlDeviceGetIndex(handle))
+        healthy, reason = self._health.check(uuid, lambda: self._probe(uuid))
         return Card(
             uuid=uuid,
             index=index,
             model=_text(nvml.nvmlDeviceGetName(handle)),
             memory_mib=memory,
             numa=self._numa(handle, uuid),
-            healthy=not (self._all_unhealthy or uuid in self._unhealthy),
+            healthy=healthy,
+            health_reason=reason,
             mig_profiles=self._mig_profiles(handle, uuid),
             device_paths=(f"/dev/nvidia{self._minor(handle, index)}",),
         )
@@ -188,8 +208,22 @@ class NvmlBackend:
                 log.info("card %d is too old for XID events; its health is not watched", i)
         return events
 
+    def _probe(self, uuid: str) -> str | None:
+        """A cheap sign of life from a card whose quiet period is over: the driver still finds it by its
+        UUID and answers a memory query. ``None`` = fine, else what failed."""
+        nvml = self._nvml
+        try:
+            handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
+            # unified-memory parts never report memory; NOT_SUPPORTED still means the card answered
+            with contextlib.suppress(pynvml.NVMLError_NotSupported):
+                nvml.nvmlDeviceGetMemoryInfo(handle)
+            found = _text(nvml.nvmlDeviceGetUUID(handle))
+        except pynvml.NVMLError as exc:
+            return f"NVML query failed: {exc}"
+        return None if found == uuid else f"the card now reads UUID {found}"
+
     def _drain_events(self) -> None:
-        """Read every pending XID event without waiting; mark the cards they name unhealthy for good."""
+        """Read every pending XID event without waiting; each critical one (re)starts its card's sickness."""
         if self._events is None:
             return
         while True:
@@ -198,8 +232,7 @@ class NvmlBackend:
             except pynvml.NVMLError_Timeout:
                 return
             except pynvml.NVMLError as exc:
-                log.error("NVML event wait failed, marking every card unhealthy: %s", exc)
-                self._all_unhealthy = True
+                self._health.critical_all(f"NVML event wait failed ({exc})")
                 return
             xid = int(data.eventData)
             if xid in IGNORED_XIDS:
@@ -207,11 +240,9 @@ class NvmlBackend:
             try:
                 uuid = _text(self._nvml.nvmlDeviceGetUUID(data.device))
             except pynvml.NVMLError:
-                log.error("XID %d on an unreadable card, marking every card unhealthy", xid)
-                self._all_unhealthy = True
+                self._health.critical_all(f"XID {xid} on a card whose UUID cannot be read")
                 continue
-            log.error("XID %d on card %s: marked unhealthy", xid, uuid)
-            self._unhealthy.add(uuid)
+            self._health.critical(uuid, f"XID {xid}")
 
     # ----------------------------------------------------------------------------------- live usage
     def usage(self) -> tuple[LiveUsage, ...]:

@@ -70,6 +70,7 @@ def test_schema_check_catches_a_bad_object() -> None:
         ({"resourceNames": {"count": "nvidia.com/g p u"}}, "/resourceNames/count"),
         ({"devices": {"nvidia": {"deviceSplitCount": 0}}}, "/devices/nvidia/deviceSplitCount"),
         ({"nodeAgent": {"backend": "cuda"}}, "/nodeAgent/backend"),
+        ({"nodeAgent": {"healthRecovery": -1}}, "/nodeAgent/healthRecovery"),
         ({"scheduler": {"extender": {"httpTimeout": "30 seconds"}}}, "/scheduler/extender/httpTimeout"),
         ({"schedulerName": "Hami_Scheduler"}, "/schedulerName"),
     ],

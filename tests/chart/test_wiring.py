@@ -488,3 +488,10 @@ def test_node_agent_flags_are_accepted_and_match_its_mounts(value_set: str, tmp_
         assert agent["spec"]["template"]["spec"]["runtimeClassName"] == "nvidia"
     else:
         assert config.hook_path is None and set(host_paths) == {"device-plugins"}
+
+
+@pytest.mark.parametrize(("given", "expected"), [(None, 300.0), (0, 0.0), (45.5, 45.5), (86400, 86400.0)])
+def test_node_agent_health_recovery_reaches_the_agent(given: float | None, expected: float) -> None:
+    values = {} if given is None else {"nodeAgent": {"healthRecovery": given}}
+    ours = container(render(values).component("DaemonSet", "node-agent"), "node-agent")
+    assert parse_agent_config(argv(ours)[1:], {"NODE_NAME": "n1"}).health_recovery == expected

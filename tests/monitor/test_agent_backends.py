@@ -1,8 +1,10 @@
 """Card backends: the simulated file (format, re-read on change, errors naming the field) and the NVML
-backend driven by a fake module that raises pynvml's own error classes."""
+backend driven by a fake module that raises pynvml's own error classes, with a fake clock for health
+recovery (quiet period, probe, restarts; never with recovery 0)."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,7 @@ from monitor.backends import open_backend
 from monitor.backends.base import BackendError, BackendUnavailable
 from monitor.backends.nvml import NvmlBackend
 from monitor.backends.sim import SimBackend, parse_sim_devices
+from monitor.inventory import Inventory
 
 
 # ------------------------------------------------------------------------------------------------- sim
@@ -113,6 +116,8 @@ class FakeNvml:
     events: list[Any] = field(default_factory=list)
     init_error: Exception | None = None
     lost: bool = False  # the GPU fell off the bus: every count query fails
+    unreachable: set[str] = field(default_factory=set)  # UUIDs the driver no longer finds (probe fails)
+    probes: list[str] = field(default_factory=list)  # every lookup by UUID (what the health probe does)
     shutdowns: int = 0
     nvmlEventTypeXidCriticalError = pynvml.nvmlEventTypeXidCriticalError
     NVML_GPU_INSTANCE_PROFILE_COUNT = 0
@@ -134,6 +139,12 @@ class FakeNvml:
 
     def nvmlDeviceGetUUID(self, h: int) -> str:
         return self.gpus[h].uuid
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> int:
+        self.probes.append(uuid)
+        if uuid in self.unreachable:
+            raise pynvml.NVMLError_GpuIsLost(pynvml.NVML_ERROR_GPU_IS_LOST)
+        return next(i for i, gpu in enumerate(self.gpus) if gpu.uuid == uuid)
 
     def nvmlDeviceGetName(self, h: int) -> bytes:
         return self.gpus[h].name.encode()
@@ -214,14 +225,19 @@ def test_nvml_discovery_memory_numa_from_sysfs(tmp_path: Path) -> None:
     assert fake.shutdowns == 1
 
 
-def test_nvml_xid_events_make_cards_unhealthy_for_good(tmp_path: Path) -> None:
-    fake = _fake()
-    backend = NvmlBackend(nvml=fake, sysfs=tmp_path)
+def test_nvml_xid_events_make_cards_unhealthy_for_good_with_recovery_0(tmp_path: Path) -> None:
+    """HAMi's behaviour: no path back, however long the card stays quiet; it is never even probed."""
+    fake, clock = _fake(), FakeClock()
+    backend = NvmlBackend(nvml=fake, sysfs=tmp_path, health_recovery=0, clock=clock)
     fake.events = [Event(device=0, eventData=13), Event(device=0, eventData=79)]  # 13 = application error
     assert [c.healthy for c in backend.cards()] == [False, True]
-    assert [c.healthy for c in backend.cards()] == [False, True]  # sticky: no path back
+    clock.now += 10**9
+    assert [(c.healthy, c.health_reason) for c in backend.cards()] == [(False, "XID 79"), (True, "")]
     fake.events = [pynvml.NVMLError_Unknown(pynvml.NVML_ERROR_UNKNOWN)]  # a failed wait: all unhealthy
     assert [c.healthy for c in backend.cards()] == [False, False]
+    clock.now += 10**9
+    assert [c.healthy for c in backend.cards()] == [False, False]
+    assert fake.probes == []
 
 
 def test_nvml_query_failure_is_a_backend_error(tmp_path: Path) -> None:
@@ -241,3 +257,116 @@ def test_nvml_application_xids_leave_the_card_healthy(tmp_path: Path, xid: int) 
     assert [c.healthy for c in cards] == [False, True]
     assert [c.numa for c in cards] == [0, 0]  # no sysfs entry: NUMA unknown counts as 0
     backend.close()
+
+
+# --------------------------------------------------------------------------------- health recovery
+@dataclass
+class FakeClock:
+    now: float = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _recovering(tmp_path: Path, recovery: float = 300) -> tuple[FakeNvml, FakeClock, NvmlBackend]:
+    fake, clock = _fake(), FakeClock()
+    return fake, clock, NvmlBackend(nvml=fake, sysfs=tmp_path, health_recovery=recovery, clock=clock)
+
+
+def _health(backend: NvmlBackend) -> list[tuple[bool, str]]:
+    return [(c.healthy, c.health_reason) for c in backend.cards()]
+
+
+def test_nvml_card_recovers_after_the_quiet_period_and_a_good_probe(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake, clock, backend = _recovering(tmp_path)
+    caplog.set_level(logging.INFO, logger="monitor.backends.health")
+    fake.events = [Event(device=0, eventData=79)]
+    assert _health(backend) == [(False, "XID 79"), (True, "")]
+    clock.now += 299.9  # quiet period not over: still unhealthy, and the card is not probed yet
+    assert _health(backend) == [(False, "XID 79"), (True, "")]
+    assert fake.probes == []
+    clock.now += 0.1
+    assert _health(backend) == [(True, ""), (True, "")]
+    assert fake.probes == ["GPU-a"]  # one probe, of the sick card only
+    assert _health(backend) == [(True, ""), (True, "")]
+    assert fake.probes == ["GPU-a"]  # healthy cards are not probed
+    lines = [r.getMessage() for r in caplog.records]
+    assert [line for line in lines if "GPU-a" in line] == [
+        "card GPU-a unhealthy: XID 79; until 300s pass without another critical event and a probe succeeds",
+        "card GPU-a healthy again: no critical event for 300s since XID 79 and the probe answered",
+    ]
+
+
+def test_nvml_failed_probe_keeps_the_card_unhealthy_until_a_later_probe_succeeds(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake, clock, backend = _recovering(tmp_path, recovery=60)
+    fake.events = [Event(device=0, eventData=79)]
+    backend.cards()
+    fake.unreachable = {"GPU-a"}
+    clock.now += 60
+    ((healthy, reason), _) = _health(backend)
+    assert not healthy and reason.startswith("XID 79; probe failed: NVML query failed: ")
+    clock.now += 5  # the next health interval probes again
+    assert _health(backend)[0][0] is False
+    assert fake.probes == ["GPU-a", "GPU-a"]
+    assert sum("probe failed" in r.getMessage() for r in caplog.records) == 1  # logged once, not per poll
+    fake.unreachable = set()
+    clock.now += 5
+    assert _health(backend) == [(True, ""), (True, "")]
+
+
+def test_nvml_probe_notices_a_card_answering_with_another_uuid(tmp_path: Path) -> None:
+    fake, clock, backend = _recovering(tmp_path, recovery=60)
+    fake.events = [Event(device=1, eventData=48)]
+    backend.cards()
+    fake.nvmlDeviceGetHandleByUUID = lambda uuid: 0  # type: ignore[method-assign]  # lookup finds GPU-a
+    clock.now += 60
+    assert _health(backend)[1] == (False, "XID 48; probe failed: the card now reads UUID GPU-a")
+
+
+def test_nvml_xid_during_the_quiet_period_restarts_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake, clock, backend = _recovering(tmp_path)
+    fake.events = [Event(device=0, eventData=79)]
+    backend.cards()
+    clock.now += 200
+    fake.events = [Event(device=0, eventData=94), Event(device=0, eventData=31)]  # 31: ignored
+    assert _health(backend)[0] == (False, "XID 94")
+    clock.now += 100  # 300 s after the first XID, only 100 s after the second
+    assert _health(backend)[0] == (False, "XID 94")
+    assert fake.probes == []
+    assert any(
+        r.getMessage() == "card GPU-a: XID 94 while unhealthy; the quiet period restarts"
+        for r in caplog.records
+    )
+    clock.now += 200
+    assert _health(backend)[0] == (True, "")
+
+
+def test_nvml_node_wide_event_failure_hits_every_card_and_each_recovers_on_its_own(tmp_path: Path) -> None:
+    fake, clock, backend = _recovering(tmp_path)
+    fake.events = [pynvml.NVMLError_Unknown(pynvml.NVML_ERROR_UNKNOWN)]
+    reason = "NVML event wait failed (Unknown Error)"
+    assert _health(backend) == [(False, reason), (False, reason)]
+    clock.now += 300
+    fake.unreachable = {"GPU-b"}
+    assert _health(backend)[0] == (True, "")
+    assert _health(backend)[1][0] is False
+    fake.unreachable = set()
+    assert _health(backend) == [(True, ""), (True, "")]  # the old node-wide event is not applied again
+
+
+async def test_inventory_sees_the_recovery_as_a_change(tmp_path: Path) -> None:
+    """ListAndWatch resends on an inventory change, so kubelet learns of the recovered card at once."""
+    fake, clock, backend = _recovering(tmp_path, recovery=30)
+    inventory = Inventory(backend)
+    fake.events = [Event(device=0, eventData=79)]
+    await inventory.refresh()
+    version = inventory.version
+    clock.now += 30
+    await inventory.refresh()
+    assert inventory.version == version + 1 and inventory.cards[0].healthy

@@ -35,6 +35,13 @@ def test_flags_env_and_defaults() -> None:
     assert (config.backend, config.register_interval) == ("nvml", 3.0)
 
 
+def test_health_recovery_defaults_to_300_and_0_means_never() -> None:
+    assert parse_agent_config([], {"NODE_NAME": "n1"}).health_recovery == 300.0
+    env = {"NODE_NAME": "n1", "HAMI_HEALTH_RECOVERY": "0"}
+    assert parse_agent_config([], env).health_recovery == 0.0
+    assert parse_agent_config(["--health-recovery", "45.5"], env).health_recovery == 45.5
+
+
 @pytest.mark.parametrize(
     ("argv", "env", "message"),
     [
@@ -47,6 +54,21 @@ def test_flags_env_and_defaults() -> None:
             "--retry-interval must be a number, got 'soon'",
         ),
         ([], {"NODE_NAME": "n", "HAMI_TOPOLOGY_SCORE": "maybe"}, "--topology-score must be true or false"),
+        (
+            ["--health-recovery", "-1"],
+            {"NODE_NAME": "n"},
+            r"--health-recovery must be 0 \(never\) or positive",
+        ),
+        (
+            [],
+            {"NODE_NAME": "n", "HAMI_HEALTH_RECOVERY": "nan"},
+            "--health-recovery must be 0 .never. or positive",
+        ),
+        (
+            [],
+            {"NODE_NAME": "n", "HAMI_HEALTH_RECOVERY": "soon"},
+            "--health-recovery must be a number, got 'soon'",
+        ),
     ],
 )
 def test_bad_flags_name_the_flag(argv: list[str], env: dict[str, str], message: str) -> None:
