@@ -166,7 +166,9 @@ async def test_registers_every_30s_but_patches_only_on_change(
         write_cards(cards_file, [card("GPU-a"), card("GPU-b", numa=1, healthy=False)])  # at t=95
         await asyncio.sleep(24)  # t=119: the next cycle (t=120) has not run yet
         assert len(_patches(apiserver)) == 1
-        await asyncio.sleep(2)  # t=121
+        # checks sit mid-way between cycles: while the agent's API call runs in its thread, looptime
+        # waits in real time only a share of the distance to the next timer before moving the clock
+        await asyncio.sleep(15)  # t=134: the t=120 cycle patched; the next is at t=150
         assert len(_patches(apiserver)) == 2
         stored = await annotations_of(apiserver, "/api/v1/nodes/n1")
         assert [d.health for d in decode_node_devices(stored[NODE_REGISTER])] == [True, False]
@@ -187,10 +189,10 @@ async def test_refresh_repatches_and_a_removed_annotation_comes_back(
         await asyncio.sleep(40)
         assert len(_patches(apiserver)) == 1
         await apiserver.patch("/api/v1/nodes/n1", json={"metadata": {"annotations": {NODE_REGISTER: None}}})
-        await asyncio.sleep(21)  # t=61: the t=60 cycle saw the Node differ and wrote it again
+        await asyncio.sleep(35)  # t=75: the t=60 cycle saw the Node differ and wrote it again
         assert len(_patches(apiserver)) == 3  # ours, the test's, ours
         assert NODE_REGISTER in await annotations_of(apiserver, "/api/v1/nodes/n1")
-        await asyncio.sleep(300)  # t=361: unchanged, but the t=360 cycle is 300 s after the last patch
+        await asyncio.sleep(300)  # t=375: unchanged, but the t=360 cycle is 300 s after the last patch
         assert len(_patches(apiserver)) == 4
     finally:
         task.cancel()
@@ -205,20 +207,20 @@ async def test_errors_are_retried_after_5s(
     try:
         await asyncio.sleep(12)
         await create_node(apiserver, "n1")
-        await asyncio.sleep(2.9)  # t=14.9: attempts at 0, 5, 10 failed; the next is at 15
+        await asyncio.sleep(2)  # t=14: attempts at 0, 5, 10 failed; the next is at 15
         assert NODE_REGISTER not in await annotations_of(apiserver, "/api/v1/nodes/n1")
-        await asyncio.sleep(0.2)  # t=15.1
+        await asyncio.sleep(3)  # t=17: the t=15 attempt registered (checked mid-way, see above)
         assert NODE_REGISTER in await annotations_of(apiserver, "/api/v1/nodes/n1")
         await asyncio.to_thread(
             cards_file.write_text, "cards: [{uuid: GPU-a, memory_mib: lots}]"
-        )  # a broken edit at t=15.1
-        await asyncio.sleep(30)  # t=45.1: the t=45 cycle failed; the registration stays as it was
+        )  # a broken edit at t=17
+        await asyncio.sleep(30)  # t=47: the t=45 cycle failed; the registration stays as it was
         assert (
             len(decode_node_devices((await annotations_of(apiserver, "/api/v1/nodes/n1"))[NODE_REGISTER]))
             == 2
         )
         write_cards(cards_file, [card("GPU-a")])
-        await asyncio.sleep(5)  # t=50.1: retried at t=50
+        await asyncio.sleep(5)  # t=52: retried at t=50
         stored = await annotations_of(apiserver, "/api/v1/nodes/n1")
         assert [d.uuid for d in decode_node_devices(stored[NODE_REGISTER])] == ["GPU-a"]
     finally:
