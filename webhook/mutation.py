@@ -21,7 +21,9 @@ Per pod, in order:
    steering annotations the codec cannot read (``pod_annotation_problems``: numa-bind, policies,
    scoring weights) -> refuse, listed after the container problems: the scheduler would ignore them or
    fail the pod's every Filter call.
-7. A privileged container in a GPU pod -> refuse; a preset ``spec.nodeName`` -> refuse.
+7. A privileged container in a GPU pod -> refuse; a GPU container on a shared card with env
+   ``CUDA_DISABLE_CONTROL`` true -> refuse (:mod:`webhook.isolation`); a preset ``spec.nodeName`` ->
+   refuse.
 8. Set ``spec.schedulerName``, ``runtimeClassName`` (when configured and absent), and
    ``NVIDIA_VISIBLE_DEVICES=none`` on the pod's non-GPU containers when ``overwriteEnv``.
 """
@@ -42,6 +44,7 @@ from hami.annotations import (
 from hami.core.quantity import QuantityError, parse_quantity
 from hami.core.requests import lookup, parse_container
 from webhook.config import MutationSettings
+from webhook.isolation import isolation_problems
 
 IGNORE_VALUE = "ignore"
 DEFAULT_SCHEDULER = "default-scheduler"
@@ -66,6 +69,7 @@ BAD_REQUEST = "bad_request"
 TOO_MANY_CARDS = "too_many_cards"
 NO_CARD_COUNT = "no_card_count"
 PRIVILEGED = "privileged"
+ISOLATION_DISABLED = "isolation_disabled"
 NODE_ASSIGNED = "node_assigned"
 BAD_ANNOTATION = "bad_annotation"
 REFUSAL_REASONS = (
@@ -80,6 +84,7 @@ REFUSAL_REASONS = (
     TOO_MANY_CARDS,
     NO_CARD_COUNT,
     PRIVILEGED,
+    ISOLATION_DISABLED,
     NODE_ASSIGNED,
     BAD_ANNOTATION,
 )
@@ -195,6 +200,9 @@ def plan(pod: Mapping[str, Any], settings: MutationSettings) -> Admit | Refuse:
         return Refuse(
             message=f"container {privileged.name} is privileged", code=CODE_FORBIDDEN, reason=PRIVILEGED
         )
+    unisolated = isolation_problems((c.result for c in containers if c.uses_gpu), settings.device)
+    if unisolated:
+        return Refuse(message="; ".join(unisolated), code=CODE_FORBIDDEN, reason=ISOLATION_DISABLED)
     if spec.get("nodeName"):
         return Refuse(message="pod has node assigned", code=CODE_FORBIDDEN, reason=NODE_ASSIGNED)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import PurePosixPath
 from typing import Any
 
 import pytest
@@ -19,11 +20,14 @@ from webhook_cases import (
     REFUSALS,
     WEIGHTS,
     ctr,
+    disable_control,
     make_pod,
+    unisolated,
 )
 
 from hami.annotations import INTERNAL_POD_ANNOTATIONS
 from hami.settings import DeviceConfig, ResourceNames
+from monitor.allocation import hook_mounts
 from webhook.config import MutationSettings
 from webhook.mutation import REFUSAL_REASONS, Admit, Refuse, apply, plan
 
@@ -326,3 +330,112 @@ def test_bad_annotation_on_a_gpu_pod_with_an_unusable_count_is_still_named() -> 
     assert decision.message.endswith(
         'annotation hami.io/node-scheduler-policy "Spread": unknown node policy; expected binpack or spread'
     )
+
+
+# ------------------------------------------------------------------------- CUDA_DISABLE_CONTROL (pain 9)
+
+WHOLE_CARDS: list[tuple[str, dict[str, str], dict[str, str]]] = [
+    # (id, limits as written, limits as stored): the exclusive default makes a bare card whole
+    ("bare card", {GPU: "1"}, {GPU: "1", CORES: "100"}),
+    ("two bare cards", {GPU: "2"}, {GPU: "2", CORES: "100"}),
+    ("all cores, memory not limited", {GPU: "1", CORES: "100"}, {GPU: "1", CORES: "100"}),
+    ("full memory share", {GPU: "1", PCT: "100"}, {GPU: "1", PCT: "100", CORES: "100"}),
+    (
+        "all cores and full memory share",
+        {GPU: "1", CORES: "100", PCT: "100"},
+        {GPU: "1", CORES: "100", PCT: "100"},
+    ),
+    ("count defaulted from a full share", {PCT: "100"}, {PCT: "100", GPU: "1", CORES: "100"}),
+]
+
+
+@pytest.mark.parametrize(("limits", "stored"), [c[1:] for c in WHOLE_CARDS], ids=[c[0] for c in WHOLE_CARDS])
+@pytest.mark.parametrize("value", ["1", "t", "T", "true", "TRUE", "True"])
+def test_isolation_may_be_disabled_on_whole_cards(
+    limits: dict[str, str], stored: dict[str, str], value: str
+) -> None:
+    result = admitted(make_pod(ctr(limits=dict(limits), env=disable_control(value))))
+    assert limits_of(result) == stored
+    assert result["spec"]["containers"][0]["env"] == disable_control(value)  # kept as written
+
+
+SHARED = {GPU: "1", MEM: "3000"}
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        # not a Go ParseBool true: HAMi-core stays loaded, so nothing escapes its limits
+        *(
+            disable_control(v)
+            for v in ["0", "f", "F", "false", "FALSE", "False", "", "yes", "on", " true", "true ", "tRUE"]
+        ),
+        # a value from elsewhere cannot be judged at admission (documented as not checked)
+        [{"name": "CUDA_DISABLE_CONTROL", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}],
+        [{"name": "CUDA_DISABLE_CONTROL_X", "value": "true"}, {"name": "cuda_disable_control", "value": "1"}],
+    ],
+)
+def test_isolation_kept_on_shared_cards_is_admitted(env: list[dict[str, Any]]) -> None:
+    result = admitted(make_pod(ctr(limits=dict(SHARED), env=env)))
+    assert result["spec"]["schedulerName"] == "hami-scheduler"
+    assert result["spec"]["containers"][0]["env"] == env
+
+
+def test_isolation_disabled_in_a_container_without_cards_is_admitted() -> None:
+    # a sidecar of a GPU pod gets no card, hence no HAMi-core; a GPU-less pod is not ours at all
+    pod = make_pod(
+        ctr("train", limits=dict(SHARED)), ctr("side", limits={"cpu": "1"}, env=disable_control("true"))
+    )
+    assert admitted(pod)["spec"]["containers"][1]["env"] == disable_control("true")
+    alone = make_pod(ctr("side", limits={"cpu": "1"}, env=disable_control("true")))
+    assert plan(alone, DEFAULT) == Admit(notes=("no container asks for a managed resource",))
+
+
+def test_isolation_checked_only_after_privilege() -> None:
+    pod = make_pod(
+        ctr("t", limits=dict(SHARED), env=disable_control("1"), securityContext={"privileged": True})
+    )
+    assert plan(pod, DEFAULT) == Refuse(message="container t is privileged", code=403, reason="privileged")
+
+
+def test_isolation_with_default_memory_needs_a_full_share() -> None:
+    # defaultMemory limits a bare card's memory, so "no gpumem" is no longer a whole card
+    settings = replace(DEFAULT, device=DeviceConfig(default_memory=4000))
+    refused = plan(make_pod(ctr("t", limits={GPU: "1"}, env=disable_control("true"))), settings)
+    assert refused == Refuse(
+        message=unisolated("t", "true", memory_advice="nvidia.com/gpumem-percentage: 100"),
+        code=403,
+        reason="isolation_disabled",
+    )
+    whole = make_pod(ctr("t", limits={GPU: "1", PCT: "100"}, env=disable_control("true")))
+    assert isinstance(plan(whole, settings), Admit)
+
+
+def test_isolation_uses_the_configured_resource_names() -> None:
+    names = ResourceNames(
+        memory="example.com/mem", memory_percentage="example.com/pct", cores="example.com/cores"
+    )
+    settings = replace(DEFAULT, device=DeviceConfig(resources=names))
+    pod = make_pod(ctr("t", limits={GPU: "1", "example.com/mem": "10"}, env=disable_control("1")))
+    decision = plan(pod, settings)
+    assert isinstance(decision, Refuse)
+    assert decision.message.endswith(
+        "with example.com/cores: 100 and no example.com/mem (or example.com/pct: 100)"
+    )
+    whole = make_pod(ctr("t", limits={GPU: "1", "example.com/cores": "100"}, env=disable_control("1")))
+    assert isinstance(plan(whole, settings), Admit)
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["1", "t", "T", "true", "TRUE", "True", "0", "false", "", "yes", "on", "y", " 1", "true ", "tRUE", "2"],
+)
+def test_isolation_rule_agrees_with_the_node_agent(value: str) -> None:
+    """Refused on a shared card exactly when the node agent would skip the ``/etc/ld.so.preload`` mount."""
+    container = ctr("t", limits=dict(SHARED), env=disable_control(value))
+    mounts = hook_mounts(
+        PurePosixPath("/usr/local/vgpu"), PurePosixPath("/x"), container, lock_dir="/l", licensed=False
+    )
+    preload = any(m.container_path == "/etc/ld.so.preload" for m in mounts)
+    decision = plan(make_pod(container), DEFAULT)
+    assert isinstance(decision, Refuse) == (not preload), decision

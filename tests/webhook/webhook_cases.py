@@ -50,6 +50,23 @@ NUMA_BIND, NODE_POLICY, GPU_POLICY, WEIGHTS = (
 )
 
 
+def disable_control(value: str) -> list[dict[str, str]]:
+    """An ``env`` list setting ``CUDA_DISABLE_CONTROL`` (HAMi-core not loaded when it is true)."""
+    return [{"name": "CUDA_DISABLE_CONTROL", "value": value}]
+
+
+def unisolated(
+    name: str, value: str, memory_advice: str = "no nvidia.com/gpumem (or nvidia.com/gpumem-percentage: 100)"
+) -> str:
+    """The refusal message for container ``name`` with ``CUDA_DISABLE_CONTROL=value`` on a shared card."""
+    return (
+        f'container "{name}": env CUDA_DISABLE_CONTROL="{value}" turns off '
+        "HAMi-core's memory and core limits, "
+        "so on a shared card it could take the whole card from its neighbours; drop the variable, "
+        f"or ask for whole cards with nvidia.com/gpucores: 100 and {memory_advice}"
+    )
+
+
 #: (id, pod, message, status code, reason code of the metrics)
 REFUSALS: list[tuple[str, dict[str, Any], str, int, str]] = [
     (
@@ -213,6 +230,52 @@ REFUSALS: list[tuple[str, dict[str, Any], str, int, str]] = [
         "accepted: slot=<n>,core=<n>,memory=<n> in any order, non-negative integers, at least one positive",
         422,
         "bad_gpucores",
+    ),
+    # CUDA_DISABLE_CONTROL true (Go ParseBool) on a shared card: HAMi-core's limits would not be loaded
+    (
+        "isolation disabled on a memory slice",
+        make_pod(ctr("train", limits={GPU: "1", MEM: "3000"}, env=disable_control("true"))),
+        unisolated("train", "true"),
+        403,
+        "isolation_disabled",
+    ),
+    (
+        "isolation disabled with all cores but part of the memory",
+        make_pod(ctr("train", limits={GPU: "2", CORES: "100", MEM: "3000"}, env=disable_control("1"))),
+        unisolated("train", "1"),
+        403,
+        "isolation_disabled",
+    ),
+    (
+        "isolation disabled with all memory but part of the cores",
+        make_pod(ctr("train", limits={GPU: "1", PCT: "100", CORES: "30"}, env=disable_control("T"))),
+        unisolated("train", "T"),
+        403,
+        "isolation_disabled",
+    ),
+    (
+        "isolation disabled by a later env entry",
+        make_pod(
+            ctr(
+                "train",
+                limits={GPU: "1", PCT: "50"},
+                env=[*disable_control("false"), {"name": "A", "value": "1"}, *disable_control("True")],
+            )
+        ),
+        unisolated("train", "True"),
+        403,
+        "isolation_disabled",
+    ),
+    (
+        "isolation disabled in every shared container, init first",
+        make_pod(
+            ctr("app", limits={CORES: "20"}, env=disable_control("TRUE")),
+            ctr("whole", limits={GPU: "1"}, env=disable_control("t")),
+            init=(ctr("warm", limits={MEM: "1000"}, env=disable_control("t")),),
+        ),
+        unisolated("warm", "t") + "; " + unisolated("app", "TRUE"),
+        403,
+        "isolation_disabled",
     ),
     (
         "forged allocation label",
