@@ -1,13 +1,20 @@
 """Builders shared by the node-agent tests: simulated-card files, Nodes and Pods on the embedded API
-server."""
+server, and the device plugin served over a real unix socket."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import grpc
 import kmock
 import yaml
+
+from hami.annotations import NODE_LOCK
+from monitor.deviceplugin import api_pb2, api_pb2_grpc
+from monitor.deviceplugin.server import DevicePluginService
 
 
 def write_cards(path: Path, cards: list[dict[str, Any]], links: list[dict[str, Any]] | None = None) -> Path:
@@ -67,3 +74,30 @@ async def annotations_of(k: kmock.KubernetesEmulator, path: str) -> dict[str, st
     response = await k.get(path)
     body = await response.json()
     return dict((body.get("metadata") or {}).get("annotations") or {})
+
+
+@asynccontextmanager
+async def serving(service: DevicePluginService, sock_dir: Path) -> AsyncIterator[Any]:
+    """Serve ``service`` on ``<sock_dir>/nvidia-gpu.sock``; yields a DevicePlugin stub, stops it all after."""
+    path = f"unix://{sock_dir / 'nvidia-gpu.sock'}"
+    server = grpc.aio.server()
+    api_pb2_grpc.add_DevicePluginServicer_to_server(service, server)
+    server.add_insecure_port(path)
+    await server.start()
+    channel = grpc.aio.insecure_channel(path)
+    try:
+        yield api_pb2_grpc.DevicePluginStub(channel)
+    finally:
+        await channel.close()
+        await server.stop(grace=None)
+
+
+def allocate_request(*containers: list[str]) -> Any:
+    """What kubelet sends: one ContainerAllocateRequest per container, with its replica IDs."""
+    return api_pb2.AllocateRequest(
+        container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=ids) for ids in containers]
+    )
+
+
+async def node_lock(k: kmock.KubernetesEmulator) -> str | None:
+    return (await annotations_of(k, "/api/v1/nodes/n1")).get(NODE_LOCK)

@@ -14,10 +14,18 @@ from typing import Any
 import grpc
 import kmock
 import pytest
-from agent_helpers import annotations_of, card, create_node, create_pod, write_cards
+from agent_helpers import (
+    allocate_request,
+    annotations_of,
+    card,
+    create_node,
+    create_pod,
+    node_lock,
+    serving,
+    write_cards,
+)
 
 from hami.annotations import (
-    NODE_LOCK,
     POD_BIND_PHASE,
     POD_DEVICES_ALLOCATED,
     POD_DEVICES_TO_ALLOCATE,
@@ -31,7 +39,7 @@ from hami.kube.nodelock import acquire_node_lock
 from monitor.allocator import Allocator
 from monitor.backends.sim import SimBackend
 from monitor.config import NodeSettings
-from monitor.deviceplugin import api_pb2, api_pb2_grpc
+from monitor.deviceplugin import api_pb2
 from monitor.deviceplugin.server import DevicePluginService
 from monitor.inventory import Inventory
 
@@ -60,24 +68,17 @@ def g(uuid: str, mem: int, cores: int) -> Grant:
     return Grant(uuid=uuid, memory_mib=mem, cores=cores)
 
 
-async def start_plugin(
-    api: Any, sock_dir: Path, tmp_path: Path, settings: NodeSettings
-) -> tuple[Any, Plugin]:
-    write_cards(tmp_path / "cards.yaml", [card("GPU-a"), card("GPU-b")])
-    inventory = Inventory(SimBackend(tmp_path / "cards.yaml"))
-    await inventory.refresh()
-    hook = tmp_path / "hook"
+def make_service(
+    api: Any, tmp_path: Path, inventory: Inventory, settings: NodeSettings
+) -> DevicePluginService:
     allocator = Allocator(
-        api=api, node_name="n1", settings=settings, hook_path=hook, lock_dir=tmp_path / "vgpulock"
+        api=api,
+        node_name="n1",
+        settings=settings,
+        hook_path=tmp_path / "hook",
+        lock_dir=tmp_path / "vgpulock",
     )
-    server = grpc.aio.server()
-    api_pb2_grpc.add_DevicePluginServicer_to_server(
-        DevicePluginService(inventory=inventory, settings=settings, allocator=allocator), server
-    )
-    server.add_insecure_port(f"unix://{sock_dir / 'nvidia-gpu.sock'}")
-    await server.start()
-    channel = grpc.aio.insecure_channel(f"unix://{sock_dir / 'nvidia-gpu.sock'}")
-    return (server, channel), Plugin(stub=api_pb2_grpc.DevicePluginStub(channel), hook=hook)
+    return DevicePluginService(inventory=inventory, settings=settings, allocator=allocator)
 
 
 @pytest.fixture
@@ -86,20 +87,11 @@ async def plugin(
 ) -> AsyncIterator[Plugin]:
     await create_node(apiserver, "n1")
     settings = NodeSettings(memory_scaling=2.0, lib_cuda_log_level="1")
-    (server, channel), plugin = await start_plugin(api, sock_dir, tmp_path, settings)
-    yield plugin
-    await channel.close()
-    await server.stop(grace=None)
-
-
-def allocate_request(*containers: list[str]) -> Any:
-    return api_pb2.AllocateRequest(
-        container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=ids) for ids in containers]
-    )
-
-
-async def node_lock(k: kmock.KubernetesEmulator) -> str | None:
-    return (await annotations_of(k, "/api/v1/nodes/n1")).get(NODE_LOCK)
+    write_cards(tmp_path / "cards.yaml", [card("GPU-a"), card("GPU-b")])
+    inventory = Inventory(SimBackend(tmp_path / "cards.yaml"))
+    await inventory.refresh()
+    async with serving(make_service(api, tmp_path, inventory, settings), sock_dir) as stub:
+        yield Plugin(stub=stub, hook=tmp_path / "hook")
 
 
 # ------------------------------------------------------------------------------------------ success

@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime
 import re
 from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,10 +16,18 @@ from typing import Any
 import grpc
 import kmock
 import pytest
-from agent_helpers import annotations_of, card, create_node, create_pod, write_cards
+from agent_helpers import (
+    allocate_request,
+    annotations_of,
+    card,
+    create_node,
+    create_pod,
+    node_lock,
+    serving,
+    write_cards,
+)
 
 from hami.annotations import (
-    NODE_LOCK,
     POD_BIND_PHASE,
     POD_DEVICES_TO_ALLOCATE,
     POD_MIG_ALLOCATIONS,
@@ -34,7 +43,6 @@ from hami.kube.nodelock import acquire_node_lock
 from monitor.allocator import Allocator
 from monitor.backends.sim import SimBackend
 from monitor.config import NodeSettings
-from monitor.deviceplugin import api_pb2, api_pb2_grpc
 from monitor.deviceplugin.server import DevicePluginService
 from monitor.inventory import Inventory
 
@@ -116,7 +124,11 @@ async def bound_pod(
     return migs
 
 
-async def serve(api: Any, sock_dir: Path, tmp_path: Path, *, mig_backend: bool = True) -> tuple[Any, Plugin]:
+@asynccontextmanager
+async def serve(
+    api: Any, sock_dir: Path, tmp_path: Path, *, mig_backend: bool = True
+) -> AsyncIterator[Plugin]:
+    """The device plugin of a MIG-mode node with two A100-40GB cards, served on a unix socket."""
     model: dict[str, Any] = {"model": "NVIDIA A100-SXM4-40GB", "mig": A100_PROFILES}
     write_cards(
         tmp_path / "cards.yaml", [card("GPU-m", memory=40960, **model), card("GPU-n", memory=40960, **model)]
@@ -133,15 +145,9 @@ async def serve(api: Any, sock_dir: Path, tmp_path: Path, *, mig_backend: bool =
         lock_dir=tmp_path / "vgpulock",
         backend=backend if mig_backend else None,
     )
-    server = grpc.aio.server()
-    api_pb2_grpc.add_DevicePluginServicer_to_server(
-        DevicePluginService(inventory=inventory, settings=settings, allocator=allocator), server
-    )
-    server.add_insecure_port(f"unix://{sock_dir / 'nvidia-gpu.sock'}")
-    await server.start()
-    channel = grpc.aio.insecure_channel(f"unix://{sock_dir / 'nvidia-gpu.sock'}")
-    plugin = Plugin(stub=api_pb2_grpc.DevicePluginStub(channel), backend=backend, hook=tmp_path / "hook")
-    return (server, channel), plugin
+    service = DevicePluginService(inventory=inventory, settings=settings, allocator=allocator)
+    async with serving(service, sock_dir) as stub:
+        yield Plugin(stub=stub, backend=backend, hook=tmp_path / "hook")
 
 
 @pytest.fixture
@@ -149,20 +155,8 @@ async def plugin(
     apiserver: kmock.KubernetesEmulator, api: Any, sock_dir: Path, tmp_path: Path
 ) -> AsyncIterator[Plugin]:
     await create_node(apiserver, "n1")
-    (server, channel), plugin = await serve(api, sock_dir, tmp_path)
-    yield plugin
-    await channel.close()
-    await server.stop(grace=None)
-
-
-def allocate_request(*containers: list[str]) -> Any:
-    return api_pb2.AllocateRequest(
-        container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=ids) for ids in containers]
-    )
-
-
-async def node_lock(k: kmock.KubernetesEmulator) -> str | None:
-    return (await annotations_of(k, "/api/v1/nodes/n1")).get(NODE_LOCK)
+    async with serve(api, sock_dir, tmp_path) as plugin:
+        yield plugin
 
 
 async def recorded(k: kmock.KubernetesEmulator, name: str) -> tuple[MigAllocation, ...]:
@@ -371,12 +365,8 @@ async def test_a_backend_without_mig_support_fails(
     apiserver: kmock.KubernetesEmulator, api: Any, sock_dir: Path, tmp_path: Path
 ) -> None:
     await create_node(apiserver, "n1")
-    (server, channel), plugin = await serve(api, sock_dir, tmp_path, mig_backend=False)
-    try:
+    async with serve(api, sock_dir, tmp_path, mig_backend=False) as plugin:
         await bound_pod(apiserver, api, "p", [[Book("GPU-m", "1g.5gb", 6)]])
         await assert_failed(
             apiserver, plugin.stub, "p", ["GPU-m-0"], "needs a card backend that creates MIG instances"
         )
-    finally:
-        await channel.close()
-        await server.stop(grace=None)
