@@ -10,20 +10,25 @@ Per pod, in order:
 
 1. A user-set internal annotation (or the ``hami.io/vgpu-node`` label) -> refuse: nobody may forge an
    allocation. Checked before anything else, even for ignored pods and foreign schedulers.
-2. Pod labelled ``hami.io/webhook: ignore`` -> untouched. (Namespaces with that label are skipped by
-   the webhook configuration's ``namespaceSelector``; the apiserver never sends their pods.)
-3. No containers -> refuse ``pod has no containers``.
-4. Another scheduler named (not ours, not ``default-scheduler`` when forcing) -> untouched.
-5. Each container, init containers first: refuse malformed or out-of-range values; default the card
+2. No containers (and not labelled ``hami.io/webhook: ignore``) -> refuse ``pod has no containers``.
+3. Each container, init containers first: refuse malformed or out-of-range values; default the card
    count (``defaultGPUNum``) when only memory/cores are given; the implicit exclusive ``gpucores: 100``
    for a bare card request; env ``CUDA_TASK_PRIORITY`` / ``GPU_CORE_UTILIZATION_POLICY``.
-6. No container asks for a managed resource -> untouched (no env, no scheduler name). A GPU pod's
-   steering annotations the codec cannot read (``pod_annotation_problems``: numa-bind, policies,
-   scoring weights) -> refuse, listed after the container problems: the scheduler would ignore them or
-   fail the pod's every Filter call.
-7. A privileged container in a GPU pod -> refuse; a GPU container on a shared card with env
-   ``CUDA_DISABLE_CONTROL`` true -> refuse (:mod:`webhook.isolation`); a preset ``spec.nodeName`` ->
-   refuse.
+4. A pod we do not route -- labelled ``hami.io/webhook: ignore`` (namespaces with that label are skipped
+   by the configuration's ``namespaceSelector``; the apiserver never sends their pods), or naming another
+   scheduler (not ours, not ``default-scheduler`` when forcing) -- gets only the protective refusals of
+   step 7's isolation rules (judged on the containers as step 3 would book them), then is left untouched:
+   no value checks, no defaults, no scheduler name. Its protective refusals matter because a user picks
+   the routing: an ignored pod may still name our scheduler.
+5. Value problems of step 3 -> refuse (422). No container asks for a managed resource -> only the
+   ``NVIDIA_VISIBLE_DEVICES`` rule, then untouched (no env, no scheduler name). A GPU pod's steering
+   annotations the codec cannot read (``pod_annotation_problems``: numa-bind, policies, scoring
+   weights) -> refuse, listed after the container problems: the scheduler would ignore them or fail the
+   pod's every Filter call.
+6. A privileged container in a GPU pod -> refuse.
+7. The isolation rules (:mod:`webhook.isolation`): a GPU container on a shared card with env
+   ``CUDA_DISABLE_CONTROL`` true, or any container naming cards itself in ``NVIDIA_VISIBLE_DEVICES``
+   -> refuse (403). Then a preset ``spec.nodeName`` -> refuse.
 8. Set ``spec.schedulerName``, ``runtimeClassName`` (when configured and absent), and
    ``NVIDIA_VISIBLE_DEVICES=none`` on the pod's non-GPU containers when ``overwriteEnv``.
 """
@@ -44,7 +49,7 @@ from hami.annotations import (
 from hami.core.quantity import QuantityError, parse_quantity
 from hami.core.requests import lookup, parse_container
 from webhook.config import MutationSettings
-from webhook.isolation import isolation_problems
+from webhook.isolation import isolation_problems, visible_devices_problems
 
 IGNORE_VALUE = "ignore"
 DEFAULT_SCHEDULER = "default-scheduler"
@@ -70,6 +75,7 @@ TOO_MANY_CARDS = "too_many_cards"
 NO_CARD_COUNT = "no_card_count"
 PRIVILEGED = "privileged"
 ISOLATION_DISABLED = "isolation_disabled"
+VISIBLE_DEVICES = "visible_devices"
 NODE_ASSIGNED = "node_assigned"
 BAD_ANNOTATION = "bad_annotation"
 REFUSAL_REASONS = (
@@ -85,6 +91,7 @@ REFUSAL_REASONS = (
     NO_CARD_COUNT,
     PRIVILEGED,
     ISOLATION_DISABLED,
+    VISIBLE_DEVICES,
     NODE_ASSIGNED,
     BAD_ANNOTATION,
 )
@@ -125,7 +132,8 @@ class _Container:
     """One container being mutated (a private deep copy, made only when something changes)."""
 
     original: Mapping[str, Any]
-    uses_gpu: bool = False
+    asks: bool = False  # names a managed resource (whether or not its values are valid)
+    uses_gpu: bool = False  # asks, with valid values
     copy: dict[str, Any] | None = None
 
     @property
@@ -167,18 +175,9 @@ def plan(pod: Mapping[str, Any], settings: MutationSettings) -> Admit | Refuse:
     if forged:
         reason = FORGED_ANNOTATION if forged[0].startswith("annotation") else FORGED_LABEL
         return Refuse(message="; ".join(forged), code=CODE_FORBIDDEN, reason=reason)
-    if (metadata.get("labels") or {}).get(WEBHOOK_IGNORE_LABEL) == IGNORE_VALUE:
-        return Admit(notes=(f"pod labelled {WEBHOOK_IGNORE_LABEL}={IGNORE_VALUE}",))
-    if not spec.get("containers"):
+    ignored = (metadata.get("labels") or {}).get(WEBHOOK_IGNORE_LABEL) == IGNORE_VALUE
+    if not ignored and not spec.get("containers"):
         return Refuse(message="pod has no containers", code=CODE_BAD_REQUEST, reason=NO_CONTAINERS)
-    scheduler = spec.get("schedulerName") or ""
-    ours = settings.scheduler_name
-    if (
-        scheduler
-        and scheduler != ours
-        and not (scheduler == DEFAULT_SCHEDULER and settings.force_overwrite_default_scheduler)
-    ):
-        return Admit(notes=(f"scheduler {scheduler!r} is not ours",))
 
     groups = {key: [_Container(c) for c in spec.get(key) or ()] for key in ("initContainers", "containers")}
     containers = groups["initContainers"] + groups["containers"]
@@ -186,6 +185,24 @@ def plan(pod: Mapping[str, Any], settings: MutationSettings) -> Admit | Refuse:
     notes: list[str] = []
     for container in containers:
         _mutate_container(container, settings, problems, notes)
+
+    scheduler = spec.get("schedulerName") or ""
+    ours = settings.scheduler_name
+    if ignored or (
+        scheduler
+        and scheduler != ours
+        and not (scheduler == DEFAULT_SCHEDULER and settings.force_overwrite_default_scheduler)
+    ):
+        unrouted = _isolation(containers, settings)
+        if unrouted is not None:
+            return unrouted
+        note = (
+            f"pod labelled {WEBHOOK_IGNORE_LABEL}={IGNORE_VALUE}"
+            if ignored
+            else f"scheduler {scheduler!r} is not ours"
+        )
+        return Admit(notes=(note,))
+
     gpu_pod = bool(problems) or any(c.uses_gpu for c in containers)
     if gpu_pod:
         problems.extend(_Problem(BAD_ANNOTATION, f"annotation {p}") for p in pod_annotation_problems(pod))
@@ -193,16 +210,16 @@ def plan(pod: Mapping[str, Any], settings: MutationSettings) -> Admit | Refuse:
         message = "; ".join(p.message for p in problems)
         return Refuse(message=message, code=CODE_INVALID, reason=problems[0].reason)
     if not any(c.uses_gpu for c in containers):
-        return Admit(notes=("no container asks for a managed resource",))
+        return _isolation(containers, settings) or Admit(notes=("no container asks for a managed resource",))
 
     privileged = next((c for c in containers if _privileged(c.original)), None)
     if privileged is not None:
         return Refuse(
             message=f"container {privileged.name} is privileged", code=CODE_FORBIDDEN, reason=PRIVILEGED
         )
-    unisolated = isolation_problems((c.result for c in containers if c.uses_gpu), settings.device)
-    if unisolated:
-        return Refuse(message="; ".join(unisolated), code=CODE_FORBIDDEN, reason=ISOLATION_DISABLED)
+    unisolated = _isolation(containers, settings)
+    if unisolated is not None:
+        return unisolated
     if spec.get("nodeName"):
         return Refuse(message="pod has node assigned", code=CODE_FORBIDDEN, reason=NODE_ASSIGNED)
 
@@ -229,6 +246,20 @@ def apply(pod: Mapping[str, Any], admit: Admit) -> dict[str, Any]:
     result = copy.deepcopy(dict(pod))
     result.setdefault("spec", {}).update(copy.deepcopy(dict(admit.spec)))
     return result
+
+
+def _isolation(containers: Sequence[_Container], settings: MutationSettings) -> Refuse | None:
+    """The isolation rules (:mod:`webhook.isolation`) on every container, as step 3 would book it."""
+    device = settings.device
+    found = isolation_problems((c.result for c in containers if c.asks), device)
+    reason = ISOLATION_DISABLED
+    visible = visible_devices_problems(((c.result, c.asks) for c in containers), device)
+    if visible and not found:
+        reason = VISIBLE_DEVICES
+    found += visible
+    if not found:
+        return None
+    return Refuse(message="; ".join(found), code=CODE_FORBIDDEN, reason=reason)
 
 
 def _forged(metadata: Mapping[str, Any]) -> list[str]:
@@ -275,6 +306,7 @@ def _mutate_container(
     if not asked:
         return
 
+    container.asks = True
     before = len(problems)
     reasons = _value_reasons(settings)
     problems.extend(

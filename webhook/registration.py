@@ -9,10 +9,16 @@ rotation). Must not import kopf, aiohttp or the Kubernetes client.
 Scope, so a webhook outage can never block unrelated pods:
 
 * ``namespaceSelector``: namespaces labelled ``hami.io/webhook: ignore`` are skipped entirely.
-* ``matchConditions`` (CEL, Kubernetes >= 1.28): only pods that ask for a managed resource in an init or
-  app container and are not labelled ``hami.io/webhook: ignore``, **or** that carry an internal
-  annotation (so a pod cannot escape the forged-allocation check by labelling itself ignored — which is
-  why the pod label is matched here and not with an ``objectSelector``).
+* ``matchConditions`` (CEL, Kubernetes >= 1.28): a pod is sent when it
+
+  - carries an internal annotation or the ``hami.io/vgpu-node`` label (the forged-allocation refusal),
+  - sets ``NVIDIA_VISIBLE_DEVICES`` in an init or app container (the device-list refusal), or
+  - asks for a managed resource in an init or app container, whatever scheduler it names, unless it is
+    labelled ``hami.io/webhook: ignore`` and does not name our scheduler.
+
+  So a pod cannot escape the protective refusals by labelling itself ignored (which is why the pod
+  label is matched here and not with an ``objectSelector``), while an ignored pod that stays away from
+  our scheduler is never held up by a webhook outage.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from typing import Any
 from hami.annotations import INTERNAL_POD_ANNOTATIONS, POD_VGPU_NODE, WEBHOOK_IGNORE_LABEL
 from hami.settings import ResourceNames
 from webhook.config import HANDLER_ID, WEBHOOK_NAME, WebhookSettings
+from webhook.isolation import ENV_VISIBLE_DEVICES
 
 TIMEOUT_SECONDS = 10
 MATCH_CONDITION_NAME = "hami-gpu-pods"
@@ -32,8 +39,9 @@ def _cel_list(items: Sequence[str]) -> str:
     return "[" + ", ".join(f"'{item}'" for item in items) + "]"
 
 
-def match_expression(resources: ResourceNames) -> str:
-    """The CEL condition: (asks for a managed resource and not ignored) or carries an internal key."""
+def match_expression(resources: ResourceNames, scheduler_name: str) -> str:
+    """The CEL condition: forged keys, or a device list, or (asks for a managed resource and routed to us
+    or not ignored). The chart's template writes the same text (a chart test holds them equal)."""
     managed = _cel_list([r for r in resources.managed if r])
     internal = _cel_list(INTERNAL_POD_ANNOTATIONS)
     containers = (
@@ -45,15 +53,17 @@ def match_expression(resources: ResourceNames) -> str:
         f"(has(c.resources.limits) && {managed}.exists(r, r in c.resources.limits)) || "
         f"(has(c.resources.requests) && {managed}.exists(r, r in c.resources.requests))))"
     )
+    visible = f"({containers}).exists(c, has(c.env) && c.env.exists(e, e.name == '{ENV_VISIBLE_DEVICES}'))"
     ignored = (
         f"(has(object.metadata.labels) && '{WEBHOOK_IGNORE_LABEL}' in object.metadata.labels"
         f" && object.metadata.labels['{WEBHOOK_IGNORE_LABEL}'] == 'ignore')"
     )
+    ours = f"(has(object.spec.schedulerName) && object.spec.schedulerName == '{scheduler_name}')"
     forged = (
         f"(has(object.metadata.annotations) && {internal}.exists(k, k in object.metadata.annotations))"
         f" || (has(object.metadata.labels) && '{POD_VGPU_NODE}' in object.metadata.labels)"
     )
-    return f"{forged} || (!{ignored} && {asks})"
+    return f"{forged} || {visible} || ({asks} && (!{ignored} || {ours}))"
 
 
 def desired_webhook(settings: WebhookSettings, client_config: Mapping[str, Any]) -> dict[str, Any]:
@@ -83,7 +93,12 @@ def desired_webhook(settings: WebhookSettings, client_config: Mapping[str, Any])
             "matchExpressions": [{"key": WEBHOOK_IGNORE_LABEL, "operator": "NotIn", "values": ["ignore"]}]
         },
         "matchConditions": [
-            {"name": MATCH_CONDITION_NAME, "expression": match_expression(settings.mutation.device.resources)}
+            {
+                "name": MATCH_CONDITION_NAME,
+                "expression": match_expression(
+                    settings.mutation.device.resources, settings.mutation.scheduler_name
+                ),
+            }
         ],
     }
 

@@ -23,6 +23,9 @@ from webhook_cases import (
     disable_control,
     make_pod,
     unisolated,
+    visible_devices,
+    visible_in_gpu_container,
+    visible_without_gpu,
 )
 
 from hami.annotations import INTERNAL_POD_ANNOTATIONS
@@ -439,3 +442,93 @@ def test_isolation_rule_agrees_with_the_node_agent(value: str) -> None:
     preload = any(m.container_path == "/etc/ld.so.preload" for m in mounts)
     decision = plan(make_pod(container), DEFAULT)
     assert isinstance(decision, Refuse) == (not preload), decision
+
+
+# ------------------------------------------- protective refusals on every GPU pod (issue 11, 3 and 5)
+
+#: How a GPU pod can avoid our routing: (id, labels, spec fields). The webhook sees each of them.
+UNROUTED: list[tuple[str, dict[str, str] | None, dict[str, Any]]] = [
+    ("another scheduler", None, {"schedulerName": "volcano"}),
+    ("default-scheduler, not forced", None, {"schedulerName": "default-scheduler"}),
+    ("ignored", {"hami.io/webhook": "ignore"}, {}),
+    ("ignored, naming our scheduler", {"hami.io/webhook": "ignore"}, {"schedulerName": "hami-scheduler"}),
+]
+NOT_FORCING = replace(DEFAULT, force_overwrite_default_scheduler=False)
+
+
+@pytest.mark.parametrize(("labels", "spec"), [u[1:] for u in UNROUTED], ids=[u[0] for u in UNROUTED])
+def test_isolation_is_refused_whatever_the_routing(
+    labels: dict[str, str] | None, spec: dict[str, Any]
+) -> None:
+    pod = make_pod(ctr("t", limits=dict(SHARED), env=disable_control("1")), labels=labels, **spec)
+    assert plan(pod, NOT_FORCING) == Refuse(
+        message=unisolated("t", "1"), code=403, reason="isolation_disabled"
+    )
+
+
+@pytest.mark.parametrize(("labels", "spec"), [u[1:] for u in UNROUTED], ids=[u[0] for u in UNROUTED])
+def test_visible_devices_are_refused_whatever_the_routing(
+    labels: dict[str, str] | None, spec: dict[str, Any]
+) -> None:
+    gpu = make_pod(ctr("t", limits={GPU: "1"}, env=visible_devices("all")), labels=labels, **spec)
+    assert plan(gpu, NOT_FORCING) == Refuse(
+        message=visible_in_gpu_container("t"), code=403, reason="visible_devices"
+    )
+    cpu = make_pod(ctr("c", env=visible_devices("all")), labels=labels, **spec)
+    assert plan(cpu, NOT_FORCING) == Refuse(
+        message=visible_without_gpu("c", '="all"'), code=403, reason="visible_devices"
+    )
+
+
+@pytest.mark.parametrize(("labels", "spec"), [u[1:] for u in UNROUTED], ids=[u[0] for u in UNROUTED])
+def test_unrouted_pods_are_otherwise_untouched(labels: dict[str, str] | None, spec: dict[str, Any]) -> None:
+    """Not our pods: no value checks, no privilege check, no defaults; a whole card may disable control."""
+    for containers in (
+        [ctr("t", limits={GPU: "99", CORES: "500"})],
+        [ctr("t", limits={GPU: "1"}, securityContext={"privileged": True})],
+        [ctr("t", limits={GPU: "1"}, env=disable_control("true"))],  # whole card once the default applies
+        [ctr("t", limits={GPU: "1", MEM: "10"}), ctr("side", env=visible_devices("void"))],
+    ):
+        pod = make_pod(*containers, labels=labels, nodeName="n1", **spec)
+        decision = plan(pod, NOT_FORCING)
+        assert isinstance(decision, Admit) and decision.spec == {}, decision
+
+
+@pytest.mark.parametrize("value", ["", "none", "void"])
+def test_visible_devices_hiding_every_card_are_admitted_without_a_card(value: str) -> None:
+    side = ctr("side", env=visible_devices(value))
+    result = admitted(make_pod(ctr("train", limits=dict(SHARED)), side))
+    assert result["spec"]["containers"][1]["env"] == visible_devices(value)
+    assert plan(make_pod(side), DEFAULT) == Admit(notes=("no container asks for a managed resource",))
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        [
+            {"name": "nvidia_visible_devices", "value": "all"},
+            {"name": "NVIDIA_VISIBLE_DEVICES_X", "value": "all"},
+        ],
+        [{"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "all"}],
+    ],
+)
+def test_only_the_exact_variable_is_judged(env: list[dict[str, str]]) -> None:
+    assert isinstance(plan(make_pod(ctr("t", limits={GPU: "1"}, env=env)), DEFAULT), Admit)
+    assert isinstance(plan(make_pod(ctr("c", env=env)), DEFAULT), Admit)
+
+
+def test_env_from_cannot_be_judged_at_admission() -> None:
+    """Documented limit: a ConfigMap or Secret named by ``envFrom`` is not read by the webhook."""
+    env_from = [{"configMapRef": {"name": "gpu-env"}}]
+    assert isinstance(plan(make_pod(ctr("t", limits=dict(SHARED), envFrom=env_from)), DEFAULT), Admit)
+
+
+def test_visible_devices_use_the_configured_card_resource() -> None:
+    settings = replace(DEFAULT, device=DeviceConfig(resources=ResourceNames(count="example.com/vgpu")))
+    decision = plan(make_pod(ctr("c", env=visible_devices("all"))), settings)
+    assert isinstance(decision, Refuse)
+    assert "asks for no example.com/vgpu the node's cards" in decision.message
+    gpu = make_pod(ctr("t", limits={"example.com/vgpu": "1"}, env=visible_devices("all")))
+    assert plan(gpu, settings) == Refuse(
+        message=visible_in_gpu_container("t"), code=403, reason="visible_devices"
+    )

@@ -12,8 +12,9 @@ from hami.settings import DeviceConfig, ResourceNames
 from webhook.config import MutationSettings, WebhookSettings
 from webhook.registration import desired_webhook, match_expression, up_to_date
 
-EXPRESSION = match_expression(ResourceNames())
+EXPRESSION = match_expression(ResourceNames(), "hami-scheduler")
 IGNORE = {"hami.io/webhook": "ignore"}
+VISIBLE = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
 
 CASES: list[tuple[str, dict[str, Any], bool]] = [
     ("card in limits", make_pod(ctr(limits={GPU: "1"})), True),
@@ -31,6 +32,34 @@ CASES: list[tuple[str, dict[str, Any], bool]] = [
     ("no resources at all", make_pod(ctr()), False),
     ("priority alone is not a card", make_pod(ctr(limits={"nvidia.com/priority": "1"})), False),
     ("ignored GPU pod", make_pod(ctr(limits={GPU: "1"}), labels=IGNORE), False),
+    # an ignored pod that names our scheduler would reach our cards: its protective checks still run
+    (
+        "ignored GPU pod naming our scheduler",
+        make_pod(ctr(limits={GPU: "1"}), labels=IGNORE, schedulerName="hami-scheduler"),
+        True,
+    ),
+    (
+        "ignored cpu pod naming our scheduler",
+        make_pod(ctr(limits={"cpu": "1"}), labels=IGNORE, schedulerName="hami-scheduler"),
+        False,
+    ),
+    ("GPU pod naming another scheduler", make_pod(ctr(limits={GPU: "1"}), schedulerName="volcano"), True),
+    (
+        "ignored GPU pod naming another scheduler",
+        make_pod(ctr(limits={GPU: "1"}), labels=IGNORE, schedulerName="volcano"),
+        False,
+    ),
+    # NVIDIA_VISIBLE_DEVICES in any container, whatever the pod asks for
+    ("cpu pod setting the device list", make_pod(ctr(env=VISIBLE)), True),
+    ("ignored cpu pod setting the device list", make_pod(ctr(env=VISIBLE), labels=IGNORE), True),
+    ("device list in an init container", make_pod(ctr(), init=(ctr("i", env=VISIBLE),)), True),
+    (
+        "device list from elsewhere",
+        make_pod(ctr(env=[{"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": {}}])),
+        True,
+    ),
+    ("other env only", make_pod(ctr(env=[{"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "all"}])), False),
+    ("empty env", make_pod(ctr(env=[])), False),
     ("other label value", make_pod(ctr(limits={GPU: "1"}), labels={"hami.io/webhook": "yes"}), True),
     ("forged annotation, cpu pod", make_pod(ctr(), annotations={"hami.io/bind-phase": "success"}), True),
     (
@@ -53,7 +82,7 @@ def test_match_condition_follows_configured_names() -> None:
     names = ResourceNames(
         count="example.com/vgpu", memory="", memory_percentage="", cores="example.com/vcores"
     )
-    expression = match_expression(names)
+    expression = match_expression(names, "hami-scheduler")
     assert cel.evaluate(expression, {"object": make_pod(ctr(limits={"example.com/vcores": "5"}))}) is True
     assert cel.evaluate(expression, {"object": make_pod(ctr(limits={GPU: "1"}))}) is False
 
@@ -72,6 +101,8 @@ def test_desired_webhook_points_at_the_handler_path() -> None:
     assert hook["timeoutSeconds"] == 10 and hook["sideEffects"] == "None"
     custom = settings(mutation=MutationSettings(device=DeviceConfig(resources=ResourceNames(count="x.io/g"))))
     assert "'x.io/g'" in desired_webhook(custom, CLIENT)["matchConditions"][0]["expression"]
+    renamed = settings(mutation=MutationSettings(scheduler_name="gpu-share"))
+    assert "== 'gpu-share'" in desired_webhook(renamed, CLIENT)["matchConditions"][0]["expression"]
 
 
 def test_up_to_date_ignores_server_defaults_only() -> None:

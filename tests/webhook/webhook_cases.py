@@ -67,6 +67,32 @@ def unisolated(
     )
 
 
+def visible_devices(value: str | None = None, **source: Any) -> list[dict[str, Any]]:
+    """An ``env`` list setting ``NVIDIA_VISIBLE_DEVICES`` to ``value`` (or from ``valueFrom=...``)."""
+    entry: dict[str, Any] = {"name": "NVIDIA_VISIBLE_DEVICES", **source}
+    if value is not None:
+        entry["value"] = value
+    return [entry]
+
+
+def visible_in_gpu_container(name: str) -> str:
+    """The refusal message for a GPU container that sets ``NVIDIA_VISIBLE_DEVICES`` itself."""
+    return (
+        f'container "{name}": env NVIDIA_VISIBLE_DEVICES is set by the node agent to the cards granted '
+        "to this container; a value in the pod would replace that list and could reach cards granted to "
+        "other pods; drop the variable"
+    )
+
+
+def visible_without_gpu(name: str, value: str) -> str:
+    """The refusal message for a container without a card request that sets ``NVIDIA_VISIBLE_DEVICES``."""
+    return (
+        f'container "{name}": env NVIDIA_VISIBLE_DEVICES{value} would give a container that asks for no '
+        "nvidia.com/gpu the node's cards (the NVIDIA container runtime reads it); ask for nvidia.com/gpu, "
+        'or set it to "none" or "void"'
+    )
+
+
 #: (id, pod, message, status code, reason code of the metrics)
 REFUSALS: list[tuple[str, dict[str, Any], str, int, str]] = [
     (
@@ -283,5 +309,102 @@ REFUSALS: list[tuple[str, dict[str, Any], str, int, str]] = [
         "label hami.io/vgpu-node is written by HAMi only; a new pod may not carry it",
         403,
         "forged_label",
+    ),
+    # NVIDIA_VISIBLE_DEVICES: the container runtime's device list; only the node agent may set it
+    (
+        "visible devices in a shared GPU container",
+        make_pod(ctr("train", limits={GPU: "1", MEM: "3000"}, env=visible_devices("all"))),
+        visible_in_gpu_container("train"),
+        403,
+        "visible_devices",
+    ),
+    (
+        "visible devices in a whole-card container",
+        make_pod(ctr("train", limits={GPU: "1"}, env=visible_devices("GPU-0"))),
+        visible_in_gpu_container("train"),
+        403,
+        "visible_devices",
+    ),
+    (
+        "visible devices none in a GPU container",
+        make_pod(ctr("train", limits={GPU: "1", CORES: "20"}, env=visible_devices("none"))),
+        visible_in_gpu_container("train"),
+        403,
+        "visible_devices",
+    ),
+    (
+        "visible devices from a config map in a GPU init container",
+        make_pod(
+            ctr("app"),
+            init=(
+                ctr(
+                    "warm",
+                    limits={MEM: "1000"},
+                    env=visible_devices(valueFrom={"configMapKeyRef": {"name": "c", "key": "k"}}),
+                ),
+            ),
+        ),
+        visible_in_gpu_container("warm"),
+        403,
+        "visible_devices",
+    ),
+    (
+        "visible devices all in a sidecar of a GPU pod",
+        make_pod(ctr("train", limits={GPU: "1", MEM: "3000"}), ctr("side", env=visible_devices("all"))),
+        visible_without_gpu("side", '="all"'),
+        403,
+        "visible_devices",
+    ),
+    (
+        "visible devices in a pod asking for no card",
+        make_pod(ctr("side", limits={"cpu": "1"}, env=visible_devices("0,1"))),
+        visible_without_gpu("side", '="0,1"'),
+        403,
+        "visible_devices",
+    ),
+    (
+        "visible devices from a field in a pod asking for no card",
+        make_pod(ctr("side", env=visible_devices(valueFrom={"fieldRef": {"fieldPath": "metadata.name"}}))),
+        visible_without_gpu("side", " (from valueFrom, which cannot be checked)"),
+        403,
+        "visible_devices",
+    ),
+    # the protective refusals apply to every GPU pod the webhook sees, whatever scheduler it names
+    (
+        "isolation disabled in a pod naming another scheduler",
+        make_pod(
+            ctr("train", limits={GPU: "1", MEM: "3000"}, env=disable_control("1")), schedulerName="volcano"
+        ),
+        unisolated("train", "1"),
+        403,
+        "isolation_disabled",
+    ),
+    (
+        "visible devices in a pod naming another scheduler",
+        make_pod(ctr("train", limits={GPU: "1"}, env=visible_devices("all")), schedulerName="volcano"),
+        visible_in_gpu_container("train"),
+        403,
+        "visible_devices",
+    ),
+    (
+        "isolation disabled in an ignored pod naming our scheduler",
+        make_pod(
+            ctr("train", limits={GPU: "1", PCT: "10"}, env=disable_control("true")),
+            labels={"hami.io/webhook": "ignore"},
+            schedulerName="hami-scheduler",
+        ),
+        unisolated("train", "true"),
+        403,
+        "isolation_disabled",
+    ),
+    (
+        "isolation disabled and visible devices, both named",
+        make_pod(
+            ctr("a", limits={GPU: "1", MEM: "10"}, env=[*disable_control("1"), *visible_devices("all")]),
+            schedulerName="volcano",
+        ),
+        unisolated("a", "1") + "; " + visible_in_gpu_container("a"),
+        403,
+        "isolation_disabled",
     ),
 ]
