@@ -1,19 +1,23 @@
-"""The certificate command of the chart's hook Jobs: ``python -m webhook.certs secret|inject``.
+"""The certificate command of the chart's Jobs: ``python -m webhook.certs secret|inject|rotate``.
 
-Owns the two subcommands and the decisions behind them:
+Owns the three subcommands and the decisions behind them:
 
-* ``secret``: make sure the TLS Secret (``ca.crt``, ``tls.crt``, ``tls.key``; type
-  ``kubernetes.io/tls``; never ``ca.key``) holds a serving certificate for the Service's DNS names.
-  A Secret whose certificate still covers every name, matches its key, is signed by a CA in its
-  ``ca.crt`` and has more than :data:`webhook.certs.RENEW_BEFORE` left is kept untouched. Otherwise a
-  new CA and certificate are issued (the CA key is discarded: nothing can ever sign with it again)
-  and the Secret is patched; the CA that signed the previous certificate stays in ``ca.crt`` next to
-  the new one, so pods still serving the old certificate keep verifying. With ``--webhook-config``
-  the new bundle is published into the configuration's ``caBundle`` *before* the Secret changes, so
-  at no moment does a webhook pod serve a certificate the API server cannot verify.
-* ``inject``: copy the Secret's ``ca.crt`` into ``webhooks[*].clientConfig.caBundle`` of the
-  MutatingWebhookConfiguration (a JSON patch with a ``test`` op per entry; no write when it is
-  already there).
+* ``secret`` (install/upgrade hook): make sure the TLS Secret (``ca.crt``, ``tls.crt``, ``tls.key``;
+  type ``kubernetes.io/tls``; never ``ca.key``) holds a serving certificate for the Service's DNS
+  names. A Secret whose certificate still covers every name, matches its key, is signed by a CA in
+  its ``ca.crt``, has more than a third of ``--days`` left and does not outlive ``--days`` (a
+  certificate from an older, longer-lived configuration) is kept untouched. Otherwise a new one-shot
+  CA and certificate, both valid ``--days`` (90 by default), are issued (the CA key is discarded:
+  nothing can ever sign with it again, so no CA key is stored anywhere) and the Secret is patched;
+  the CA that signed the previous certificate stays in ``ca.crt`` next to the new one, so pods still
+  serving the old certificate keep verifying until they reload. With ``--webhook-config`` the new
+  bundle is published into the configuration's ``caBundle`` *before* the Secret changes, so at no
+  moment does a webhook pod serve a certificate the API server cannot verify.
+* ``inject`` (install/upgrade hook): copy the Secret's ``ca.crt`` into
+  ``webhooks[*].clientConfig.caBundle`` of the MutatingWebhookConfiguration (a JSON patch with a
+  ``test`` op per entry; no write when it is already there).
+* ``rotate`` (the chart's CronJob, no ``helm upgrade`` needed): ``secret`` that never creates the
+  Secret (its account may not), then ``inject``. Its API requests say ``hami-cert-rotation``.
 
 API access goes through ``hami.kube`` only (``secrets``, ``admissionconfig``). Must not import kopf.
 """
@@ -51,6 +55,10 @@ SECRET_TYPE = "kubernetes.io/tls"
 SECRET_LABELS = {"app.kubernetes.io/managed-by": "hami-certgen"}
 #: A concurrent writer (another Job, Helm) may change an object between our read and our write.
 ATTEMPTS = 3
+#: Lifetime of a new CA and serving certificate unless ``--days`` says otherwise.
+DEFAULT_DAYS = 90
+#: A certificate valid this much longer than ``--days`` from now was made under a longer setting.
+OUTLIVES_TOLERANCE = timedelta(hours=1)
 
 
 class CertgenError(Exception):
@@ -103,7 +111,12 @@ def _issued_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
 
 
 def renewal_needed(
-    data: Mapping[str, Any], hostnames: Sequence[str], *, now: datetime, before: timedelta, where: str
+    data: Mapping[str, Any],
+    hostnames: Sequence[str],
+    *,
+    now: datetime,
+    validity: timedelta,
+    where: str,
 ) -> str:
     """Why the Secret's certificate must be re-issued ("" when it is fine to keep)."""
     try:
@@ -122,8 +135,14 @@ def renewal_needed(
         return f"{where}: {certs.TLS_KEY} does not belong to {certs.TLS_CERT}"
     if not any(_issued_by(cert, ca) for ca in cas):
         return f"{where}: {certs.TLS_CERT} is not signed by a CA in {certs.CA_CERT}"
+    if cert.not_valid_after_utc - now > validity + OUTLIVES_TOLERANCE:
+        days = validity.total_seconds() / 86400
+        return (
+            f"{certs.TLS_CERT} is valid until {cert.not_valid_after_utc.isoformat()}, "
+            f"longer than the configured {days:g} days"
+        )
     bundle = certs.Bundle(ca_cert=ca_pem, cert=cert_pem, key=key_pem)
-    return certs.renewal_reason(bundle, hostnames, now=now, before=before)
+    return certs.renewal_reason(bundle, hostnames, now=now, before=renew_before(validity))
 
 
 def previous_issuer(data: Mapping[str, Any] | None, *, now: datetime) -> bytes:
@@ -155,8 +174,8 @@ def issue_data(
 
 
 def renew_before(validity: timedelta) -> timedelta:
-    """30 days, or half the validity for shorter-lived certificates (else every run would renew)."""
-    return min(certs.RENEW_BEFORE, validity / 2)
+    """Renew when less than a third of the configured validity is left (30 of 90 days)."""
+    return validity * certs.RENEW_FRACTION
 
 
 def ca_bundle_patch(config: Mapping[str, Any], ca_bundle: str) -> list[dict[str, Any]]:
@@ -211,8 +230,10 @@ async def ensure_secret(
     validity: timedelta,
     now: datetime,
     webhook_config: str | None = None,
+    create: bool = True,
 ) -> SecretOutcome:
-    """Create, keep or re-issue the TLS Secret (see the module docstring)."""
+    """Create, keep or re-issue the TLS Secret (see the module docstring); ``create=False``: a missing
+    Secret is a :class:`CertgenError` (the rotation CronJob may not create Secrets)."""
     where = f"Secret {namespace}/{name}"
     published_unused = False
     for attempt in range(1, ATTEMPTS + 1):
@@ -220,6 +241,10 @@ async def ensure_secret(
             secret = await get_secret(api, namespace, name)
         except NotFound:
             secret = None
+        if secret is None and not create:
+            raise CertgenError(
+                f"{where} not found; the chart's install/upgrade Job creates it (helm upgrade)"
+            )
         if secret is None:
             data = issue_data(hostnames, now=now, validity=validity, previous=None)
             await _publish_first(api, webhook_config, data)
@@ -239,7 +264,7 @@ async def ensure_secret(
                 continue  # another Job made it meanwhile: judge that one
             return SecretOutcome(action="created", reason=f"{where} did not exist")
         old = secret.get("data") or {}
-        reason = renewal_needed(old, hostnames, now=now, before=renew_before(validity), where=where)
+        reason = renewal_needed(old, hostnames, now=now, validity=validity, where=where)
         if not reason:
             if published_unused:  # we published a CA that lost the race: publish the winner's
                 await _publish_first(api, webhook_config, old)
@@ -307,9 +332,17 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         prog="python -m webhook.certs", description="TLS Secret and caBundle of the HAMi webhook."
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    secret = commands.add_parser("secret", parents=[common], help="create, keep or re-issue the TLS Secret")
-    secret.add_argument("--service", required=True, help="the webhook Service (certificate DNS names)")
-    secret.add_argument("--days", type=_days, default=3650, help="validity of a new certificate (3650)")
+    issuing = argparse.ArgumentParser(add_help=False)
+    issuing.add_argument("--service", required=True, help="the webhook Service (certificate DNS names)")
+    issuing.add_argument(
+        "--days",
+        type=_days,
+        default=DEFAULT_DAYS,
+        help=f"validity of a new CA and certificate; renewed with a third left ({DEFAULT_DAYS})",
+    )
+    secret = commands.add_parser(
+        "secret", parents=[common, issuing], help="create, keep or re-issue the TLS Secret"
+    )
     secret.add_argument(
         "--webhook-config",
         default=None,
@@ -319,13 +352,21 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
         "inject", parents=[common], help="copy ca.crt into the webhook configuration's caBundle"
     )
     inject_cmd.add_argument("--webhook-config", required=True, help="MutatingWebhookConfiguration name")
+    rotate = commands.add_parser(
+        "rotate",
+        parents=[common, issuing],
+        help="re-issue the TLS Secret when due (never create it), then inject its ca.crt",
+    )
+    rotate.add_argument("--webhook-config", required=True, help="MutatingWebhookConfiguration name")
     return parser
 
 
 async def _run(args: argparse.Namespace) -> str:
-    api = load_api_client(args.kubeconfig, component="hami-certgen")
+    component = "hami-cert-rotation" if args.command == "rotate" else "hami-certgen"
+    api = load_api_client(args.kubeconfig, component=component)
+    lines: list[str] = []
     try:
-        if args.command == "secret":
+        if args.command in ("secret", "rotate"):
             outcome = await ensure_secret(
                 api,
                 namespace=args.namespace,
@@ -334,14 +375,17 @@ async def _run(args: argparse.Namespace) -> str:
                 validity=timedelta(days=args.days),
                 now=datetime.now(UTC),
                 webhook_config=args.webhook_config,
+                create=args.command == "secret",
             )
             suffix = f": {outcome.reason}" if outcome.reason else ""
-            return f"Secret {args.namespace}/{args.secret} {outcome.action}{suffix}"
-        changed = await inject(
-            api, namespace=args.namespace, secret=args.secret, webhook_config=args.webhook_config
-        )
-        state = "updated" if changed else "already current"
-        return f"caBundle of MutatingWebhookConfiguration {args.webhook_config} {state}"
+            lines.append(f"Secret {args.namespace}/{args.secret} {outcome.action}{suffix}")
+        if args.command in ("inject", "rotate"):
+            changed = await inject(
+                api, namespace=args.namespace, secret=args.secret, webhook_config=args.webhook_config
+            )
+            state = "updated" if changed else "already current"
+            lines.append(f"caBundle of MutatingWebhookConfiguration {args.webhook_config} {state}")
+        return "\n".join(lines)
     finally:
         api.close()
 

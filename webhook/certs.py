@@ -2,8 +2,9 @@
 
 Owns the files in the tls dir (``ca.crt``, ``tls.crt``, ``tls.key`` — the names of a cert-manager or
 ``kubernetes.io/tls`` Secret — plus ``ca.key`` when we made the CA ourselves), how they are made
-(EC P-256; the serving certificate carries every Service DNS name, ``localhost`` and ``127.0.0.1``),
-when they must be renewed, and writing them atomically the way kubelet updates a mounted Secret
+(EC P-256; the serving certificate carries every Service DNS name, ``localhost`` and ``127.0.0.1``;
+a 365-day CA and 90-day serving certificates), when they must be renewed (a third of the lifetime
+left), and writing them atomically the way kubelet updates a mounted Secret
 (a ``..data`` symlink swapped in one rename), so Kopf's file watcher never reads a certificate with
 the wrong key. Kopf's own self-signing (certbuilder/oscrypto) fails on OpenSSL 3 and is not used.
 Must not import kopf or the Kubernetes client; the clock comes in as ``now``. ``python -m webhook.certs``
@@ -32,10 +33,15 @@ TLS_KEY = "tls.key"
 FILES = (CA_CERT, CA_KEY, TLS_CERT, TLS_KEY)
 DATA_LINK = "..data"
 
-CA_VALIDITY = timedelta(days=3650)
-SERVING_VALIDITY = timedelta(days=365)
-#: Renew the serving certificate when less than this is left (the CA likewise, which re-issues both).
-RENEW_BEFORE = timedelta(days=30)
+#: Lifetimes of what this process makes for itself (``--tls-dir`` without ``ca.key`` is someone else's).
+CA_VALIDITY = timedelta(days=365)
+SERVING_VALIDITY = timedelta(days=90)
+#: Renew a certificate when less than this share of its lifetime is left (30 of 90 days), the way
+#: cert-manager's default does (renewBefore = 1/3 of duration).
+RENEW_FRACTION = 1 / 3
+#: A certificate someone else renews (the chart's certgen CronJob, cert-manager: both at a third) is
+#: reported as late when less than this share is left.
+LATE_FRACTION = 1 / 6
 #: Backdating absorbs clock skew between this process and the apiserver.
 BACKDATE = timedelta(minutes=5)
 
@@ -194,15 +200,30 @@ def expiry(cert_pem: bytes) -> datetime:
     return x509.load_pem_x509_certificate(cert_pem).not_valid_after_utc
 
 
+def lifetime(cert_pem: bytes) -> timedelta:
+    """How long a certificate is valid in all (notAfter - notBefore)."""
+    cert = x509.load_pem_x509_certificate(cert_pem)
+    return cert.not_valid_after_utc - cert.not_valid_before_utc
+
+
 def renewal_reason(
-    bundle: Bundle, hostnames: Sequence[str], *, now: datetime, before: timedelta = RENEW_BEFORE
+    bundle: Bundle,
+    hostnames: Sequence[str],
+    *,
+    now: datetime,
+    before: timedelta | None = None,
+    fraction: float = RENEW_FRACTION,
 ) -> str:
-    """Why the serving certificate must be re-issued ("" when it is fine)."""
+    """Why the serving certificate must be re-issued ("" when it is fine).
+
+    Due when less than ``before`` is left, by default ``fraction`` of the certificate's own lifetime.
+    """
     cert = x509.load_pem_x509_certificate(bundle.cert)
     missing = [h for h in hostnames if h not in sans(bundle.cert)]
     if missing:
         return f"tls.crt does not cover {', '.join(missing)}"
-    if cert.not_valid_after_utc - now < before:
+    margin = lifetime(bundle.cert) * fraction if before is None else before
+    if cert.not_valid_after_utc - now < margin:
         return f"tls.crt expires {cert.not_valid_after_utc.isoformat()}"
     return ""
 
@@ -272,20 +293,26 @@ def write_bundle(directory: Path, bundle: Bundle, *, now: datetime) -> None:
 def ensure_certificates(directory: Path, hostnames: Sequence[str], *, now: datetime) -> Outcome:
     """Make the tls dir usable: load it, or generate it when absent, or renew it when due and ours.
 
-    A bundle without ``ca.key`` belongs to someone else (cert-manager, the chart's cert job): it is
-    loaded as it is, and an expiring one is reported, not replaced.
+    A bundle without ``ca.key`` belongs to someone else (cert-manager, the chart's certgen CronJob): it
+    is loaded as it is, and one its owner is late to renew (:data:`LATE_FRACTION`) is reported, not
+    replaced. Our own CA is replaced (with both certificates) when it could no longer cover a whole
+    serving lifetime plus its renewal margin.
     """
     bundle = read_bundle(directory)
     if bundle is None:
         write_bundle(directory, generate(hostnames, now=now), now=now)
         return Outcome(action="generated", reason=f"no {TLS_CERT}/{TLS_KEY} in {directory}")
+    if bundle.ca_key is None:
+        reason = renewal_reason(bundle, hostnames, now=now, fraction=LATE_FRACTION)
+        if not reason:
+            return Outcome(action="loaded")
+        return Outcome(action="kept", reason=f"{reason}; no {CA_KEY}, so it is left to its owner")
     reason = renewal_reason(bundle, hostnames, now=now)
     if not reason:
         return Outcome(action="loaded")
-    if bundle.ca_key is None:
-        return Outcome(action="kept", reason=f"{reason}; no {CA_KEY}, so it is left to its owner")
     ca_cert = x509.load_pem_x509_certificate(bundle.ca_cert)
-    ca = bundle if ca_cert.not_valid_after_utc - now >= RENEW_BEFORE + SERVING_VALIDITY else make_ca(now=now)
+    needed = SERVING_VALIDITY * (1 + RENEW_FRACTION)
+    ca = bundle if ca_cert.not_valid_after_utc - now >= needed else make_ca(now=now)
     write_bundle(directory, issue(ca, hostnames, now=now), now=now)
     return Outcome(action="renewed", reason=reason)
 

@@ -484,7 +484,7 @@ def test_node_agent_flags_are_accepted_and_match_its_mounts(value_set: str, tmp_
     assert settings is not None  # both files parse with the agent's own loader
     if value_set == "everything-on":
         assert str(config.hook_path) == "/usr/local"
-        assert host_paths["hami-core"] == f"{config.hook_path}/vgpu"  # HAMi-core only (test_node_agent_mounts)
+        assert host_paths["hami-core"] == f"{config.hook_path}/vgpu"  # see test_node_agent_mounts
         assert host_paths["vgpu-lock"] == "/tmp/vgpulock"  # the allocator's default lock dir
         assert agent["spec"]["template"]["spec"]["runtimeClassName"] == "nvidia"
     else:

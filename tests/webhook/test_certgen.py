@@ -37,7 +37,7 @@ async def certgen(kubeconfig: Path, *argv: str) -> int:
     return await asyncio.to_thread(main, [argv[0], f"--kubeconfig={kubeconfig}", *argv[1:]], {})
 
 
-async def make_secret(kubeconfig: Path, *, service: str = SERVICE, days: int = 3650, extra: str = "") -> int:
+async def make_secret(kubeconfig: Path, *, service: str = SERVICE, days: int = 90, extra: str = "") -> int:
     args = ["secret", f"--namespace={NS}", f"--secret={SECRET}", f"--service={service}", f"--days={days}"]
     return await certgen(kubeconfig, *args, *([extra] if extra else []))
 
@@ -164,7 +164,7 @@ async def test_near_expiry_is_reissued_and_an_old_ca_key_dropped(
     apiserver: kmock.KubernetesEmulator, kubeconfig: Path
 ) -> None:
     hostnames = service_hostnames(SERVICE, NS)
-    expiring = certs.generate(hostnames, now=datetime.now(UTC) - timedelta(days=350))  # 15 days left
+    expiring = certs.generate(hostnames, now=datetime.now(UTC) - timedelta(days=75))  # 15 days left
     assert expiring.ca_key is not None
     await put_secret(apiserver, {**bundle_data(expiring), "ca.key": expiring.ca_key})
     assert await make_secret(kubeconfig, days=3650) == 0
@@ -176,7 +176,7 @@ async def test_near_expiry_is_reissued_and_an_old_ca_key_dropped(
 
 async def test_forty_days_left_is_kept(apiserver: kmock.KubernetesEmulator, kubeconfig: Path) -> None:
     hostnames = service_hostnames(SERVICE, NS)
-    fine = certs.generate(hostnames, now=datetime.now(UTC) - timedelta(days=325))  # 40 days left
+    fine = certs.generate(hostnames, now=datetime.now(UTC) - timedelta(days=50))  # 40 of 90 days left
     await put_secret(apiserver, bundle_data(fine))
     assert await make_secret(kubeconfig) == 0
     assert secret_data(apiserver) == bundle_data(fine)
@@ -311,3 +311,105 @@ async def test_losing_a_creation_race_keeps_the_winner_and_publishes_its_ca(
     assert await make_secret(kubeconfig, extra=f"--webhook-config={MWC}") == 0
     assert secret_data(apiserver) == bundle_data(winner)
     assert ca_bundles(apiserver) == [winner.ca_cert]
+
+
+# ------------------------------------------------------------------- lifetimes and rotation
+def aged(lifetime_days: int, days_left: float) -> certs.Bundle:
+    """A one-shot CA and serving certificate (as certgen makes them) with ``days_left`` to go."""
+    issued = datetime.now(UTC) - timedelta(days=lifetime_days - days_left)
+    ca = certs.make_ca(now=issued, valid_for=timedelta(days=lifetime_days))
+    return certs.issue(
+        ca, service_hostnames(SERVICE, NS), now=issued, valid_for=timedelta(days=lifetime_days)
+    )
+
+
+async def test_default_certificate_lives_90_days(
+    apiserver: kmock.KubernetesEmulator, kubeconfig: Path
+) -> None:
+    args = ["secret", f"--namespace={NS}", f"--secret={SECRET}", f"--service={SERVICE}"]
+    assert await certgen(kubeconfig, *args) == 0
+    data = secret_data(apiserver)
+    for pem in (data["tls.crt"], data["ca.crt"]):
+        left = certs.expiry(pem) - datetime.now(UTC)
+        assert timedelta(days=89) < left <= timedelta(days=90)
+
+
+async def test_a_certificate_living_longer_than_configured_is_reissued(
+    apiserver: kmock.KubernetesEmulator, kubeconfig: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Upgrading from a 10-year certificate: the next run replaces it with a short-lived one."""
+    old = aged(3650, 3000)
+    await put_secret(apiserver, bundle_data(old))
+    assert await make_secret(kubeconfig, days=90) == 0
+    assert "renewed: tls.crt is valid until" in capsys.readouterr().out
+    new = secret_data(apiserver)
+    assert certs.expiry(new["tls.crt"]) - datetime.now(UTC) <= timedelta(days=90)
+    assert verifies(old.cert, new["ca.crt"])  # pods still serving the old one keep working
+
+
+@pytest.mark.parametrize(("days_left", "renewed"), [(95, True), (105, False)])
+async def test_renewed_when_a_third_of_the_lifetime_is_left(
+    apiserver: kmock.KubernetesEmulator, kubeconfig: Path, days_left: int, renewed: bool
+) -> None:
+    old = aged(300, days_left)
+    await put_secret(apiserver, bundle_data(old))
+    assert await make_secret(kubeconfig, days=300) == 0
+    assert (secret_data(apiserver) != bundle_data(old)) is renewed
+
+
+def rotate_argv(*extra: str) -> list[str]:
+    return [
+        "rotate",
+        f"--namespace={NS}",
+        f"--secret={SECRET}",
+        f"--service={SERVICE}",
+        f"--webhook-config={MWC}",
+        *extra,
+    ]
+
+
+async def test_rotation_renews_and_the_ca_bundle_keeps_both_cas_during_the_overlap(
+    apiserver: kmock.KubernetesEmulator, kubeconfig: Path
+) -> None:
+    """The CronJob's command: a certificate near expiry is re-issued with no ``helm upgrade``; the
+    configuration trusts the old CA (pods not yet reloaded) and the new one, before the Secret changes."""
+    old = aged(90, 20)
+    await put_secret(apiserver, bundle_data(old))
+    await put_mwc(apiserver, [entry("vgpu.hami.io", caBundle=base64.b64encode(old.ca_cert).decode())])
+    assert await certgen(kubeconfig, *rotate_argv("--days=90")) == 0
+    new = secret_data(apiserver)
+    assert new["tls.crt"] != old.cert
+    assert timedelta(days=89) < certs.expiry(new["tls.crt"]) - datetime.now(UTC) <= timedelta(days=90)
+    (published,) = ca_bundles(apiserver)
+    assert published == new["ca.crt"] and len(load_all(published)) == 2
+    assert verifies(old.cert, published) and verifies(new["tls.crt"], published)
+    done = writes(apiserver)
+    assert done.index(("PATCH", f"{MWC_PATH}/{MWC}")) < done.index(("PATCH", f"{SECRET_PATH}/{SECRET}"))
+    # the next run has nothing to do
+    before = writes(apiserver)
+    assert await certgen(kubeconfig, *rotate_argv("--days=90")) == 0
+    assert writes(apiserver) == before
+
+
+async def test_rotation_repairs_a_stale_ca_bundle_without_touching_a_valid_secret(
+    apiserver: kmock.KubernetesEmulator, kubeconfig: Path
+) -> None:
+    fine = aged(90, 60)
+    await put_secret(apiserver, bundle_data(fine))
+    stale = base64.b64encode(certs.make_ca(now=datetime.now(UTC)).ca_cert).decode()
+    await put_mwc(apiserver, [entry("vgpu.hami.io", caBundle=stale)])
+    assert await certgen(kubeconfig, *rotate_argv()) == 0
+    assert secret_data(apiserver) == bundle_data(fine)
+    assert ca_bundles(apiserver) == [fine.ca_cert]
+    assert ("PATCH", f"{SECRET_PATH}/{SECRET}") not in writes(apiserver)
+
+
+async def test_rotation_never_creates_the_secret(
+    apiserver: kmock.KubernetesEmulator, kubeconfig: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The CronJob's account may not create Secrets (only the install Job's may): a missing one is an
+    error that says what to do."""
+    await put_mwc(apiserver, [entry("vgpu.hami.io")])
+    assert await certgen(kubeconfig, *rotate_argv()) == 1
+    assert f"Secret {NS}/{SECRET} not found" in capsys.readouterr().err
+    assert writes(apiserver) == [("POST", MWC_PATH)]  # only the test's own

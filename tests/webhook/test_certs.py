@@ -86,7 +86,7 @@ def test_expiring_serving_certificate_is_renewed_under_the_same_ca(tmp_path: Pat
     later = NOW + certs.SERVING_VALIDITY - timedelta(days=29)  # inside the 30-day renewal window
     outcome = certs.ensure_certificates(tmp_path, NAMES, now=later)
     assert outcome.action == "renewed"
-    assert outcome.reason.startswith("tls.crt expires 2027-03-01")
+    assert outcome.reason.startswith("tls.crt expires 2026-05-30")
     after = certs.read_bundle(tmp_path)
     assert after is not None
     assert after.ca_cert == before.ca_cert and after.ca_key == before.ca_key  # caBundle stays valid
@@ -169,3 +169,52 @@ async def test_renewal_task_reissues_an_expiring_certificate(tmp_path: Path) -> 
             await task
     assert after.ca_cert == before.ca_cert
     assert certs.expiry(after.cert) > datetime.now(UTC) + certs.SERVING_VALIDITY - timedelta(days=1)
+
+
+# ------------------------------------------------------------------------- lifetimes and renewal
+def test_self_managed_certificates_are_short_lived() -> None:
+    bundle = certs.generate(NAMES, now=NOW)
+    leaf = x509.load_pem_x509_certificate(bundle.cert)
+    ca = x509.load_pem_x509_certificate(bundle.ca_cert)
+    assert leaf.not_valid_after_utc - NOW == timedelta(days=90)
+    assert ca.not_valid_after_utc - NOW == timedelta(days=365)
+
+
+@pytest.mark.parametrize(("days_left", "renewed"), [(99, True), (101, False)])
+def test_renewal_starts_when_a_third_of_the_lifetime_is_left(days_left: int, renewed: bool) -> None:
+    """Whatever the certificate's lifetime (here 300 days, e.g. one issued by someone else)."""
+    ca = certs.make_ca(now=NOW, valid_for=timedelta(days=1000))
+    bundle = certs.issue(ca, NAMES, now=NOW, valid_for=timedelta(days=300) - certs.BACKDATE)
+    at = NOW + timedelta(days=300 - days_left) - certs.BACKDATE
+    reason = certs.renewal_reason(bundle, NAMES, now=at)
+    assert bool(reason) is renewed, reason
+
+
+def test_a_foreign_certificate_is_reported_only_once_its_owner_is_late(tmp_path: Path) -> None:
+    """Without ca.key the owner (certgen CronJob, cert-manager) renews at a third of the lifetime left;
+    the webhook warns when half of that margin is gone too, not while the owner is still on time."""
+    bundle = certs.generate(NAMES, now=NOW)
+    for name, data in (
+        (certs.CA_CERT, bundle.ca_cert),
+        (certs.TLS_CERT, bundle.cert),
+        (certs.TLS_KEY, bundle.key),
+    ):
+        (tmp_path / name).write_bytes(data)
+    on_time = NOW + certs.SERVING_VALIDITY - timedelta(days=20)  # inside the owner's window, not late
+    assert certs.ensure_certificates(tmp_path, NAMES, now=on_time) == certs.Outcome(action="loaded")
+    late = NOW + certs.SERVING_VALIDITY - timedelta(days=14)
+    outcome = certs.ensure_certificates(tmp_path, NAMES, now=late)
+    assert outcome.action == "kept" and "left to its owner" in outcome.reason
+
+
+def test_an_ageing_ca_is_replaced_before_it_would_cut_a_serving_certificate_short(tmp_path: Path) -> None:
+    certs.ensure_certificates(tmp_path, NAMES, now=NOW)
+    before = certs.read_bundle(tmp_path)
+    assert before is not None
+    late = NOW + certs.CA_VALIDITY - timedelta(days=100)  # less than 90 + 30 days of CA left
+    certs.write_bundle(tmp_path, certs.issue(before, NAMES, now=late - timedelta(days=80)), now=late)
+    assert certs.ensure_certificates(tmp_path, NAMES, now=late).action == "renewed"
+    after = certs.read_bundle(tmp_path)
+    assert after is not None and after.ca_cert != before.ca_cert
+    assert certs.expiry(after.cert) == late + certs.SERVING_VALIDITY  # a whole lifetime under the new CA
+    verify(after, "localhost", at=late)
