@@ -13,6 +13,12 @@ shared state are passed in, never module globals):
 Metrics (``webhook.metrics``): the server subclass times every AdmissionReview around Kopf's own
 handling and classifies the response; the handler counts refusals by reason code.
 
+Certificate rotation: with ``--no-manage-config`` (the chart: the Secret is mounted read-only and
+renewed by the certgen CronJob or cert-manager) the server keeps its listener and hands a renewed
+pair to new connections (``webhook.tlsreload``); Kopf's own file watch, which restarts the listener
+and drops every open connection, is left idle. With ``--manage-config`` Kopf's restart stays: it is
+what re-publishes a changed ``caBundle``.
+
 No pod handler is stateful (no ``on.create``/``on.update``), so Kopf writes no annotations or
 finalizers on pods; Kopf's k8s-event posting is off. Must not import ``kubernetes`` (the client is
 reached only through ``hami.kube``).
@@ -38,11 +44,14 @@ from webhook import certs, registration
 from webhook.config import HANDLER_ID, WebhookSettings
 from webhook.metrics import WebhookMetrics, serve_metrics
 from webhook.mutation import Refuse, plan
+from webhook.tlsreload import CertificateSwitch
 
 logger = logging.getLogger("hami.webhook")
 
-#: How often the renewal task looks at the serving certificate (it renews 30 days before expiry).
+#: How often the renewal task looks at the serving certificate (it renews with a third of its life left).
 RENEW_CHECK_SECONDS = 3600.0
+#: Kopf's file-watch interval when the certificate is switched in place instead (never, in practice).
+KOPF_FILE_WATCH_OFF = 10 * 365 * 86400.0
 
 
 @dataclass(slots=True)
@@ -54,12 +63,31 @@ class Published:
 
 class PublishingWebhookServer(kopf.WebhookServer):
     """Kopf's HTTPS server, also recording each client config it yields (start-up and every rotation)
-    and timing every admission (``fn`` is Kopf's documented ``WebhookFn``: request in, review out)."""
+    and timing every admission (``fn`` is Kopf's documented ``WebhookFn``: request in, review out).
 
-    def __init__(self, *, published: Published, metrics: WebhookMetrics, **kwargs: Any) -> None:
+    With a ``switch``, a renewed certificate is handed to new connections in place (module docstring).
+    """
+
+    def __init__(
+        self,
+        *,
+        published: Published,
+        metrics: WebhookMetrics,
+        switch: CertificateSwitch | None = None,
+        switch_interval: float = 60.0,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.published = published
         self.metrics = metrics
+        self.switch = switch
+        self.switch_interval = switch_interval
+
+    def _build_ssl(self) -> tuple[bytes | None, Any]:
+        cadata, context = super()._build_ssl()
+        if self.switch is not None and context is not None:
+            self.switch.attach(context)
+        return cadata, context
 
     async def __call__(self, fn: Any) -> AsyncIterator[Any]:
         metrics = self.metrics
@@ -74,9 +102,20 @@ class PublishingWebhookServer(kopf.WebhookServer):
                 metrics.answered(response, time.perf_counter() - started)
             return response
 
-        async for client_config in super().__call__(timed):
-            self.published.client_config = dict(client_config)
-            yield client_config
+        watcher: asyncio.Task[None] | None = None
+        try:
+            async for client_config in super().__call__(timed):
+                self.published.client_config = dict(client_config)
+                if self.switch is not None and watcher is None:
+                    watcher = asyncio.create_task(
+                        self.switch.watch(self.switch_interval), name="hami-webhook-cert-switch"
+                    )
+                yield client_config
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watcher
 
 
 def operator_settings(
@@ -90,15 +129,19 @@ def operator_settings(
     kopf_settings.scanning.disabled = True
     tls = settings.tls_dir
     ca_file = tls / certs.CA_CERT
+    # chart mode: switch certificates in place; managed: Kopf restarts and re-publishes the caBundle
+    in_place = not settings.manage_config
     kopf_settings.admission.server = PublishingWebhookServer(
         published=published,
         metrics=metrics,
+        switch=CertificateSwitch(tls / certs.TLS_CERT, tls / certs.TLS_KEY) if in_place else None,
+        switch_interval=settings.cert_check_interval,
         addr=settings.listen.host,
         port=settings.listen.port or None,  # None: Kopf picks a free port (and re-publishes the URL)
         certfile=str(tls / certs.TLS_CERT),
         pkeyfile=str(tls / certs.TLS_KEY),
         cafile=str(ca_file) if ca_file.exists() else None,
-        file_check_interval=settings.cert_check_interval,
+        file_check_interval=KOPF_FILE_WATCH_OFF if in_place else settings.cert_check_interval,
     )
     kopf_settings.admission.managed = settings.config_name if settings.manage_config else None
     return kopf_settings
