@@ -63,7 +63,13 @@ async def run(config: AgentConfig) -> None:
     )
     inventory = Inventory(backend)
     allocator = Allocator(
-        api=api, node_name=config.node_name, settings=settings, hook_path=config.hook_path, backend=backend
+        api=api,
+        node_name=config.node_name,
+        settings=settings,
+        hook_path=config.hook_path,
+        backend=backend,
+        inventory=inventory,
+        scheduler_name=config.scheduler_name,
     )
     service = DevicePluginService(inventory=inventory, settings=settings, allocator=allocator)
     runner = KubeletRunner(

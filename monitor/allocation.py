@@ -1,7 +1,8 @@
 """What one container gets from Allocate: the pure rules (spec-node-chart §A.9), no I/O.
 
-Owns: recognising the pod kubelet is admitting (the lock owner or a pending candidate), the container
-names in annotation order (init first), and the envs and HAMi-core mounts for one container's grants.
+Owns: recognising a pod waiting here for our grant (:func:`is_candidate`; ``monitor.pairing`` decides
+which one kubelet is admitting), the container names in annotation order (init first), and the envs and
+HAMi-core mounts for one container's grants.
 The caller (``monitor.allocator``) does the API calls and the host directory work. Pure: must not
 import grpc, pynvml, the Kubernetes client, ``os`` or ``logging``.
 """
@@ -33,6 +34,14 @@ class AllocationError(Exception):
 
 class PodMissing(AllocationError):
     """No pod on this node is waiting for its cards."""
+
+
+class HandoutRefused(AllocationError):
+    """The pod kubelet is admitting has a grant this node must not hand out (``monitor.handout``)."""
+
+
+class Ambiguous(AllocationError):
+    """Several pods may be the one kubelet is admitting, with different cards (``monitor.pairing``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,16 +1,18 @@
 """Finish a pod's allocation when kubelet calls Allocate, then hand the node lock back.
 
-Owns the Allocate hand-off of spec-node-chart §A.9 / spec-scheduler §16: find the pod (the node lock's
-owner when it is waiting here, else the first pending candidate on this node), take the first
-non-empty container entry of ``hami.io/vgpu-devices-to-allocate`` per kubelet container request, check
-the device count, build envs and HAMi-core mounts (in MIG mode ``monitor.mig`` makes and records the
-booked instances instead), blank the entry and patch the annotation back; when
-no entry is left set ``bind-phase=success`` and release the lock; on any error set
-``bind-phase=failed`` and release it (release is owner-checked: a lock held by another pod stays).
-Either way an Event tells the pod's owner (``monitor.podevents``: ``AllocationFailed`` with what to do,
-``AllocationSucceeded`` once every container is served), written in the background so it never
-delays or fails the answer. Calls are serialised: kubelet's request names no pod, so only one pod
-may be in flight per node.
+Owns the Allocate hand-off of spec-node-chart §A.9 / spec-scheduler §16 and its checks
+(docs/security.md, "The node agent's hand-out"): list this node's pods, pair kubelet's call with the pod
+it is admitting (``monitor.pairing``: the pod whose next waiting entry matches kubelet's card count;
+ambiguous = fail closed, no card, a Warning Event on every candidate), refuse a grant that breaks a
+hand-out rule (``monitor.handout``: our scheduler's pod, bound here, ``to-allocate`` equal to the
+scheduler's record, only this node's registered cards), then take the next non-empty container entry of
+``hami.io/vgpu-devices-to-allocate`` per kubelet container request, build envs and HAMi-core mounts (in
+MIG mode ``monitor.mig`` makes and records the booked instances instead), blank the entry and patch the
+annotation back; when no entry is left set ``bind-phase=success`` and release the lock. On any error
+with the pod known, set ``bind-phase=failed`` and release its lock (only on a pod waiting for our grant
+here; release is owner-checked: a lock held by another pod stays) and remember its UID, since kubelet
+rejects it. Either way an Event tells the pod's owner (``monitor.podevents``). Calls are serialised:
+kubelet's request names no pod, so only one pod may be in flight per node.
 Imports the codec and ``hami.kube``; must not import grpc or pynvml.
 """
 
@@ -20,46 +22,49 @@ import asyncio
 import logging
 import shutil
 import uuid as uuidlib
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from hami.annotations import (
-    NODE_LOCK,
     POD_DEVICES_TO_ALLOCATE,
-    AnnotationError,
     BindPhase,
     allocation_done,
     bind_annotations,
     blank_container,
-    decode_node_lock,
     encode_pod_devices,
     pending_container,
-    pod_annotations,
     read_pod_to_allocate,
 )
-from hami.core.model import DeviceMode, Grant, PodDevices
-from hami.kube.client import KubeError, NotFound
+from hami.core.model import Device, DeviceMode, Grant, PodDevices
+from hami.kube.client import KubeError
 from hami.kube.nodelock import release_node_lock
-from hami.kube.nodes import get_node
-from hami.kube.pods import get_pod, list_pods, patch_pod
+from hami.kube.pods import list_pods, patch_pod
 from monitor.allocation import (
     AllocationError,
+    Ambiguous,
     ContainerAnswer,
+    HandoutRefused,
     PodMissing,
     container_envs,
     container_names,
     container_spec,
     hook_mounts,
-    is_candidate,
     pod_key,
 )
-from monitor.backends.base import Backend
+from monitor.backends.base import Backend, BackendError
 from monitor.config import NodeSettings
+from monitor.inventory import Inventory
 from monitor.mig import allocate_mig
-from monitor.podevents import FAILED, SUCCEEDED, PodEvents, failure_message, success_message
+from monitor.pairing import Pairing, Suspect, ambiguity, asked, pair, suspects
+from monitor.podevents import AMBIGUOUS, FAILED, SUCCEEDED, PodEvents, failure_message, success_message
+from monitor.registrar import build_registration
 
 log = logging.getLogger(__name__)
+
+#: How many refused pod UIDs are remembered (kubelet rejects them; they are not suspects any more).
+REFUSED_KEPT = 1024
 
 
 class Allocator:
@@ -75,52 +80,87 @@ class Allocator:
         lock_dir: Path = Path("/tmp/vgpulock"),
         backend: Backend | None = None,
         events: PodEvents | None = None,
+        inventory: Inventory | None = None,
+        scheduler_name: str = "hami-scheduler",
     ) -> None:
         self._api, self._node, self._settings = api, node_name, settings
+        self._inventory, self._scheduler = inventory, scheduler_name
         self.events = events if events is not None else PodEvents(api)
-        self._backend = backend  # makes the MIG instances in MIG mode
+        self._backend = backend  # makes the MIG instances in MIG mode; the cards when there is no inventory
         self._hook, self._lock_dir = hook_path, lock_dir
         self._serial = asyncio.Lock()
+        self._refused: OrderedDict[str, None] = OrderedDict()
 
-    # ------------------------------------------------------------------------------------ find pod
-    async def find_pod(self) -> dict[str, Any]:
-        """The pod kubelet is admitting: the lock owner if it waits here, else the first candidate."""
-        node = await get_node(self._api, self._node)
-        lock = pod_annotations(node).get(NODE_LOCK)
-        owner: tuple[str, str] | None = None
-        if lock:
-            try:
-                held = decode_node_lock(lock)
-            except AnnotationError:
-                held = None
-            if held is not None and held.namespace is not None and held.name is not None:
-                owner = (held.namespace, held.name)
-                try:
-                    pod = await get_pod(self._api, *owner)
-                except NotFound:
-                    pod = None
-                if pod is not None and is_candidate(pod, self._node):
-                    return pod
-        for pod in await list_pods(self._api, node_name=self._node):
-            if is_candidate(pod, self._node):
-                return pod
-        held_by = f" (the node lock names {owner[0]}/{owner[1]}, which is not waiting here)" if owner else ""
-        raise PodMissing(f"no pod bound to node {self._node} is waiting for its GPUs{held_by}")
+    # ------------------------------------------------------------------------------------ pairing
+    async def registered(self) -> dict[str, Device]:
+        """This node's cards as the registrar registers them (filtered cards left out), by UUID."""
+        if self._inventory is not None:
+            found = self._inventory.cards
+        elif self._backend is not None:
+            found = await asyncio.to_thread(self._backend.cards)
+        else:
+            found = ()
+        return {d.uuid: d for d in build_registration(found, (), self._settings).devices}
 
-    async def next_uuids(self) -> tuple[str, ...]:
-        """Cards of the next container Allocate will serve (GetPreferredAllocation's hint); read-only."""
-        pod = await self.find_pod()
-        remaining = read_pod_to_allocate(pod) or ()
-        index = pending_container(remaining)
-        return () if index is None else tuple(g.uuid for g in remaining[index])
+    async def pairing(self, counts: Sequence[int]) -> Pairing:
+        """Which pod a call for ``counts`` cards per container is for (``monitor.pairing``); read-only."""
+        pods = await list_pods(self._api, node_name=self._node)
+        found = suspects(
+            pods,
+            node=self._node,
+            scheduler=self._scheduler,
+            resource=self._settings.resource_name,
+            registered=await self.registered(),
+            mode=self._settings.mode,
+            refused=self._refused,
+        )
+        return pair(found, counts)
+
+    async def next_uuids(self, sizes: Sequence[int] = (1,)) -> tuple[str, ...]:
+        """Cards of the next container Allocate will serve (GetPreferredAllocation's hint); () when the
+        call cannot be paired with a pod whose grant is served. Read-only; never raises."""
+        try:
+            chosen = (await self.pairing(sizes)).chosen
+        except (KubeError, ValueError, BackendError) as exc:
+            log.info("preferred allocation on node %s without a pod hint: %s", self._node, exc)
+            return ()
+        if chosen is None or chosen.problem is not None or not chosen.matches(sizes):
+            return ()
+        return tuple(g.uuid for g in chosen.next_grants(1)[0])
+
+    async def _paired(self, counts: Sequence[int]) -> Suspect:
+        """The pod kubelet is admitting; raises PodMissing / Ambiguous (with Events) / AllocationError."""
+        try:
+            found = await self.pairing(counts)
+        except (KubeError, ValueError, BackendError) as exc:
+            raise AllocationError(
+                f"node {self._node}: cannot tell which pod is being admitted: {exc}"
+            ) from exc
+        if found.chosen is not None:
+            return found.chosen
+        if not found.candidates:
+            raise PodMissing(
+                f"no pod bound to node {self._node} is waiting for its GPUs "
+                f"(kubelet asked for {asked(counts)})"
+            )
+        message = ambiguity(self._node, counts, found.candidates)
+        log.warning("%s", message)
+        for candidate in found.candidates:
+            self.events.record(candidate.pod, AMBIGUOUS, message, warning=True)
+        raise Ambiguous(message)
 
     # ------------------------------------------------------------------------------------ allocate
     async def allocate(self, requests: Sequence[Sequence[str]]) -> list[ContainerAnswer]:
         """Answer kubelet's ``Allocate`` (one list of replica ids per container)."""
         async with self._serial:
-            pod = await self.find_pod()
+            chosen = await self._paired([len(ids) for ids in requests])
+            pod = chosen.pod
             namespace, name = pod_key(pod)
             try:
+                if chosen.problem is not None:
+                    raise HandoutRefused(
+                        f"pod {namespace}/{name} on node {self._node} gets no card: {chosen.problem}"
+                    )
                 served, remaining = self._take(pod, requests)
                 if self._settings.mode == DeviceMode.MIG.value:
                     answers = await allocate_mig(
@@ -140,8 +180,10 @@ class Allocator:
                     )
                     await release_node_lock(self._api, self._node, namespace, name)
             except (AllocationError, KubeError, ValueError, OSError) as exc:
-                await self._fail(namespace, name, exc)
-                self.events.record(pod, FAILED, failure_message(self._node, exc), warning=True)
+                await self._fail(chosen, exc)
+                self.events.record(
+                    pod, FAILED, failure_message(self._node, exc, recorded=chosen.ours), warning=True
+                )
                 if isinstance(exc, AllocationError):
                     raise
                 raise AllocationError(
@@ -221,9 +263,18 @@ class Allocator:
         self._lock_dir.chmod(0o777)
         return path
 
-    async def _fail(self, namespace: str, name: str, cause: BaseException) -> None:
-        """Mark the pod failed and release its lock; each step best effort (the cause is what matters)."""
+    async def _fail(self, chosen: Suspect, cause: BaseException) -> None:
+        """Kubelet rejects the pod: remember it; on our own bookkeeping mark it failed and release its
+        lock (each step best effort: the cause is what matters)."""
+        namespace, name = pod_key(chosen.pod)
         log.error("allocation of pod %s/%s on node %s failed: %s", namespace, name, self._node, cause)
+        uid = str((chosen.pod.get("metadata") or {}).get("uid") or "")
+        if uid:
+            self._refused[uid] = None
+            while len(self._refused) > REFUSED_KEPT:
+                self._refused.popitem(last=False)
+        if not chosen.ours:
+            return  # not waiting for our grant here: nothing of ours to undo on it
         try:
             await patch_pod(self._api, namespace, name, annotations=bind_annotations(BindPhase.FAILED))
         except KubeError as exc:

@@ -74,6 +74,7 @@ class AgentConfig:
     topology_score: bool = False
     metrics_listen: str = "0.0.0.0:9394"
     legacy_metrics: bool = False
+    scheduler_name: str = "hami-scheduler"  # Allocate serves only pods this scheduler placed
     log_level: str = "INFO"
 
 
@@ -103,6 +104,7 @@ _FLAGS: dict[str, tuple[type, Any, str]] = {
     "topology-score": (str, "false", "register NVLink/PCIe pair scores (true/false)"),
     "metrics-listen": (str, "0.0.0.0:9394", "HOST:PORT for /metrics and /healthz"),
     "legacy-metrics": (str, "false", "also export HAMi's legacy camel-case metric names (true/false)"),
+    "scheduler-name": (str, "hami-scheduler", "Allocate serves only pods with this spec.schedulerName"),
     "log-level": (str, "INFO", "DEBUG, INFO, WARNING or ERROR"),
 }
 
@@ -156,10 +158,18 @@ def parse_agent_config(argv: Sequence[str] | None, environ: Mapping[str, str]) -
         topology_score=_flag_bool("topology-score", args.topology_score),
         metrics_listen=args.metrics_listen,
         legacy_metrics=_flag_bool("legacy-metrics", args.legacy_metrics),
+        scheduler_name=_scheduler_name(args.scheduler_name),
         log_level=str(args.log_level).upper(),
         health_recovery=recovery,
         **numbers,
     )
+
+
+def _scheduler_name(value: Any) -> str:
+    name = str(value or "").strip()
+    if not name:
+        raise ConfigError("--scheduler-name must not be empty")
+    return name
 
 
 def _path(value: Any) -> Path | None:

@@ -1,4 +1,5 @@
-"""Events the node agent records on pods: ``AllocationFailed`` (Warning) and ``AllocationSucceeded``.
+"""Events the node agent records on pods: ``AllocationFailed`` and ``AllocationAmbiguous`` (Warning) and
+``AllocationSucceeded``.
 
 Owns the texts (what failed, and what a person can do about it) and the fire-and-forget writing: an
 Event must never delay or fail an ``Allocate`` answer, so each one is a tracked background task whose
@@ -19,18 +20,27 @@ from hami.annotations import POD_BIND_PHASE, AnnotationError, read_pod_devices
 from hami.core.model import Grant
 from hami.kube.client import KubeError
 from hami.kube.events import record_event
-from monitor.allocation import container_names
+from monitor.allocation import HandoutRefused, container_names
 
 log = logging.getLogger(__name__)
 
 COMPONENT = "hami-monitor"
 FAILED = "AllocationFailed"
 SUCCEEDED = "AllocationSucceeded"
+#: kubelet's call could be for this pod or another with different cards: nothing was handed out
+AMBIGUOUS = "AllocationAmbiguous"
 
 
-def failure_message(node: str, cause: BaseException) -> str:
-    """What failed, what the agent did about it, and what a person should do next."""
-    if isinstance(cause, KubeError):
+def failure_message(node: str, cause: BaseException, *, recorded: bool = True) -> str:
+    """What failed, what the agent did about it, and what a person should do next. ``recorded``: the pod
+    waited for our grant here, so it was marked failed and its node lock released."""
+    if isinstance(cause, HandoutRefused):
+        advice = (
+            "The node agent hands out only what the HAMi scheduler granted this pod on this node's cards: "
+            "GPU pods must be placed by the HAMi scheduler (the webhook sets it) and their hami.io "
+            "annotations must not be changed after scheduling: do not edit them by hand"
+        )
+    elif isinstance(cause, KubeError):
         advice = (
             "The node agent could not read or write the pod or node: check that hami-monitor on this node "
             "reaches the API server and keeps its permissions (pods get/list/patch, nodes get/patch)"
@@ -44,10 +54,14 @@ def failure_message(node: str, cause: BaseException) -> str:
         )
     else:
         advice = f"If it happens again, read the hami-monitor log on node {node}"
+    done = (
+        f"The pod is marked {POD_BIND_PHASE}=failed, its node lock is released and kubelet rejects it"
+        if recorded
+        else "Kubelet rejects the pod"
+    )
     return (
-        f"GPU allocation on node {node} failed: {cause}. The pod is marked {POD_BIND_PHASE}=failed, "
-        f"its node lock is released and kubelet rejects it (UnexpectedAdmissionError). {advice}; then "
-        "delete the pod so it is scheduled again (a Deployment, Job or StatefulSet recreates it)."
+        f"GPU allocation on node {node} failed: {cause}. {done} (UnexpectedAdmissionError). {advice}; "
+        "then delete the pod so it is scheduled again (a Deployment, Job or StatefulSet recreates it)."
     )
 
 

@@ -111,11 +111,8 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):  # type: ignore[mi
     async def GetPreferredAllocation(
         self, request: api_pb2.PreferredAllocationRequest, context: Any
     ) -> api_pb2.PreferredAllocationResponse:
-        wanted: Sequence[str] = ()
-        try:
-            wanted = await self._allocator.next_uuids()
-        except (AllocationError, ValueError) as exc:
-            log.info("preferred allocation without a pod hint: %s", exc)
+        # the hint is the paired pod's next cards; none when the call cannot be paired (never an error)
+        wanted = await self._allocator.next_uuids([c.allocation_size for c in request.container_requests])
         responses = [
             api_pb2.ContainerPreferredAllocationResponse(
                 deviceIDs=preferred_ids(

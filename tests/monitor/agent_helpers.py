@@ -57,16 +57,28 @@ async def create_pod(
     node: str | None = None,
     namespace: str = "default",
     phase: str = "Pending",
+    scheduler: str | None = "hami-scheduler",
+    status: dict[str, Any] | None = None,
 ) -> None:
+    """A Pod as the API server stores it; ``scheduler`` is ``spec.schedulerName`` (our scheduler's by
+    default, None = unset), ``status`` extra status fields (e.g. kubelet's container statuses)."""
     spec: dict[str, Any] = {"containers": containers}
     if init_containers:
         spec["initContainers"] = init_containers
     if node:
         spec["nodeName"] = node
+    if scheduler:
+        spec["schedulerName"] = scheduler
     metadata: dict[str, Any] = {"name": name, "namespace": namespace, "uid": f"uid-{name}"}
     if annotations:
         metadata["annotations"] = annotations
-    body = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec, "status": {"phase": phase}}
+    body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": metadata,
+        "spec": spec,
+        "status": {"phase": phase, **(status or {})},
+    }
     await k.post(f"/api/v1/namespaces/{namespace}/pods", json=body)
 
 

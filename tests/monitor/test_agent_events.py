@@ -8,11 +8,12 @@ import asyncio
 import datetime
 import logging
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import kmock
 import pytest
-from agent_helpers import annotations_of, create_node, create_pod
+from agent_helpers import annotations_of, card, create_node, create_pod, write_cards
 from kmock._internal.rendering import Response
 
 from hami.annotations import POD_BIND_PHASE, BindPhase, allocation_annotations, bind_annotations
@@ -20,7 +21,9 @@ from hami.core.model import Grant, PodDevices
 from hami.kube.nodelock import acquire_node_lock
 from monitor.allocation import AllocationError
 from monitor.allocator import Allocator
+from monitor.backends.sim import SimBackend
 from monitor.config import NodeSettings
+from monitor.inventory import Inventory
 
 EVENTS = kmock.resource("v1/events")
 POD = "/api/v1/namespaces/default/pods/"
@@ -41,9 +44,13 @@ async def bound(k: kmock.KubernetesEmulator, api: Any, devices: PodDevices, name
 
 
 @pytest.fixture
-async def allocator(apiserver: kmock.KubernetesEmulator, api: Any) -> AsyncIterator[Allocator]:
+async def allocator(
+    apiserver: kmock.KubernetesEmulator, api: Any, tmp_path: Path
+) -> AsyncIterator[Allocator]:
     await create_node(apiserver, "n1")
-    allocator = Allocator(api=api, node_name="n1", settings=NodeSettings())
+    inventory = Inventory(SimBackend(write_cards(tmp_path / "cards.yaml", [card("GPU-a"), card("GPU-b")])))
+    await inventory.refresh()
+    allocator = Allocator(api=api, node_name="n1", settings=NodeSettings(), inventory=inventory)
     yield allocator
     await allocator.events.drain()
 
@@ -113,7 +120,8 @@ async def test_an_edited_annotation_gets_its_own_advice(
     (event,) = events(apiserver, "AllocationFailed")
     assert '"GPU-a,NVIDIA,x,1:;"' in event["message"]
     assert (
-        "annotations were changed after scheduling: do not edit them by hand; then delete" in event["message"]
+        "annotations must not be changed after scheduling: do not edit them by hand; then delete"
+        in event["message"]
     )
 
 

@@ -40,6 +40,7 @@ from hami.annotations import (
 )
 from hami.core.model import DeviceMode, Grant, MigAllocation, MigPlacement, PodDevices
 from hami.kube.nodelock import acquire_node_lock
+from hami.settings import DeviceConfig
 from monitor.allocator import Allocator
 from monitor.backends.sim import SimBackend
 from monitor.config import NodeSettings
@@ -136,7 +137,11 @@ async def serve(
     backend = SimBackend(tmp_path / "cards.yaml")
     inventory = Inventory(backend)
     await inventory.refresh()
-    settings = NodeSettings(mode=DeviceMode.MIG.value, split_count=7)
+    # the cards register only with an allowlist naming their profiles (Allocate serves registered cards)
+    allowlist = {"A100-SXM4-40GB": tuple(MEMORY)}
+    settings = NodeSettings(
+        mode=DeviceMode.MIG.value, split_count=7, device=DeviceConfig(mig_profile_allowlist=allowlist)
+    )
     allocator = Allocator(
         api=api,
         node_name="n1",
@@ -144,6 +149,7 @@ async def serve(
         hook_path=tmp_path / "hook",
         lock_dir=tmp_path / "vgpulock",
         backend=backend if mig_backend else None,
+        inventory=inventory,
     )
     service = DevicePluginService(inventory=inventory, settings=settings, allocator=allocator)
     async with serving(service, sock_dir) as stub:
