@@ -17,7 +17,7 @@ Imports ``hami.core`` and numpy only.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -106,9 +106,12 @@ class Cluster:
     used: np.ndarray = field(init=False)  # tasks on the card
     milli: np.ndarray = field(init=False)  # free share of the card in milli, 0 where unusable
     ncards: np.ndarray = field(init=False)
+    gpu_free: np.ndarray = field(init=False)  # Σ milli per node
+    full_cards: np.ndarray = field(init=False)  # cards with all 1000 milli free, per node
     node_score: np.ndarray = field(init=False)  # HAMi's node score of the usage (summary.score)
     types: list[tuple[str, ...]] = field(init=False)  # lower-cased card types per node
     _type_masks: dict[tuple[str, ...], np.ndarray] = field(init=False)
+    _needs: dict[int, np.ndarray] = field(init=False)  # MiB a percentage asks of each card
 
     def __post_init__(self) -> None:
         n = len(self.states)
@@ -125,6 +128,9 @@ class Cluster:
         self.milli = np.zeros(shape, dtype=I64)
         self.ncards = np.array([len(s.devices) for s in self.states], dtype=I64)
         self.node_score = np.zeros(n, dtype=np.float64)
+        self.gpu_free = np.zeros(n, dtype=I64)
+        self.full_cards = np.zeros(n, dtype=I64)
+        self._needs = {}
         self.types = [tuple(d.device.type.lower() for d in s.devices) for s in self.states]
         self._type_masks = {}
         for i in range(n):
@@ -171,6 +177,8 @@ class Cluster:
             self.slot_open[i, j] = card.used < dev.count
             self.mem_avail[i, j] = card.free_mem if usable else -1
             self.milli[i, j] = max(0, card.free_mem) * MILLI // dev.memory_mib if usable else 0
+        self.gpu_free[i] = self.milli[i].sum()
+        self.full_cards[i] = (self.milli[i] == MILLI).sum()
 
     def type_mask(self, spec: tuple[str, ...]) -> np.ndarray:
         """(N, C) cards whose type passes ``nvidia.com/use-gputype`` = ``spec`` (substring, any case)."""
@@ -205,7 +213,10 @@ class Cluster:
         if request.memory_mib > 0:
             need: np.ndarray | int = request.memory_mib
         else:
-            need = self.mem_total * request.percentage // 100
+            cached = self._needs.get(request.percentage)
+            if cached is None:
+                cached = self._needs[request.percentage] = self.mem_total * request.percentage // 100
+            need = cached
         fit = (self.mem_avail >= need) & (self.mem_avail >= 0) & (self.cores_free >= cores)
         if slots:
             fit &= self.slot_open
@@ -223,7 +234,7 @@ class Cluster:
         if pod.num_gpu == 0:
             return ok, None
         cards = self.card_fit(pod)
-        ok &= cards.sum(axis=1) >= pod.num_gpu
+        ok &= cards.any(axis=1) if pod.num_gpu == 1 else cards.sum(axis=1) >= pod.num_gpu
         return ok, cards
 
     def feasible_without_slots(self, pod: TracePod) -> bool:
@@ -245,8 +256,12 @@ class Cluster:
         if pod.num_gpu == 0:
             return ()
         node = self.states[i]
-        pinned = [node.devices[j].device.uuid for j in cards] if cards is not None else []
-        decision = fit_node(self.request(pod, pinned), node, Policy(gpu_policy=gpu_policy))
+        judged = node
+        pinned: list[str] = []
+        if cards is not None:  # Fit on the pinned cards alone: the others would fail CardUuidMismatch
+            pinned = [node.devices[j].device.uuid for j in cards]
+            judged = replace(node, devices=tuple(node.devices[j] for j in sorted(cards)))
+        decision = fit_node(self.request(pod, pinned), judged, Policy(gpu_policy=gpu_policy))
         if not isinstance(decision, Allocation):
             raise CoreDisagrees(f"{pod.name} on {node.name} cards {cards}: the core says {decision.message}")
         granted = tuple(node.positions[g.uuid] for g in decision.devices[0])

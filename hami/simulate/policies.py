@@ -112,7 +112,7 @@ class DotProd(Policy):
     def choose(self, pod: TracePod, rows: np.ndarray, fit: np.ndarray | None) -> Choice:
         c = self.ctx.cluster
         node = (c.cpu_free[rows] / MAX_CPU) * (pod.cpu_milli / MAX_CPU)
-        node = node + (c.milli[rows].sum(axis=1) / MAX_GPU) * (pod.gpu_request / MAX_GPU)
+        node = node + (c.gpu_free[rows] / MAX_GPU) * (pod.gpu_request / MAX_GPU)
         scores = np.floor(100.0 * (1.0 - node / 2.0)).astype(np.int64)
         return self.scored(pod, rows, fit, scores)
 
@@ -123,7 +123,7 @@ class BestFit(Policy):
     def choose(self, pod: TracePod, rows: np.ndarray, fit: np.ndarray | None) -> Choice:
         c = self.ctx.cluster
         s = (c.cpu_free[rows] - pod.cpu_milli) / MAX_CPU * 0.5
-        s = s + (c.milli[rows].sum(axis=1) - pod.gpu_request) / MAX_GPU * 0.5
+        s = s + (c.gpu_free[rows] - pod.gpu_request) / MAX_GPU * 0.5
         scores = np.trunc((1.0 - s) * 100.0).astype(np.int64)
         return self.scored(pod, rows, fit, scores)
 
@@ -134,12 +134,11 @@ class Packing(Policy):
     def choose(self, pod: TracePod, rows: np.ndarray, fit: np.ndarray | None) -> Choice:
         if fit is None:
             return self.scored(pod, rows, fit, np.zeros(rows.size, dtype=np.int64))
-        milli = self.ctx.cluster.milli[rows]
         total = self.ctx.cluster.ncards[rows]
-        free = (milli == MILLI).sum(axis=1)
+        free = self.ctx.cluster.full_cards[rows]
         empty = np.maximum(33 - free, free)
         if pod.kind == "share":
-            tight = np.where(fit[rows], milli, MILLI + 1).min(axis=1)
+            tight = np.where(fit[rows], self.ctx.cluster.milli[rows], MILLI + 1).min(axis=1)
             used = np.maximum(100 - (tight * 100 // MILLI) // 10, 50)
             scores = np.where(tight == MILLI, 49, used)
         else:
@@ -162,7 +161,7 @@ class Clustering(Policy):
     def choose(self, pod: TracePod, rows: np.ndarray, fit: np.ndarray | None) -> Choice:
         if fit is None:
             return self.scored(pod, rows, fit, np.zeros(rows.size, dtype=np.int64))
-        g = self.ctx.cluster.milli[rows].sum(axis=1)
+        g = self.ctx.cluster.gpu_free[rows]
         base = 25 * (8000 - g) // 8000
         tags = self.tags[rows]
         kinds = (tags > 0).sum(axis=1)

@@ -77,7 +77,7 @@ KINDS = ("cpu", "share", "1-gpu", "multi-gpu")
 def _rows(text: str, where: str, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
     if "\x00" in text:
         raise TraceError(f"{where}: contains a NUL byte; not a CSV text file")
-    reader = csv.reader(io.StringIO(text, newline=""))
+    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
     try:
         header = next(reader, None)
         if header is None:
