@@ -52,10 +52,9 @@ SCHEDULER = {
     Grant("", "resourcequotas", "watch"),
     Grant("", "events", "create"),
 }
-NODE_AGENT = {
+NODE_AGENT = {  # pods get is gone: Allocate pairs from the node's pod list (monitor.pairing)
     Grant("", "nodes", "get"),
     Grant("", "nodes", "patch"),
-    Grant("", "pods", "get"),
     Grant("", "pods", "list"),
     Grant("", "pods", "patch"),
     Grant("", "events", "create"),
