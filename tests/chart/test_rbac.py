@@ -68,6 +68,13 @@ CERTGEN = {
     Grant("admissionregistration.k8s.io", "mutatingwebhookconfigurations", "get", "hami-webhook"),
     Grant("admissionregistration.k8s.io", "mutatingwebhookconfigurations", "patch", "hami-webhook"),
 }
+#: The rotation CronJob (webhook/cert-rotation.yaml): re-issues and re-injects, never creates the Secret.
+CERT_ROTATION = {
+    Grant("", "secrets", "get", "hami-webhook-tls"),
+    Grant("", "secrets", "patch", "hami-webhook-tls"),
+    Grant("admissionregistration.k8s.io", "mutatingwebhookconfigurations", "get", "hami-webhook"),
+    Grant("admissionregistration.k8s.io", "mutatingwebhookconfigurations", "patch", "hami-webhook"),
+}
 KUBE_SCHEDULER_LEASE = {
     Grant("coordination.k8s.io", "leases", "create"),
     Grant("coordination.k8s.io", "leases", "get", "hami-scheduler"),
@@ -82,6 +89,7 @@ KUBE_SCHEDULER_LEASE = {
         ("node-agent", NODE_AGENT),
         ("webhook", WEBHOOK),
         ("certgen", CERTGEN),
+        ("cert-rotation", CERT_ROTATION),
         ("kube-scheduler", KUBE_SCHEDULER_LEASE),
     ],
 )
@@ -97,7 +105,7 @@ def test_no_role_uses_wildcards_or_powerful_verbs() -> None:
                 assert "*" not in rule[key], role["metadata"]["name"]
             assert not {"escalate", "bind", "impersonate", "deletecollection"} & set(rule["verbs"])
             if "secrets" in rule["resources"]:
-                assert labels(role)["app.kubernetes.io/component"] == "certgen"
+                assert labels(role)["app.kubernetes.io/component"] in ("certgen", "cert-rotation")
 
 
 def test_roles_are_bound_to_the_service_account_of_the_pod_using_them() -> None:
@@ -110,6 +118,10 @@ def test_roles_are_bound_to_the_service_account_of_the_pod_using_them() -> None:
     accounts["kube-scheduler"] = accounts["scheduler"]  # the stock scheduler runs in the same pod
     for job in rendered.of_kind("Job"):
         accounts["certgen"] = pod_spec(job)["serviceAccountName"]
+    for cron in rendered.of_kind("CronJob"):
+        accounts[labels(cron)["app.kubernetes.io/component"]] = pod_spec(cron["spec"]["jobTemplate"])[
+            "serviceAccountName"
+        ]
     roles = {
         (r["kind"], r["metadata"]["name"]): r
         for r in rendered.of_kind("ClusterRole") + rendered.of_kind("Role")

@@ -7,8 +7,11 @@ the rendered Deployment's flags (``--no-manage-config``) and the Secret's files 
 "Helm" creates the rendered MutatingWebhookConfiguration (pointed at the loopback address: there is no
 Service routing here) and the Job ``inject`` fills its ``caBundle``. Then a representative workload:
 every example pod (placed ones, ones that fit nowhere, a refused one, MIG ones), the deletion of a
-running pod (its release reaches the scheduler through its watch), and a ``helm upgrade`` whose
-certificate is about to expire (the Jobs re-issue and re-inject it).
+running pod (its release reaches the scheduler through its watch), a ``helm upgrade`` whose
+certificate is about to expire (the Jobs re-issue and re-inject it), and a certificate coming due
+between upgrades: the rotation CronJob's command re-issues it, the Secret's files are swapped as the
+kubelet swaps them, and the running webhook serves the new certificate, which the published
+``caBundle`` verifies.
 
 The apiserver recorded every request; the User-Agent says who made it (``hami.kube.client`` names each
 component; the webhook process's requests are Kopf's own). Each request maps to the permission it
@@ -25,6 +28,7 @@ import asyncio
 import base64
 import copy
 import shutil
+import ssl
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -34,6 +38,8 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from cryptography import x509
+from cryptography.hazmat.primitives.serialization import Encoding
 from prometheus_client.parser import text_string_to_metric_families
 
 from hami.sim.cluster import ClusterSpec, load_cluster
@@ -67,6 +73,7 @@ COMPONENTS = {
     "hami-webhook": "webhook",
     "kopf": "webhook",  # Kopf's own requests: the webhook process is a Kopf operator
     "hami-certgen": "certgen",
+    "hami-cert-rotation": "cert-rotation",
 }
 #: User-Agent products of the simulated cluster itself, which the chart does not install: the kubelet
 #: stand-in, kmock's own reactions (the binding), and this process (aiohttp: the test, the admission
@@ -85,7 +92,7 @@ UNEXERCISED: dict[str, dict[Grant, str]] = {
     },
 }
 
-EXPIRING_AGE = timedelta(days=350)  # the chart's certificates last 3650 days; ours is made to expire soon
+EXPIRING_AGE = certs.SERVING_VALIDITY - timedelta(days=10)  # 10 days left: due for renewal
 JOB_LIMIT = 60.0  # seconds one certificate Job may take
 
 
@@ -175,10 +182,8 @@ class ChartSystem(EmbeddedSystem):
         await run_job(self.job("create"))  # pre-install hook
         secret = await self.api.get(f"/api/v1/namespaces/{NAMESPACE}/secrets/{self.secret}")
         assert secret is not None, "the create Job made no Secret"
-        tls = self.workdir / "tls"  # what the kubelet would mount from the Secret
-        tls.mkdir()
-        for key, value in secret["data"].items():
-            (tls / key).write_bytes(base64.b64decode(value))
+        self.tls = tls = self.workdir / "tls"  # what the kubelet would mount from the Secret
+        self.mount_secret(secret)
 
         port, health = free_port(), free_port()
         local = {
@@ -195,6 +200,8 @@ class ChartSystem(EmbeddedSystem):
             for part in chart_argv[1:]
         ]
         assert "--no-manage-config" in args
+        self.webhook_port = port
+        args.append("--cert-check-interval=0.2")  # not a chart flag (60 s there): a quick test
         await self.supervisor.start(
             WEBHOOK, python_argv("-m", "webhook", *args, "--kubeconfig", str(self.kubeconfig))
         )
@@ -227,9 +234,52 @@ class ChartSystem(EmbeddedSystem):
         assert "renewed" in await run_job(self.job("create"))
         await run_job(self.job("inject"))
 
+    def mount_secret(self, secret: dict[str, Any]) -> None:
+        """Write the Secret's data into the webhook's TLS directory as the kubelet does (one swap)."""
+        data = {key: base64.b64decode(value) for key, value in secret["data"].items()}
+        bundle = certs.Bundle(ca_cert=data[certs.CA_CERT], cert=data[certs.TLS_CERT], key=data[certs.TLS_KEY])
+        certs.write_bundle(self.tls, bundle, now=datetime.now(UTC))
+
+    async def rotate_due_certificate(self) -> None:
+        """Between upgrades the certificate comes due: the CronJob re-issues it, the kubelet swaps the
+        webhook's files, and the running webhook serves the new one, trusted by the published caBundle."""
+        hostnames = service_hostnames(
+            self.rendered.component("Service", "webhook")["metadata"]["name"], NAMESPACE
+        )
+        due = certs.generate(hostnames, now=datetime.now(UTC) - EXPIRING_AGE)
+        data = {certs.CA_CERT: due.ca_cert, certs.TLS_CERT: due.cert, certs.TLS_KEY: due.key}
+        encoded = {key: base64.b64encode(value).decode() for key, value in data.items()}
+        path = f"/api/v1/namespaces/{NAMESPACE}/secrets/{self.secret}"
+        await self.api.merge_patch(path, {"data": encoded})
+        (cron,) = self.rendered.of_kind("CronJob")
+        command = argv(container(cron["spec"]["jobTemplate"], "cert-rotation"))
+        assert command[:4] == ["python", "-m", "webhook.certs", "rotate"], command
+        assert "renewed" in await run_job(python_argv(*command[1:], f"--kubeconfig={self.kubeconfig}"))
+        secret = await self.api.get(path)
+        assert secret is not None
+        self.mount_secret(secret)
+        renewed = base64.b64decode(secret["data"][certs.TLS_CERT])
+        stored = await self.api.get(f"{MWC_PATH}/{self.webhook_config['metadata']['name']}")
+        assert stored is not None
+        ca_bundle = base64.b64decode(stored["webhooks"][0]["clientConfig"]["caBundle"])
+
+        async def serves_renewed() -> bool | None:
+            context = ssl.create_default_context(cadata=ca_bundle.decode())
+            try:
+                _, writer = await asyncio.open_connection(
+                    "127.0.0.1", self.webhook_port, ssl=context, server_hostname="localhost"
+                )
+            except ssl.SSLCertVerificationError:  # still the certificate of before the rotation
+                return None
+            der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
+            writer.close()
+            return True if der == x509.load_pem_x509_certificate(renewed).public_bytes(Encoding.DER) else None
+
+        await poll_until(serves_renewed, what="the webhook to serve the rotated certificate", limit=30)
+
     async def pods_tracked(self) -> float:
         """The scheduler's count of pods holding GPU grants in its live view."""
-        async with self.session.get(f"{self.scheduler_url}/metrics") as response:
+        async with self.session.get(f"{self.scheduler_metrics_url}/metrics") as response:
             assert response.status == 200
             text = await response.text()
         for family in text_string_to_metric_families(text):
@@ -270,6 +320,7 @@ async def recording(workdir: Path) -> AsyncIterator[Recording]:
 
         await poll_until(released, what="the scheduler to release the deleted pod", limit=30)
         await system.upgrade_with_expiring_certificate()
+        await system.rotate_due_certificate()
         assert system.emulator is not None
         requests = list(system.emulator)
     calls = tuple(
@@ -297,10 +348,10 @@ def test_every_request_comes_from_a_known_party(recording: Recording) -> None:
     unknown = {c.agent for c in recording.calls} - set(COMPONENTS) - CLUSTER_SIDE
     assert unknown == set(), f"requests from unknown User-Agents (add them to COMPONENTS?): {unknown}"
     made = {COMPONENTS[c.agent] for c in recording.calls if c.agent in COMPONENTS}
-    assert made == {"scheduler", "node-agent", "webhook", "certgen"}, made
+    assert made == {"scheduler", "node-agent", "webhook", "certgen", "cert-rotation"}, made
 
 
-AUDITED = ["scheduler", "node-agent", "webhook", "certgen", "kube-scheduler"]
+AUDITED = ["scheduler", "node-agent", "webhook", "certgen", "cert-rotation", "kube-scheduler"]
 
 
 @pytest.mark.parametrize("component", AUDITED)

@@ -372,7 +372,7 @@ def test_own_certificate_jobs_name_the_webhook_objects() -> None:
         "namespace": NAMESPACE,
         "secret": secret,
         "service": service,
-        "days": "3650",
+        "days": "90",
         "webhook-config": config,
     }
     assert argv(container(inject, "certgen"))[:4] == ["python", "-m", "webhook.certs", "inject"]
@@ -411,10 +411,10 @@ def test_certificate_jobs_use_flags_the_certs_command_has() -> None:
 @pytest.mark.parametrize("value_set", ["cert-manager", "cert-manager-own-issuer"])
 def test_cert_manager_issues_the_certificate_the_webhook_serves(value_set: str) -> None:
     rendered = render(VALUE_SETS[value_set])
-    assert rendered.of_kind("Job") == []
+    assert rendered.of_kind("Job") == [] and rendered.of_kind("CronJob") == []
     deployment = rendered.component("Deployment", "webhook")
     ours = container(deployment, "webhook")
-    certificate = rendered.one("Certificate")
+    certificate = rendered.one("Certificate", "hami-webhook")
     assert (
         mount_of_volume(deployment, ours, secret=certificate["spec"]["secretName"]) == flags(ours)["tls-dir"]
     )
@@ -428,12 +428,23 @@ def test_cert_manager_issues_the_certificate_the_webhook_serves(value_set: str) 
     assert sorted(covered) == sorted(service_hostnames(service, NAMESPACE))
     issuers = rendered.of_kind("Issuer")
     reference = certificate["spec"]["issuerRef"]
+    # short-lived, renewed with a third left (the webhook switches to the renewed pair in place)
+    assert (certificate["spec"]["duration"], certificate["spec"]["renewBefore"]) == ("2160h", "720h")
     if value_set == "cert-manager":
-        (issuer,) = issuers
-        assert issuer["spec"] == {"selfSigned": {}}
-        assert reference["name"] == issuer["metadata"]["name"] and reference["kind"] == "Issuer"
+        # the chart's own CA: self-signed Issuer -> CA Certificate -> CA Issuer -> serving certificate
+        by_name = {i["metadata"]["name"]: i for i in issuers}
+        ca_issuer = by_name[reference["name"]]
+        assert reference["kind"] == "Issuer"
+        ca = rendered.one("Certificate", ca_issuer["spec"]["ca"]["secretName"])
+        assert (
+            ca["spec"]["isCA"] is True and ca["spec"]["secretName"] == ca_issuer["spec"]["ca"]["secretName"]
+        )
+        assert (ca["spec"]["duration"], ca["spec"]["renewBefore"]) == ("8760h", "2160h")
+        assert ca["spec"]["privateKey"]["rotationPolicy"] == "Never"  # old serving certs keep verifying
+        assert by_name[ca["spec"]["issuerRef"]["name"]]["spec"] == {"selfSigned": {}}
     else:
         assert issuers == [] and reference == {"name": "corp-ca", "kind": "ClusterIssuer"}
+        assert [c["metadata"]["name"] for c in rendered.of_kind("Certificate")] == ["hami-webhook"]
 
 
 # ------------------------------------------------------------------------------- node agent
