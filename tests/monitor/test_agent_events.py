@@ -157,3 +157,42 @@ async def test_a_hanging_event_write_does_not_delay_the_answer(
         release.set()
     await allocator.events.drain()
     assert len(allocator.events) == 0
+
+
+async def test_an_ambiguous_call_warns_every_candidate_and_marks_none(
+    apiserver: kmock.KubernetesEmulator, api: Any, allocator: Allocator
+) -> None:
+    await bound(apiserver, api, ((Grant(uuid="GPU-a", memory_mib=1000, cores=10),),), ["c"])
+    containers = [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+    await create_pod(apiserver, "f", containers=containers, node="n1", scheduler="default-scheduler")
+    with pytest.raises(AllocationError):
+        await allocator.allocate([["GPU-b-0"]])
+    await allocator.events.drain()
+    warned = events(apiserver, "AllocationAmbiguous")
+    assert sorted(e["involvedObject"]["name"] for e in warned) == ["f", "p"]
+    assert {e["type"] for e in warned} == {"Warning"}
+    assert warned[0]["message"] == (
+        "kubelet asked node n1 for 1 card and may be any of: default/p (next container c: 1 card); "
+        "default/f (asks for 1 card; it names scheduler 'default-scheduler', not 'hami-scheduler': the node "
+        "agent serves only pods hami-scheduler placed). No card was handed out: kubelet rejects the pod it "
+        "is admitting (UnexpectedAdmissionError) and the others are served when kubelet admits them"
+    )
+    assert events(apiserver, "AllocationFailed") == []
+    assert (await annotations_of(apiserver, POD + "p"))[POD_BIND_PHASE] == "allocating"
+
+
+async def test_a_refused_pod_of_another_scheduler_is_told_nothing_was_written(
+    apiserver: kmock.KubernetesEmulator, api: Any, allocator: Allocator
+) -> None:
+    containers = [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+    await create_pod(apiserver, "f", containers=containers, node="n1", scheduler="default-scheduler")
+    with pytest.raises(AllocationError):
+        await allocator.allocate([["GPU-b-0"]])
+    await allocator.events.drain()
+    (event,) = events(apiserver, "AllocationFailed")
+    assert event["message"].startswith(
+        "GPU allocation on node n1 failed: pod default/f on node n1 gets no card: it names scheduler "
+        "'default-scheduler', not 'hami-scheduler': the node agent serves only pods hami-scheduler placed. "
+        "Kubelet rejects the pod (UnexpectedAdmissionError). The node agent hands out only what the HAMi "
+        "scheduler granted"
+    )
