@@ -6,8 +6,9 @@ CREATE: apply the defaults our webhook relies on (``schedulerName: default-sched
 from limits for extended resources, a ``uid``, ``status.phase: Pending``), send an AdmissionReview v1
 over HTTPS to every matching webhook of every MutatingWebhookConfiguration (URL and ``caBundle`` read
 from the configuration our webhook created), apply the returned JSONPatch, honour ``failurePolicy``,
-and then create the pod — or report the refusal. Must not import ``webhook``, ``monitor`` or the
-Kubernetes client.
+and then create the pod — or report the refusal. The create itself passes the apiserver's
+ValidatingAdmissionPolicies (:class:`hami.sim.apiserver.AdmittingEmulator`); their denial is reported the
+same way. Must not import ``webhook``, ``monitor`` or the Kubernetes client.
 """
 
 from __future__ import annotations
@@ -26,7 +27,10 @@ from typing import Any
 import aiohttp
 import jsonpatch
 
-from hami.sim.kubeapi import MWC_PATH, JsonDict, SimApi, pods_path
+from hami.sim.kubeapi import MWC_PATH, ApiError, JsonDict, SimApi, pods_path
+
+#: ``Refused.webhook`` when a ValidatingAdmissionPolicy of the apiserver refused the create.
+POLICY = "ValidatingAdmissionPolicy"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -39,7 +43,8 @@ class Admitted:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Refused:
-    """A webhook denied the pod (or failed under ``failurePolicy: Fail``); nothing was created."""
+    """A webhook denied the pod (or failed under ``failurePolicy: Fail``), or an admission policy did
+    (``webhook`` is then :data:`POLICY`); nothing was created."""
 
     namespace: str
     name: str
@@ -76,7 +81,18 @@ class AdmissionStandIn:
                     )
                 body, more = result
                 warnings += more
-        stored = await self._api.create(pods_path(meta["namespace"]), body)
+        try:
+            stored = await self._api.create(pods_path(meta["namespace"]), body)
+        except ApiError as exc:
+            if exc.status not in (403, 422):
+                raise
+            return Refused(
+                namespace=meta["namespace"],
+                name=meta["name"],
+                webhook=POLICY,
+                message=exc.message,
+                code=exc.status,
+            )
         return Admitted(pod=stored, warnings=tuple(warnings))
 
     async def _call(self, hook: Mapping[str, Any], pod: JsonDict) -> tuple[JsonDict, list[str]] | str:

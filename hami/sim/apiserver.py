@@ -4,16 +4,144 @@ Owns the three reactions documented in ``testing-here.md``: ``pods/binding`` (se
 through the emulator's own PATCH so watchers see it), the core discovery fix (``/api/v1`` must say
 ``groupVersion: v1`` for kubectl), and ``kind``/``apiVersion`` on list responses. Used by the test suite
 and by ``hami demo``. Simulation only: nothing in production imports this module.
+
+Also owns :class:`AdmittingEmulator`, what :func:`embedded_apiserver` serves: kmock stores a write before
+any reaction runs, so the two steps a pod write passes in kube-apiserver before it is stored are done
+there, ahead of kmock: **authentication** by bearer token (a static token -> username table, like
+kube-apiserver's ``--token-auth-file``; no or an unknown token is ``system:anonymous``) and the
+**ValidatingAdmissionPolicies** stored in the emulator with their bindings
+(:mod:`hami.sim.admission_policy`), on pod and ``pods/status`` CREATE and PATCH. A denial is answered
+the way kube-apiserver answers it (a ``Status`` with the policy's reason and code) and stores nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import aiohttp.web
+import jsonpatch
 import kmock
+
+from hami.sim.admission_policy import review
+
+ANONYMOUS = "system:anonymous"
+#: The token of the kubeconfig :func:`write_kubeconfig` writes when given none.
+DEFAULT_TOKEN = "embedded-cluster-token"
+_POLICY_GROUP = "admissionregistration.k8s.io"
+
+
+class AdmittingEmulator(kmock.KubernetesEmulator):
+    """kmock's emulator with token authentication and ValidatingAdmissionPolicies on pod writes."""
+
+    identities: dict[str, str]
+
+    def set_identities(self, identities: Mapping[str, str]) -> None:
+        """Bearer token -> username (kube-apiserver's static token file)."""
+        self.identities = dict(identities)
+
+    def username(self, request: kmock.Request) -> str:
+        header = next((v for k, v in request.headers.items() if k.lower() == "authorization"), "")
+        scheme, _, token = header.partition(" ")
+        table: Mapping[str, str] = getattr(self, "identities", {})  # unset until set_identities
+        return table.get(token, ANONYMOUS) if scheme.lower() == "bearer" else ANONYMOUS
+
+    async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        admission = self._admission_request(request)
+        if admission is not None:
+            policies = self._stored("validatingadmissionpolicies")
+            bindings = self._stored("validatingadmissionpolicybindings")
+            denial = review(policies, bindings, admission) if policies and bindings else None
+            if denial is not None:
+                error = kmock.KubernetesError(
+                    status=denial.code,
+                    reason=denial.reason,
+                    message=denial.message,
+                    details={"name": admission["name"], "kind": "pods"},
+                )
+                return await self._render_error(error)
+        return await super()._handle(request)
+
+    def _stored(self, plural: str) -> list[dict[str, Any]]:
+        return [
+            dict(obj.raw)
+            for (resource, _, _), obj in list(self.objects.items())
+            if resource.group == _POLICY_GROUP and resource.plural == plural and not obj.deleted
+        ]
+
+    def _admission_request(self, request: kmock.Request) -> dict[str, Any] | None:
+        """The AdmissionRequest of a pod CREATE or PATCH (None for anything else, or a patch that does not
+        apply: kmock then answers it as it would)."""
+        resource = request.resource
+        if resource is None or resource.group != "" or resource.plural != "pods":
+            return None
+        if request.action == kmock.action.CREATE and isinstance(request.data, dict):
+            meta = request.data.get("metadata") or {}
+            name, namespace = meta.get("name"), request.namespace or meta.get("namespace")
+            operation, old, new = "CREATE", None, request.data
+        elif request.action == kmock.action.UPDATE and request.name is not None:
+            name, namespace, operation = request.name, request.namespace, "UPDATE"
+            try:
+                stored = self.objects[resource, namespace, name]
+            except KeyError:
+                return None
+            if stored.deleted:
+                return None
+            old = dict(stored.raw)
+            try:
+                new = _patched(old, request.data)
+            except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException, TypeError, ValueError):
+                return None
+        else:
+            return None
+        username = self.username(request)
+        return {
+            "uid": f"sim-{request.id}",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "subResource": request.subresource or "",
+            "name": name,
+            "namespace": namespace,
+            "operation": operation,
+            "userInfo": {"username": username, "groups": _groups(username)},
+            "object": new,
+            "oldObject": old,
+            "dryRun": False,
+        }
+
+
+def _groups(username: str) -> list[str]:
+    if username == ANONYMOUS:
+        return ["system:unauthenticated"]
+    if username.startswith("system:serviceaccount:"):
+        namespace = username.split(":")[2]
+        return ["system:serviceaccounts", f"system:serviceaccounts:{namespace}", "system:authenticated"]
+    return ["system:authenticated"]
+
+
+def _patched(old: Mapping[str, Any], patch: Any) -> dict[str, Any]:
+    """What kmock will store: a JSON patch (list) or a merge patch (dict; strategic merge is merged too)."""
+    if isinstance(patch, list):
+        result: dict[str, Any] = jsonpatch.apply_patch(dict(old), patch, in_place=False)
+        return result
+    if not isinstance(patch, dict):
+        raise TypeError(f"unsupported patch body {type(patch).__name__}")
+    return _merge(old, patch)
+
+
+def _merge(target: Any, patch: Mapping[str, Any]) -> dict[str, Any]:
+    """RFC 7386: dicts merge recursively, ``null`` removes a key, anything else replaces."""
+    result = dict(target) if isinstance(target, Mapping) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        elif isinstance(value, Mapping):
+            result[key] = _merge(result.get(key), value)
+        else:
+            result[key] = value
+    return result
 
 
 async def add_reactions(k: kmock.KubernetesEmulator) -> None:
@@ -60,14 +188,14 @@ async def add_reactions(k: kmock.KubernetesEmulator) -> None:
     k[kmock.action.LIST][is_listing] << listing
 
 
-def write_kubeconfig(path: Path, server_url: str) -> Path:
-    """Write a kubeconfig pointing at ``server_url`` with a dummy token (kubectl and clients accept it)."""
+def write_kubeconfig(path: Path, server_url: str, token: str = DEFAULT_TOKEN) -> Path:
+    """Write a kubeconfig pointing at ``server_url`` with ``token`` (kubectl and clients accept it)."""
     path.write_text(
         "apiVersion: v1\n"
         "kind: Config\n"
         "clusters:\n"
         f"- name: embedded\n  cluster:\n    server: {server_url}\n"
-        "users:\n- name: embedded\n  user:\n    token: embedded-cluster-token\n"
+        f"users:\n- name: embedded\n  user:\n    token: {token}\n"
         "contexts:\n- name: embedded\n  context:\n    cluster: embedded\n    user: embedded\n"
         "current-context: embedded\n"
     )
@@ -76,12 +204,14 @@ def write_kubeconfig(path: Path, server_url: str) -> Path:
 
 @asynccontextmanager
 async def embedded_apiserver(
-    host: str = "127.0.0.1", port: int = 0
-) -> AsyncIterator[kmock.KubernetesEmulator]:
+    host: str = "127.0.0.1", port: int = 0, *, identities: Mapping[str, str] | None = None
+) -> AsyncIterator[AdmittingEmulator]:
     """Run an emulator with the reactions on ``host:port`` (0 = an OS-chosen port); yields it.
 
-    The server's URL is ``str(emulator.url)`` once started.
+    ``identities`` maps bearer tokens to usernames (see :class:`AdmittingEmulator`). The server's URL is
+    ``str(emulator.url)`` once started.
     """
-    async with kmock.KubernetesEmulator() as k, kmock.Server(k, host=host, port=port):
+    async with AdmittingEmulator() as k, kmock.Server(k, host=host, port=port):
+        k.set_identities(identities or {})
         await add_reactions(k)
         yield k

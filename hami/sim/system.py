@@ -8,12 +8,20 @@ for all nodes), one ``hami-monitor --backend sim`` per node, ``hami scheduler`` 
 --manage-config``; finally the in-process admission and kube-scheduler stand-ins. On exit — normal,
 error or cancellation — every child process group is stopped (SIGTERM, bounded wait, SIGKILL) before
 the apiserver goes away. Must not import ``webhook``, ``monitor`` or the Kubernetes client.
+
+Credentials: each component gets its own kubeconfig with its own bearer token, and the apiserver maps
+each token to the username the component has in a chart install (:data:`ACCOUNTS`: the scheduler's and
+the node agents' service accounts, the webhook's, a kubelet); ``kubeconfig`` (what the demo prints for
+kubectl, and what the tests' ``api`` uses) is an ordinary user's. The chart's annotation policy, built
+from the chart's own file (:mod:`hami.sim.admission_policy`), is stored before any component starts,
+so the embedded apiserver refuses what a real one with the chart installed would refuse.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -26,6 +34,7 @@ import yaml
 
 from hami.annotations import NODE_REGISTER
 from hami.settings import from_device_config
+from hami.sim.admission_policy import BINDINGS_PATH, POLICIES_PATH, annotation_policy, service_account
 from hami.sim.admission_standin import AdmissionStandIn
 from hami.sim.apiserver import embedded_apiserver, write_kubeconfig
 from hami.sim.cluster import ClusterSpec, NodeFiles, node_object, write_node_files
@@ -36,6 +45,18 @@ from hami.sim.scheduler_standin import SchedulerStandIn
 SCHEDULER = "scheduler"
 WEBHOOK = "webhook"
 KUBELET = "kubelet-standin"
+NODE_AGENT = "node-agent"
+USER = "user"
+#: The release namespace of the chart install the embedded cluster plays (release "hami").
+NAMESPACE = "hami-system"
+#: Who each credential is: the usernames of a chart install (its service accounts), a kubelet, a user.
+ACCOUNTS = {
+    SCHEDULER: service_account(NAMESPACE, "hami-scheduler"),
+    NODE_AGENT: service_account(NAMESPACE, "hami-node-agent"),
+    WEBHOOK: service_account(NAMESPACE, "hami-webhook"),
+    KUBELET: "system:node:kubelet-standin",
+    USER: "kubernetes-admin",
+}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,6 +86,9 @@ class EmbeddedSystem:
         self.progress = progress
         self.resource = from_device_config(cluster.device_config).resources.count
         self.kubeconfig = workdir / "kubeconfig"
+        #: component (ACCOUNTS key) -> its bearer token and kubeconfig; USER's is ``kubeconfig``
+        self.tokens = {who: secrets.token_hex(16) for who in ACCOUNTS}
+        self.kubeconfigs = {who: workdir / f"kubeconfig-{who}" for who in ACCOUNTS} | {USER: self.kubeconfig}
         self.device_config = workdir / "device-config.yaml"
         self.supervisor = Supervisor(workdir / "logs")
         self.node_files: dict[str, NodeFiles] = {}
@@ -99,12 +123,17 @@ class EmbeddedSystem:
 
     async def _start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.emulator = await self.stack.enter_async_context(embedded_apiserver())
+        identities = {self.tokens[who]: user for who, user in ACCOUNTS.items()}
+        self.emulator = await self.stack.enter_async_context(embedded_apiserver(identities=identities))
         self.url = str(self.emulator.url).rstrip("/")
-        write_kubeconfig(self.kubeconfig, self.url)
+        for who, path in self.kubeconfigs.items():
+            write_kubeconfig(path, self.url, token=self.tokens[who])
         self.progress(f"apiserver   {self.url} (kubeconfig {self.kubeconfig})")
         self.session = await self.stack.enter_async_context(aiohttp.ClientSession())
-        self.api = SimApi(self.session, self.url)
+        self.api = SimApi(self.session, self.url, token=self.tokens[USER])
+        policy, binding = annotation_policy([ACCOUNTS[SCHEDULER], ACCOUNTS[NODE_AGENT]])
+        await self.api.create(POLICIES_PATH, policy)
+        await self.api.create(BINDINGS_PATH, binding)
         self.device_config.write_text(
             yaml.safe_dump({"nvidia": {}, **dict(self.cluster.device_config)}, sort_keys=False),
             encoding="utf-8",
@@ -127,7 +156,7 @@ class EmbeddedSystem:
 
     async def _start_node_side(self) -> None:
         nodes = [f"{name}={files.kubelet_dir}" for name, files in self.node_files.items()]
-        argv = python_argv("-m", "monitor.kubelet_standin", "--kubeconfig", str(self.kubeconfig))
+        argv = python_argv("-m", "monitor.kubelet_standin", "--kubeconfig", str(self.kubeconfigs[KUBELET]))
         for value in nodes:
             argv += ["--node", value]
         await self.supervisor.start(KUBELET, [*argv, "--log-level", self.options.log_level])
@@ -147,7 +176,7 @@ class EmbeddedSystem:
     def monitor_argv(self, node: str, files: NodeFiles) -> list[str]:
         return python_argv(
             "-m", "monitor",
-            "--kubeconfig", str(self.kubeconfig),
+            "--kubeconfig", str(self.kubeconfigs[NODE_AGENT]),
             "--node-name", node,
             "--backend", "sim",
             "--sim-devices", str(files.devices),
@@ -173,7 +202,7 @@ class EmbeddedSystem:
     async def start_scheduler(self) -> None:
         argv = python_argv(
             "-m", "hami.cli", "scheduler",
-            "--kubeconfig", str(self.kubeconfig),
+            "--kubeconfig", str(self.kubeconfigs[SCHEDULER]),
             "--listen", f"127.0.0.1:{self.scheduler_port}",
             "--scheduler-name", self.options.scheduler_name,
             "--device-config", str(self.device_config),
@@ -194,7 +223,7 @@ class EmbeddedSystem:
         port, health = free_port(), free_port()
         argv = python_argv(
             "-m", "webhook",
-            "--kubeconfig", str(self.kubeconfig),
+            "--kubeconfig", str(self.kubeconfigs[WEBHOOK]),
             "--listen", f"127.0.0.1:{port}",
             "--tls-dir", str(self.workdir / "tls"),
             "--manage-config",

@@ -20,7 +20,23 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from hami.sim.admission_standin import AdmissionStandIn, Admitted, Refused, apply_defaults, selector_matches
+from hami.sim.admission_policy import (
+    BINDINGS_PATH,
+    POLICIES_PATH,
+    Denial,
+    annotation_policy,
+    review,
+    service_account,
+)
+from hami.sim.admission_standin import (
+    POLICY,
+    AdmissionStandIn,
+    Admitted,
+    Refused,
+    apply_defaults,
+    selector_matches,
+)
+from hami.sim.apiserver import AdmittingEmulator, embedded_apiserver
 from hami.sim.kubeapi import MWC_PATH, SimApi
 from webhook.certs import generate
 
@@ -85,6 +101,7 @@ async def _configure(apiserver: kmock.KubernetesEmulator, url: str, ca: bytes, *
 
 
 def _pod(name: str = "p1", **metadata: Any) -> dict[str, Any]:
+    metadata.setdefault("namespace", "default")
     container = {
         "name": "c",
         "image": "x",
@@ -208,3 +225,254 @@ def test_selector_operators() -> None:
 def test_defaults_need_a_name() -> None:
     with pytest.raises(ValueError, match=r"metadata\.name"):
         apply_defaults({"metadata": {"generateName": "x-"}})
+
+
+# --------------------------------------------- ValidatingAdmissionPolicies in the embedded apiserver
+
+SCHEDULER_SA = service_account("hami-system", "hami-scheduler")
+TOKENS = {"sched-token": SCHEDULER_SA, "alice-token": "alice"}
+ALLOCATED = "GPU-a,NVIDIA,3000,30:;"
+
+
+@pytest.fixture
+async def guarded() -> AsyncIterator[AdmittingEmulator]:
+    """An embedded apiserver with two known tokens and the chart's annotation policy stored."""
+    async with embedded_apiserver(identities=TOKENS) as emulator:
+        policy, binding = annotation_policy([SCHEDULER_SA])
+        assert (await emulator.post(POLICIES_PATH, json=policy)).status == 200
+        assert (await emulator.post(BINDINGS_PATH, json=binding)).status == 200
+        yield emulator
+
+
+async def _call(
+    emulator: AdmittingEmulator, method: str, path: str, body: Any, token: str | None, content_type: str
+) -> tuple[int, dict[str, Any]]:
+    headers = {"Content-Type": content_type, **({"Authorization": f"Bearer {token}"} if token else {})}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.request(
+            method, str(emulator.url).rstrip("/") + path, data=json.dumps(body), headers=headers
+        ) as r,
+    ):
+        return r.status, await r.json()
+
+
+def _stored(emulator: AdmittingEmulator, name: str = "p1") -> dict[str, Any]:
+    raw: dict[str, Any] = emulator.objects[kmock.resource("v1/pods"), "default", name].raw
+    return raw
+
+
+async def _allocated_pod(emulator: AdmittingEmulator) -> str:
+    pod = _pod()
+    pod["metadata"]["namespace"] = "default"
+    status, _ = await _call(
+        emulator, "POST", "/api/v1/namespaces/default/pods", pod, "alice-token", "application/json"
+    )
+    assert status == 200
+    bind = {
+        "metadata": {
+            "annotations": {"hami.io/vgpu-devices-allocated": ALLOCATED},
+            "labels": {"hami.io/vgpu-node": "n1"},
+        }
+    }
+    path = "/api/v1/namespaces/default/pods/p1"
+    status, _ = await _call(emulator, "PATCH", path, bind, "sched-token", "application/merge-patch+json")
+    assert status == 200
+    return path
+
+
+def _denied(user: str, key: str = "hami.io/vgpu-devices-allocated") -> str:
+    return (
+        "ValidatingAdmissionPolicy 'hami-annotations' with binding 'hami-annotations' denied request: "
+        f"annotation {key} is written by HAMi only (its scheduler and node agent); "
+        f"{user} may not set, change or remove it"
+    )
+
+
+@pytest.mark.parametrize(
+    ("content_type", "body"),
+    [
+        (
+            "application/merge-patch+json",
+            {"metadata": {"annotations": {"hami.io/vgpu-devices-allocated": "GPU-a,NVIDIA,1,1:;"}}},
+        ),
+        (
+            "application/strategic-merge-patch+json",
+            {"metadata": {"annotations": {"hami.io/vgpu-devices-allocated": None}}},
+        ),
+        (
+            "application/json-patch+json",
+            [
+                {
+                    "op": "replace",
+                    "path": "/metadata/annotations/hami.io~1vgpu-devices-allocated",
+                    "value": ";",
+                }
+            ],
+        ),
+    ],
+    ids=["merge", "strategic", "json-patch"],
+)
+async def test_a_user_patch_of_an_allocation_is_refused(
+    guarded: AdmittingEmulator, content_type: str, body: Any
+) -> None:
+    path = await _allocated_pod(guarded)
+    for token, user in (("alice-token", "alice"), (None, "system:anonymous"), ("forged", "system:anonymous")):
+        status, answer = await _call(guarded, "PATCH", path, body, token, content_type)
+        assert (status, answer["reason"], answer["message"]) == (403, "Forbidden", _denied(user))
+        status, answer = await _call(guarded, "PATCH", path + "/status", body, token, content_type)
+        assert status == 403
+    assert _stored(guarded)["metadata"]["annotations"]["hami.io/vgpu-devices-allocated"] == ALLOCATED
+    # the scheduler's own account may
+    status, _ = await _call(guarded, "PATCH", path, body, "sched-token", content_type)
+    assert status == 200
+    assert _stored(guarded)["metadata"]["annotations"].get("hami.io/vgpu-devices-allocated") != ALLOCATED
+
+
+async def test_other_pod_writes_pass(guarded: AdmittingEmulator) -> None:
+    path = await _allocated_pod(guarded)
+    ordinary = {
+        "metadata": {"annotations": {"team": "a", "nvidia.com/use-gputype": "A100"}, "labels": {"app": "x"}}
+    }
+    status, _ = await _call(guarded, "PATCH", path, ordinary, "alice-token", "application/merge-patch+json")
+    assert status == 200
+    status, _ = await _call(
+        guarded,
+        "PATCH",
+        path + "/status",
+        {"status": {"phase": "Running"}},
+        None,
+        "application/merge-patch+json",
+    )
+    assert status == 200
+    stored = _stored(guarded)
+    assert stored["metadata"]["annotations"]["team"] == "a" and stored["status"]["phase"] == "Running"
+    # binding (kmock reaction, no credentials) only sets spec.nodeName
+    status, _ = await _call(
+        guarded,
+        "POST",
+        path + "/binding",
+        {"target": {"name": "n1"}, "metadata": {"name": "p1"}},
+        None,
+        "application/json",
+    )
+    assert status == 200 and _stored(guarded)["spec"]["nodeName"] == "n1"
+
+
+async def test_a_policy_denial_at_create_is_reported_by_the_standin(guarded: AdmittingEmulator) -> None:
+    async with aiohttp.ClientSession() as session:
+        standin = AdmissionStandIn(SimApi(session, str(guarded.url), token="alice-token"), session)
+        outcome = await standin.submit(_pod(annotations={"hami.io/vgpu-node": "n1"}))
+        assert outcome == Refused(
+            namespace="default",
+            name="p1",
+            webhook=POLICY,
+            message="ValidatingAdmissionPolicy 'hami-annotations' with binding 'hami-annotations' "
+            "denied request: annotation hami.io/vgpu-node is written by HAMi only "
+            "(its scheduler and node agent); a new pod may not carry it",
+            code=403,
+        )
+        assert (kmock.resource("v1/pods"), "default", "p1") not in guarded.objects
+        assert isinstance(
+            await standin.submit(_pod("p2", annotations={"nvidia.com/use-gputype": "A100"})), Admitted
+        )
+
+
+async def test_without_a_stored_policy_nothing_is_judged() -> None:
+    async with embedded_apiserver(identities=TOKENS) as emulator:
+        await _allocated_pod(emulator)
+        body = {"metadata": {"annotations": {"hami.io/vgpu-devices-allocated": ";"}}}
+        status, _ = await _call(
+            emulator,
+            "PATCH",
+            "/api/v1/namespaces/default/pods/p1",
+            body,
+            None,
+            "application/merge-patch+json",
+        )
+        assert status == 200
+
+
+# ------------------------------------------------------------------- the policy engine's mechanics
+
+
+def _policy(name: str = "p", **spec: Any) -> dict[str, Any]:
+    rules = [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["pods"]}]
+    return {"metadata": {"name": name}, "spec": {"matchConstraints": {"resourceRules": rules}, **spec}}
+
+
+def _binding(policy: str = "p", **spec: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": f"{policy}-b"},
+        "spec": {"policyName": policy, "validationActions": ["Deny"], **spec},
+    }
+
+
+def _request(operation: str = "UPDATE", sub: str = "", user: str = "u", label: str = "x") -> dict[str, Any]:
+    pod = {"metadata": {"name": "p1", "namespace": "ns", "labels": {"l": label}}}
+    return {
+        "operation": operation,
+        "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "subResource": sub,
+        "name": "p1",
+        "namespace": "ns",
+        "userInfo": {"username": user},
+        "object": pod,
+        "oldObject": pod,
+    }
+
+
+NO_X = {"expression": "object.metadata.labels['l'] != 'x'"}
+
+
+def test_review_matches_rules_and_names_policy_and_binding() -> None:
+    policy = _policy(validations=[{**NO_X, "message": "no x", "reason": "Forbidden"}])
+    denial = review([policy], [_binding()], _request())
+    assert denial == Denial(
+        policy="p",
+        binding="p-b",
+        message="ValidatingAdmissionPolicy 'p' with binding 'p-b' denied request: no x",
+        reason="Forbidden",
+        code=403,
+    )
+    assert review([policy], [_binding()], _request(label="y")) is None
+    assert review([policy], [_binding()], _request(operation="CREATE")) is None
+    assert review([policy], [_binding()], _request(sub="status")) is None  # "pods" is not "pods/status"
+    assert review([policy], [_binding(validationActions=["Warn"])], _request()) is None
+    assert review([policy], [_binding("other")], _request()) is None
+    excluded = _policy(validations=[NO_X])
+    excluded["spec"]["matchConstraints"]["excludeResourceRules"] = excluded["spec"]["matchConstraints"][
+        "resourceRules"
+    ]
+    assert review([excluded], [_binding()], _request()) is None
+    selective = _policy(validations=[NO_X])
+    selective["spec"]["matchConstraints"]["namespaceSelector"] = {"matchLabels": {"a": "b"}}
+    assert review([selective], [_binding()], _request()) is None  # unsupported: matches nothing
+
+
+def test_review_messages_conditions_variables_and_failure_policy() -> None:
+    default = review([_policy(validations=[NO_X])], [_binding()], _request())
+    assert default is not None and default.code == 422
+    assert default.message.endswith("failed expression: object.metadata.labels['l'] != 'x'")
+    computed = _policy(
+        variables=[
+            {"name": "who", "expression": "request.userInfo.username"},
+            {"name": "shout", "expression": "[variables.who, 'no'].join(' says ')"},
+        ],
+        validations=[{**NO_X, "messageExpression": "variables.shout", "message": "fallback"}],
+    )
+    assert review([computed], [_binding()], _request(user="bob")).message.endswith(": bob says no")  # type: ignore[union-attr]
+    broken_message = _policy(
+        validations=[{**NO_X, "messageExpression": "object.nope.x", "message": "fallback"}]
+    )
+    assert review([broken_message], [_binding()], _request()).message.endswith(": fallback")  # type: ignore[union-attr]
+    conditioned = _policy(
+        matchConditions=[{"name": "c", "expression": "request.userInfo.username == 'bob'"}],
+        validations=[NO_X],
+    )
+    assert review([conditioned], [_binding()], _request(user="alice")) is None
+    assert review([conditioned], [_binding()], _request(user="bob")) is not None
+    erroring = {"expression": "object.metadata.missing == 'y'"}
+    failing = review([_policy(validations=[erroring])], [_binding()], _request())
+    assert failing is not None and failing.code == 500 and "resulted in error" in failing.message
+    assert review([_policy(validations=[erroring], failurePolicy="Ignore")], [_binding()], _request()) is None
