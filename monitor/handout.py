@@ -4,8 +4,9 @@ Owns the trust rules of docs/security.md ("The node agent's hand-out"): a grant 
 pod names our scheduler and is bound to this node by it (``spec.schedulerName``, ``spec.nodeName`` and
 ``hami.io/vgpu-node``), the scheduler's record ``hami.io/vgpu-devices-allocated`` exists and lines up
 with the pod's containers, every non-blank entry of ``hami.io/vgpu-devices-to-allocate`` equals the
-matching record entry (same cards, type, memory and cores: the owner cannot rewrite it), and every card
-is one this node registers (``all``, unknown, filtered-out cards and MIG instance UUIDs are not), named
+matching record entry (same cards, type, memory and cores: the owner cannot rewrite it), each waiting
+entry belongs to a container asking kubelet for exactly that many cards, and every card is one this
+node registers (``all``, unknown, filtered-out cards and MIG instance UUIDs are not), named
 once per container, within the card's registered memory and cores, with MIG bookings only on a MIG-mode
 node. :func:`handout_problem` returns the first broken rule as a sentence naming the annotation and the
 value, or None. Pure: must not import grpc, pynvml, the Kubernetes client, ``os`` or ``logging``.
@@ -89,6 +90,36 @@ def record_problem(pod: Mapping[str, Any]) -> str | None:
     return None
 
 
+def asked_count(container: Mapping[str, Any], resource: str) -> int | None:
+    """The card count a container asks for (limits first, then requests, as the scheduler reads it);
+    0 when it asks for none, None when the value is not a plain count."""
+    resources = container.get("resources") or {}
+    value = (resources.get("limits") or {}).get(resource, (resources.get("requests") or {}).get(resource))
+    if value is None:
+        return 0
+    text = str(value).strip()
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 6 else None
+
+
+def container_problem(pod: Mapping[str, Any], devices: PodDevices, resource: str) -> str | None:
+    """Whether every waiting entry belongs to a container asking kubelet for exactly that many cards:
+    kubelet calls Allocate only for such containers, in this order, so any other entry would be handed
+    to the wrong container."""
+    spec = pod.get("spec") or {}
+    containers = (*(spec.get("initContainers") or ()), *(spec.get("containers") or ()))
+    for index, grants in enumerate(devices):
+        if not grants or index >= len(containers):
+            continue
+        asked = asked_count(containers[index], resource)
+        if asked != len(grants):
+            wants = "none" if asked == 0 else "an unreadable count" if asked is None else str(asked)
+            return (
+                f"entry {index} gives container {containers[index].get('name')!r} {len(grants)} card(s), "
+                f"but it asks kubelet for {wants} ({resource})"
+            )
+    return None
+
+
 def card_problem(
     devices: PodDevices, *, node: str, registered: Mapping[str, Device], mode: str
 ) -> str | None:
@@ -121,14 +152,22 @@ def card_problem(
 
 
 def handout_problem(
-    pod: Mapping[str, Any], *, node: str, scheduler: str, registered: Mapping[str, Device], mode: str
+    pod: Mapping[str, Any],
+    *,
+    node: str,
+    scheduler: str,
+    registered: Mapping[str, Device],
+    mode: str,
+    resource: str,
 ) -> str | None:
     """The first rule the pod's grant breaks on this node, or None when it may be handed out."""
     problem = whose_problem(pod, node=node, scheduler=scheduler) or record_problem(pod)
     if problem is not None:
         return problem
     remaining = read_pod_to_allocate(pod) or ()  # decodable: record_problem read it
-    problem = card_problem(remaining, node=node, registered=registered, mode=mode)
+    problem = card_problem(remaining, node=node, registered=registered, mode=mode) or container_problem(
+        pod, remaining, resource
+    )
     if problem is not None:
         return f"{POD_DEVICES_TO_ALLOCATE} {problem}"
     if mode != DeviceMode.MIG.value and POD_MIG_ALLOCATIONS in pod_annotations(pod):

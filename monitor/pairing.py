@@ -21,7 +21,6 @@ Pure: must not import grpc, pynvml, the Kubernetes client, ``os`` or ``logging``
 
 from __future__ import annotations
 
-import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,11 +38,10 @@ from hami.annotations import (
 )
 from hami.core.model import Device, Grant
 from monitor.allocation import container_names, is_candidate, phase_text, pod_key
-from monitor.handout import handout_problem, whose_problem
+from monitor.handout import asked_count, handout_problem, whose_problem
 
 #: Bind order of a pod without a readable bind time: after every pod with one.
 _LAST = 1 << 62
-_COUNT = re.compile(r"[0-9]{1,6}")
 
 
 def cards(count: int | None) -> str:
@@ -98,17 +96,8 @@ class Pairing:
 def requested(pod: Mapping[str, Any], resource: str) -> tuple[int | None, ...]:
     """Card counts the containers ask for (init first), skipping containers that ask for none."""
     spec = pod.get("spec") or {}
-    counts: list[int | None] = []
-    for container in (*(spec.get("initContainers") or ()), *(spec.get("containers") or ())):
-        resources = container.get("resources") or {}
-        value = (resources.get("limits") or {}).get(resource, (resources.get("requests") or {}).get(resource))
-        if value is None:
-            continue
-        text = str(value).strip()
-        count = int(text) if _COUNT.fullmatch(text) else None
-        if count != 0:
-            counts.append(count)
-    return tuple(counts)
+    every = (*(spec.get("initContainers") or ()), *(spec.get("containers") or ()))
+    return tuple(count for count in (asked_count(c, resource) for c in every) if count != 0)
 
 
 def started_by_kubelet(pod: Mapping[str, Any]) -> bool:
@@ -177,7 +166,9 @@ def suspects(
         waiting: tuple[tuple[int, tuple[Grant, ...]], ...] | None = None
         midway = False
         if ours:
-            problem = handout_problem(pod, node=node, scheduler=scheduler, registered=registered, mode=mode)
+            problem = handout_problem(
+                pod, node=node, scheduler=scheduler, registered=registered, mode=mode, resource=resource
+            )
             try:
                 remaining = read_pod_to_allocate(pod) or ()
                 record = read_pod_devices(pod) or ()

@@ -113,3 +113,19 @@ def allocate_request(*containers: list[str]) -> Any:
 
 async def node_lock(k: kmock.KubernetesEmulator) -> str | None:
     return (await annotations_of(k, "/api/v1/nodes/n1")).get(NODE_LOCK)
+
+
+def asking(
+    devices: Any, containers: list[dict[str, Any]], init_containers: list[dict[str, Any]] | None = None
+) -> None:
+    """Give each container without an ``nvidia.com/gpu`` value the card count of its entry in ``devices``
+    (init containers first), as the pod the scheduler granted them asked: the grants come from the spec."""
+    for container, grants in zip([*(init_containers or []), *containers], devices, strict=False):
+        resources = container.setdefault("resources", {})
+        limits = resources.setdefault("limits", {})
+        if (
+            grants
+            and "nvidia.com/gpu" not in limits
+            and "nvidia.com/gpu" not in resources.get("requests", {})
+        ):
+            limits["nvidia.com/gpu"] = str(len(grants))

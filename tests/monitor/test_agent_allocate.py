@@ -17,6 +17,7 @@ import pytest
 from agent_helpers import (
     allocate_request,
     annotations_of,
+    asking,
     card,
     create_node,
     create_pod,
@@ -59,6 +60,7 @@ async def bound_pod(
     """A pod after the scheduler's bind: allocation + bind annotations, the vgpu-node label, the lock."""
     annotations = allocation_annotations(node="n1", devices=devices, now=NOW)
     annotations.update(bind_annotations(BindPhase.ALLOCATING, now=NOW))
+    asking(devices, kw["containers"], kw.get("init_containers"))
     await create_pod(k, name, annotations=annotations, node="n1", **kw)
     if lock:
         await acquire_node_lock(api, "n1", "default", name, now=datetime.datetime.now(datetime.UTC))

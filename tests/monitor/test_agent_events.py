@@ -13,7 +13,7 @@ from typing import Any
 
 import kmock
 import pytest
-from agent_helpers import annotations_of, card, create_node, create_pod, write_cards
+from agent_helpers import annotations_of, asking, card, create_node, create_pod, write_cards
 from kmock._internal.rendering import Response
 
 from hami.annotations import POD_BIND_PHASE, BindPhase, allocation_annotations, bind_annotations
@@ -39,6 +39,7 @@ async def bound(k: kmock.KubernetesEmulator, api: Any, devices: PodDevices, name
     annotations = allocation_annotations(node="n1", devices=devices, now=NOW)
     annotations.update(bind_annotations(BindPhase.ALLOCATING, now=NOW))
     containers = [{"name": n, "image": "x"} for n in names]
+    asking(devices, containers)
     await create_pod(k, "p", annotations=annotations, node="n1", containers=containers)
     await acquire_node_lock(api, "n1", "default", "p", now=datetime.datetime.now(datetime.UTC))
 

@@ -10,6 +10,7 @@ node, and a lock owner that is bound to another node."""
 
 from __future__ import annotations
 
+import copy
 import datetime
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -21,6 +22,7 @@ import pytest
 from agent_helpers import (
     allocate_request,
     annotations_of,
+    asking,
     card,
     create_node,
     create_pod,
@@ -73,7 +75,8 @@ async def placed(
     annotations = allocation_annotations(node=node, devices=devices, now=NOW)
     annotations.update(bind_annotations(BindPhase.ALLOCATING, now=NOW))
     annotations.update(extra or {})
-    kw.setdefault("containers", ONE)
+    kw.setdefault("containers", copy.deepcopy(ONE))
+    asking(devices, kw["containers"], kw.get("init_containers"))
     await create_pod(k, name, annotations=annotations, node=on, **kw)
     await acquire_node_lock(api, node, "default", name, now=datetime.datetime.now(datetime.UTC))
 
@@ -249,6 +252,17 @@ async def test_entries_that_do_not_line_up_with_the_containers_are_refused(
     await placed(apiserver, api, "p", ((g("GPU-a"),), (g("GPU-b"),)))
     message = await refused(stub)
     assert "2 containers" in message and "1 container" in message
+
+
+async def test_an_entry_for_a_container_that_asks_kubelet_for_no_card_is_refused(
+    apiserver: kmock.KubernetesEmulator, api: Any, allocator: Allocator, stub: Any
+) -> None:
+    # kubelet calls Allocate only for "gpu" (1 card), but the first waiting entry is for "side", which asks
+    # for none: handing it out would give gpu side's card
+    containers = [{"name": "side", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "0"}}}, *ONE]
+    await placed(apiserver, api, "p", ((g("GPU-b"),), (g("GPU-a"),)), containers=containers)
+    message = await refused(stub)
+    assert "entry 0 gives container 'side' 1 card(s), but it asks kubelet for none" in message
 
 
 async def test_mig_bookings_on_a_hami_core_node_are_refused(

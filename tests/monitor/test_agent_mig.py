@@ -19,6 +19,7 @@ import pytest
 from agent_helpers import (
     allocate_request,
     annotations_of,
+    asking,
     card,
     create_node,
     create_pod,
@@ -119,6 +120,7 @@ async def bound_pod(
     annotations = allocation_annotations(node="n1", devices=devices, mig=migs if mig else (), now=NOW)
     annotations.update(bind_annotations(BindPhase.ALLOCATING, now=NOW))
     kw.setdefault("containers", [{"name": f"c{i}", "image": "x"} for i in range(len(books))])
+    asking(devices, kw["containers"], kw.get("init_containers"))  # what the granted containers ask for
     await create_pod(k, name, annotations=annotations, node="n1", **kw)
     if lock:
         await acquire_node_lock(api, "n1", "default", name, now=datetime.datetime.now(datetime.UTC))

@@ -19,6 +19,7 @@ import pytest
 from agent_helpers import (
     allocate_request,
     annotations_of,
+    asking,
     card,
     create_node,
     create_pod,
@@ -74,6 +75,7 @@ async def placed(
     annotations = allocation_annotations(node="n1", devices=devices, now=bound_at)
     annotations.update(bind_annotations(phase, now=bound_at))
     kw.setdefault("containers", [gpu("main", len(devices[0]))])
+    asking(devices, kw["containers"], kw.get("init_containers"))
     await create_pod(k, name, annotations=annotations, node="n1", **kw)
     if lock:
         await acquire_node_lock(api, "n1", "default", name, now=datetime.datetime.now(datetime.UTC))

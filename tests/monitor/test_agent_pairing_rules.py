@@ -18,7 +18,7 @@ from hami.annotations import (
     encode_pod_devices,
 )
 from hami.core.model import Device, Grant, PodDevices
-from monitor.handout import card_problem, handout_problem
+from monitor.handout import card_problem, container_problem, handout_problem
 from monitor.pairing import Suspect, ambiguity, pair, requested, suspects
 
 NOW = datetime.datetime(2026, 3, 1, 12, 0, tzinfo=datetime.UTC)
@@ -214,7 +214,12 @@ def test_a_card_registered_in_another_mode_is_refused() -> None:
 def test_handout_rules_in_order() -> None:
     def problem(p: dict[str, Any]) -> str | None:
         return handout_problem(
-            p, node="n1", scheduler="hami-scheduler", registered=REGISTERED, mode="hami-core"
+            p,
+            node="n1",
+            scheduler="hami-scheduler",
+            registered=REGISTERED,
+            mode="hami-core",
+            resource="nvidia.com/gpu",
         )
 
     assert problem(pod("ok", ((g("GPU-a"),),))) is None
@@ -225,3 +230,26 @@ def test_handout_rules_in_order() -> None:
     blank = pod("x", ((g("GPU-a"),),))
     blank["metadata"]["annotations"][POD_DEVICES_TO_ALLOCATE] = ";"
     assert problem(blank) is None  # all served: nothing left to check against
+
+
+@pytest.mark.parametrize(
+    ("containers", "message"),
+    [
+        ([{"name": "main"}], "entry 0 gives container 'main' 1 card(s), but it asks kubelet for none"),
+        ([gpu("main", 2)], "entry 0 gives container 'main' 1 card(s), but it asks kubelet for 2"),
+        ([gpu("main", "1.5")], "but it asks kubelet for an unreadable count (nvidia.com/gpu)"),
+    ],
+)
+def test_each_waiting_entry_belongs_to_a_container_asking_for_that_many_cards(
+    containers: list[dict[str, Any]], message: str
+) -> None:
+    problem = container_problem(
+        pod("x", ((g("GPU-a"),),), containers=containers), ((g("GPU-a"),),), "nvidia.com/gpu"
+    )
+    assert message in (problem or "")
+    assert container_problem(pod("x", ((g("GPU-a"),),)), ((g("GPU-a"),),), "nvidia.com/gpu") is None
+    requests = [gpu("main", 1, key="requests")]  # requests alone count as the scheduler reads them
+    assert (
+        container_problem(pod("x", ((g("GPU-a"),),), containers=requests), ((g("GPU-a"),),), "nvidia.com/gpu")
+        is None
+    )
