@@ -1,0 +1,658 @@
+"""Run one stress :class:`~.program.Program` against the real scheduler and node agent, checking after
+every step.
+
+The world: the embedded API server (kmock with the project's reactions, plus kube-apiserver's Binding
+rules: 409 for a pod already bound or a UID that no longer matches), the fault proxy in front of it,
+one scheduler (:class:`~.parts.Extender`, replaced by a fresh one on ``Kill``), and per node the agent
+and a kubelet model (:class:`~.parts.NodeSide`). Cluster: ``n1`` with two cards, ``n2`` with one; each
+card 8,000 MiB, 100 cores, 3 slots; a 5-minute node-lock timeout; the clock starts at
+:data:`START` and moves only on ``Advance``.
+
+After every step the world settles (:func:`~.settle.settle`), the scheduler's snapshot catches up
+(its watches deliver), and :func:`~.checker.check` runs on the API server's objects. The world adds
+the rules only it can see:
+
+* ``lock``   a bind refused for the node lock (``hami_scheduler_binds_total{result="lock_busy"}`` rose)
+  while the lock's holder was dead (:func:`~.checker.dead_holder`, judged when the bind started);
+* ``write``  the scheduler's writes, judged when they land: marking a pod failed that was already bound;
+  rewriting the allocation of a pod already bound; releasing the lock of a pod bound to that node and
+  still waiting for Allocate; taking over a fresh lock whose holder is alive;
+* ``phantom`` at the end (everything released, kubelet caught up, the clock an hour on): per card the
+  scheduler counts exactly what the running pods hold, in the running scheduler and in a fresh one;
+* ``hang``   every bind and Allocate finished once nothing is parked.
+
+A violation raises :class:`Violation` with the program, the step, and the log of what happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import kmock
+import yaml
+
+from hami.annotations import (
+    NODE_HANDSHAKE,
+    NODE_REGISTER,
+    POD_BIND_PHASE,
+    POD_DEVICES_ALLOCATED,
+    POD_VGPU_NODE,
+    AnnotationError,
+    HandshakeKind,
+    decode_node_lock,
+    encode_handshake,
+    encode_node_devices,
+    pending_container,
+    read_pod_to_allocate,
+)
+from hami.core.model import Device
+from hami.kube.client import load_api_client
+from hami.kube.nodelock import LOCK_POINTER
+from hami.scheduler.config import SchedulerSettings
+from hami.scheduler.snapshot import local_time
+from hami.sim.apiserver import embedded_apiserver, write_kubeconfig
+from monitor.config import NodeSettings
+
+from . import checker
+from .checker import Served, View, bind_phase, bound_to, key_of, meta, phase_of
+from .faults import Call, FaultProxy, Rule, stored, stored_list
+from .parts import Extender, NodeSide, admissible
+from .program import Admit, Advance, Bind, Delete, Finish, Kill, Program, Recreate, Release, Shape, Step
+from .settle import CountingExecutor, settle
+
+START = datetime.datetime(2026, 5, 1, 10, 0, 0, tzinfo=datetime.UTC)
+NODES: tuple[tuple[str, int], ...] = (("n1", 2), ("n2", 1))
+MEMORY, SLOTS = 8000, 3
+NAMESPACE = "default"
+LOCK_TIMEOUT = datetime.timedelta(minutes=5)
+FINAL_ADVANCE = datetime.timedelta(hours=1)
+PODS = "/api/v1/namespaces/default/pods"
+
+
+class Violation(AssertionError):
+    """An invariant broke; the message carries the program and what happened."""
+
+
+@dataclass
+class Clock:
+    """The scheduler's wall clock (moves only on ``Advance``) and its monotonic ticker (real seconds
+    plus every ``Advance``, so a bind parked across an ``Advance`` is past its deadline)."""
+
+    now: datetime.datetime = START
+
+    def __call__(self) -> datetime.datetime:
+        return self.now
+
+    def ticker(self) -> float:
+        return time.monotonic() + (self.now - START).total_seconds()
+
+
+@dataclass(eq=False)
+class Actor:
+    number: int
+    kind: str  # "bind" | "admit"
+    pod: str
+    node: str
+    task: asyncio.Task[str]
+    extender: Extender | None = None
+    lock_busy: float = 0.0  # the extender's lock_busy count when the bind started
+    dead_lock: str | None = None  # why the node's lock holder was dead when the bind started
+    done: bool = False
+
+
+def cluster_nodes() -> list[dict[str, Any]]:
+    handshake = encode_handshake(HandshakeKind.REQUESTING, local_time(START))
+    out = []
+    for name, cards in NODES:
+        devices = [
+            Device(
+                uuid=f"GPU-{name}-{i}",
+                index=i,
+                count=SLOTS,
+                memory_mib=MEMORY,
+                cores=100,
+                type="NVIDIA-Tesla V100-PCIE-32GB",
+                mode="hami-core",
+                health=True,
+            )
+            for i in range(cards)
+        ]
+        annotations = {NODE_REGISTER: encode_node_devices(devices), NODE_HANDSHAKE: handshake}
+        out.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": name, "annotations": annotations},
+                "status": {"allocatable": {"nvidia.com/gpu": str(cards * SLOTS)}},
+            }
+        )
+    return out
+
+
+def make_pod(name: str, generation: int, shape: Shape) -> dict[str, Any]:
+    limits = {
+        "nvidia.com/gpu": str(shape.gpus),
+        "nvidia.com/gpumem": str(shape.memory),
+        "nvidia.com/gpucores": str(shape.cores),
+    }
+
+    def container(cname: str, gpu: bool) -> dict[str, Any]:
+        return {"name": cname, "image": "cuda", **({"resources": {"limits": dict(limits)}} if gpu else {})}
+
+    spec: dict[str, Any] = {"schedulerName": "hami-scheduler"}
+    if shape.layout == "two":
+        spec["containers"] = [container("a", True), container("b", True)]
+    elif shape.layout in ("init", "mixed"):
+        spec["initContainers"] = [container("init", True)]
+        spec["containers"] = [container("main", shape.layout == "mixed")]
+    else:
+        spec["containers"] = [container("main", True)]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": NAMESPACE,
+            "uid": f"uid-{name}-{generation}",
+            "annotations": {},
+        },
+        "spec": spec,
+        "status": {"phase": "Pending"},
+    }
+
+
+async def strict_binding(k: kmock.KubernetesEmulator) -> None:
+    """kube-apiserver's Binding rules over the project's reaction: 404 for a missing pod, 409 for a UID
+    precondition that fails or a pod that already has a node."""
+
+    def status(code: int, reason: str, message: str) -> kmock.Response:
+        body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason}
+        return kmock.Response(status=code, payload={**body, "message": message, "code": code})  # type: ignore[attr-defined]
+
+    async def bind(request: kmock.Request) -> Any:
+        path = f"/api/v1/namespaces/{request.namespace}/pods/{request.name}"
+        pod = stored(k, "pods", request.namespace, str(request.name))
+        if pod is None:
+            return status(404, "NotFound", f'pods "{request.name}" not found')
+        uid = ((request.data or {}).get("metadata") or {}).get("uid")
+        if uid and uid != meta(pod).get("uid"):
+            return status(
+                409,
+                "Conflict",
+                f"Precondition failed: UID in precondition: {uid}, UID in object meta: "
+                f"{meta(pod).get('uid')}",
+            )
+        if bound_to(pod):
+            return status(
+                409, "Conflict", f"pod {request.name} is already assigned to node {bound_to(pod)!r}"
+            )
+        target = request.data["target"]["name"]
+        await k.patch(path, json={"spec": {"nodeName": target}})
+        return {"apiVersion": "v1", "kind": "Status", "status": "Success", "code": 201}
+
+    (k**10)["post", kmock.resource("v1/pods"), kmock.subresource("binding")] << bind
+
+
+@dataclass
+class World:
+    program: Program
+    workdir: Path
+    settings: SchedulerSettings = field(
+        default_factory=lambda: SchedulerSettings(node_lock_timeout=LOCK_TIMEOUT, api_timeout=120.0)
+    )
+    clock: Clock = field(default_factory=Clock)
+    log: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.actors: list[Actor] = []
+        self.served: list[Served] = []
+        self.write_problems: list[str] = []
+        self.generation: dict[str, int] = {}
+        self.uids: dict[str, str] = {}
+        self.extenders: list[Extender] = []
+        self.sides: dict[str, NodeSide] = {}
+        self.k: kmock.KubernetesEmulator
+        self.proxy: FaultProxy
+        self.kubeconfig = ""
+        self._numbers = 0
+        self._fired = 0
+
+    # ------------------------------------------------------------------------------------- lifecycle
+    async def run(self) -> list[str]:
+        loop = asyncio.get_running_loop()
+        self.executor = CountingExecutor(loop)
+        loop.set_default_executor(self.executor)
+        async with embedded_apiserver() as k:
+            self.k = k
+            await strict_binding(k)
+            for node in cluster_nodes():
+                await k.post("/api/v1/nodes", json=node)
+            for index in range(len(self.program.shapes)):
+                await self._create(index)
+            self.proxy = FaultProxy(k)
+            self.proxy.observer = self._observe
+            url = await self.proxy.start()
+            self.kubeconfig = str(write_kubeconfig(self.workdir / "kubeconfig", url))
+            agent_api = load_api_client(self.kubeconfig, request_timeout=120.0, component="integrity-agent")
+            try:
+                await self._start_nodes(agent_api)
+                await self._start_extender()
+                for number, step in enumerate(self.program.steps):
+                    await self._step(number, step)
+                await self._finish()
+            finally:
+                for actor in self.actors:
+                    actor.task.cancel()
+                await self.proxy.stop()
+                await asyncio.gather(*(a.task for a in self.actors), return_exceptions=True)
+                for extender in self.extenders:
+                    await extender.stop()
+                    extender.close_api()
+                agent_api.close()
+        return self.log
+
+    async def _start_nodes(self, agent_api: Any) -> None:
+        settings = NodeSettings(split_count=SLOTS)
+        for name, cards in NODES:
+            path = self.workdir / f"{name}-cards.yaml"
+            document = {
+                "cards": [
+                    {
+                        "uuid": f"GPU-{name}-{i}",
+                        "model": "Tesla V100-PCIE-32GB",
+                        "memory_mib": MEMORY,
+                        "numa": 0,
+                        "healthy": True,
+                    }
+                    for i in range(cards)
+                ]
+            }
+            path.write_text(yaml.safe_dump(document))
+            side = NodeSide(name, path, agent_api, settings)
+            await side.start()
+            self.sides[name] = side
+
+    async def _start_extender(self) -> Extender:
+        extender = Extender(self.kubeconfig, self.clock, self.clock.ticker, self.settings)
+        nodes, pods = await self._objects()
+        await extender.start(nodes, pods)
+        self.extenders.append(extender)
+        return extender
+
+    @property
+    def extender(self) -> Extender:
+        return self.extenders[-1]
+
+    # ------------------------------------------------------------------------------------ objects
+    async def _objects(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        return stored_list(self.k, "nodes"), stored_list(self.k, "pods")
+
+    async def _pod(self, name: str) -> dict[str, Any] | None:
+        return stored(self.k, "pods", NAMESPACE, name)
+
+    async def _pods_by_key(self) -> dict[tuple[str, str], dict[str, Any]]:
+        _, pods = await self._objects()
+        return {key_of(p): p for p in pods}
+
+    async def _set_status(self, pod: Mapping[str, Any], status: dict[str, Any]) -> None:
+        await self.k.patch(f"{PODS}/{meta(pod).get('name')}", json={"status": status})
+
+    async def _create(self, index: int) -> None:
+        name = f"p{index}"
+        generation = self.generation.get(name, -1) + 1
+        self.generation[name] = generation
+        pod = make_pod(name, generation, self.program.shapes[index])
+        self.uids[name] = str(pod["metadata"]["uid"])
+        await self.k.post(PODS, json=pod)
+
+    async def view(self) -> View:
+        nodes, pods = await self._objects()
+        busy = frozenset((NAMESPACE, a.pod) for a in self.actors if not a.task.done())
+        return View(
+            nodes=nodes,
+            pods=pods,
+            served=tuple(self.served),
+            now=self.clock.now,
+            lock_timeout=LOCK_TIMEOUT,
+            busy=busy,
+        )
+
+    # -------------------------------------------------------------------------------------- steps
+    def _pod_name(self, index: int) -> str:
+        return f"p{index % len(self.program.shapes)}"
+
+    def _node_name(self, index: int) -> str:
+        return NODES[index % len(NODES)][0]
+
+    async def _step(self, number: int, step: Step) -> None:
+        self.log.append(f"{number}: {step!r}")
+        match step:
+            case Bind(pod=p, node=n, faults=faults):
+                await self._bind(self._pod_name(p), self._node_name(n), faults)
+            case Admit(node=n, pod=p, faults=faults):
+                await self._admit(self._node_name(n), self._pod_name(p), faults)
+            case Release(index=i):
+                if self.proxy.parked:
+                    entry = self.proxy.parked[i % len(self.proxy.parked)]
+                    self.log.append(f"   release #{entry.number}: {entry.summary}")
+                    self.proxy.release(entry)
+            case Delete(pod=p):
+                if await self._pod(self._pod_name(p)) is not None:
+                    await self.k.delete(f"{PODS}/{self._pod_name(p)}")
+            case Recreate(pod=p):
+                if await self._pod(self._pod_name(p)) is not None:
+                    await self.k.delete(f"{PODS}/{self._pod_name(p)}")
+                await self._create(p % len(self.program.shapes))
+            case Finish(pod=p):
+                pod = await self._pod(self._pod_name(p))
+                if pod is not None and phase_of(pod) == "Running":
+                    await self._set_status(pod, {"phase": "Succeeded"})
+            case Kill():
+                await self._kill()
+            case Advance(seconds=s):
+                self.clock.now += datetime.timedelta(seconds=s)
+        await self._after(f"step {number}: {step!r}")
+
+    def _actor(self, kind: str, pod: str, node: str, task: asyncio.Task[str]) -> Actor:
+        self._numbers += 1
+        actor = Actor(number=self._numbers, kind=kind, pod=pod, node=node, task=task)
+        self.actors.append(actor)
+        return actor
+
+    async def _bind(self, name: str, node: str, faults: tuple[Any, ...], *, uid: str | None = None) -> Actor:
+        pod = await self._pod(name)
+        uid = uid or (str(meta(pod).get("uid")) if pod is not None else self.uids.get(name, ""))
+        nodes, _ = await self._objects()
+        dead = checker.dead_holder(await self.view(), next(n for n in nodes if meta(n).get("name") == node))
+        extender = self.extender
+        lock_busy = extender.metric("hami_scheduler_binds_total", result="lock_busy")
+        task = asyncio.get_running_loop().create_task(extender.bind(name, node, uid))
+        actor = self._actor("bind", name, node, task)
+        actor.extender, actor.lock_busy, actor.dead_lock = extender, lock_busy, dead
+        for fault in faults:
+            subject = node if fault.kind.startswith("node") else name
+            self.proxy.arm(
+                Rule(
+                    owner=actor.number,
+                    who="scheduler",
+                    kind=fault.kind,
+                    subject=subject,
+                    mode=fault.mode,
+                    skip=fault.skip,
+                )
+            )
+        return actor
+
+    async def _admit(self, node: str, name: str, faults: tuple[Any, ...]) -> None:
+        pod = await self._pod(name)
+        side = self.sides[node]
+        if pod is None or not admissible(pod, node):
+            return
+        if (NAMESPACE, name, str(meta(pod).get("uid"))) in side.held:
+            return  # kubelet admits a pod once
+        task = asyncio.get_running_loop().create_task(
+            side.admit(pod, self._pods_by_key, self._set_status, self.served.append)
+        )
+        actor = self._actor("admit", name, node, task)
+        for fault in faults:
+            subject = node if fault.kind.startswith("node") else None
+            self.proxy.arm(
+                Rule(
+                    owner=actor.number,
+                    who="agent",
+                    kind=fault.kind,
+                    subject=subject,
+                    mode=fault.mode,
+                    skip=fault.skip,
+                )
+            )
+
+    async def _kill(self) -> None:
+        old = self.extender
+        for actor in self.actors:
+            if actor.extender is old and not actor.task.done():
+                actor.task.cancel()
+        await self._settle()
+        await old.stop()
+        await self._start_extender()
+
+    # ------------------------------------------------------------------------------------ checking
+    async def _settle(self) -> None:
+        def quiet() -> bool:
+            in_flight = sum(e.sent - e.received for e in self.extenders)
+            return self.executor.active == self.proxy.waiting and self.proxy.inflight == 0 and in_flight == 0
+
+        def marks() -> tuple[int, ...]:
+            return (
+                self.executor.submitted,
+                self.executor.active,
+                self.proxy.received,
+                self.proxy.released,
+                sum(e.received for e in self.extenders),
+                sum(a.task.done() for a in self.actors),
+            )
+
+        def describe() -> str:
+            live = [f"{a.kind} {a.pod}->{a.node}" for a in self.actors if not a.task.done()]
+            return (
+                f"executor active {self.executor.active}, parked waiting {self.proxy.waiting}, "
+                f"proxy in flight {self.proxy.inflight}, actors {live}"
+            )
+
+        await settle(quiet, marks, describe)
+
+    async def _after(self, what: str) -> None:
+        await self._settle()
+        for line in self.proxy.fired[self._fired :]:
+            self.log.append(f"   fault: {line}")
+        self._fired = len(self.proxy.fired)
+        problems: list[str] = []
+        for actor in self.actors:
+            if actor.done or not actor.task.done():
+                continue
+            actor.done = True
+            self.proxy.disarm(actor.number)
+            outcome = "killed" if actor.task.cancelled() else _outcome(actor.task)
+            self.log.append(f"   {actor.kind} {actor.pod} -> {actor.node}: {outcome or 'ok'}")
+            if actor.kind == "bind" and actor.extender is not None and outcome and actor.dead_lock:
+                busy = actor.extender.metric("hami_scheduler_binds_total", result="lock_busy")
+                if busy > actor.lock_busy:
+                    problems.append(
+                        f"[lock] bind of {actor.pod} to {actor.node} refused for the node lock, whose holder "
+                        f"{actor.dead_lock}: {outcome}"
+                    )
+        view = await self.view()
+        self.extender.sync(view.nodes, view.pods)
+        problems += self.write_problems + checker.check(view)
+        self.write_problems = []
+        if problems:
+            raise Violation(self.report(what, problems))
+
+    def report(self, what: str, problems: list[str]) -> str:
+        lines = ["", f"program = {self.program!r}", f"violated after {what}:"]
+        lines += [f"  {p}" for p in problems]
+        lines += ["log:", *(f"  {line}" for line in self.log)]
+        return "\n".join(lines)
+
+    # ------------------------------------------------------------------------------------ the end
+    async def _finish(self) -> None:
+        while self.proxy.parked:
+            entry = self.proxy.parked[0]
+            self.log.append(f"end: release #{entry.number}: {entry.summary}")
+            self.proxy.release(entry)
+            await self._after("releasing everything at the end")
+        hung = [f"{a.kind} {a.pod}->{a.node}" for a in self.actors if not a.task.done()]
+        if hung:
+            raise Violation(self.report("the end", [f"[hang] still running with nothing parked: {hung}"]))
+        for node, _ in NODES:
+            for pod in (await self._objects())[1]:
+                if admissible(pod, node):
+                    self.log.append(f"end: kubelet admits {meta(pod).get('name')} on {node}")
+                    await self._admit(node, str(meta(pod).get("name")), ())
+                    await self._after("kubelet catching up at the end")
+        view = await self.view()
+        for node in view.nodes:
+            name = str(meta(node).get("name"))
+            if checker.dead_holder(view, node) is None:
+                continue
+            probe = f"probe-{name}"
+            shape = Shape("app", 1, 1, 0)
+            body = make_pod(probe, 0, shape)
+            await self.k.post(PODS, json=body)
+            self.log.append(f"end: probe bind {probe} -> {name}")
+            await self._bind(probe, name, (), uid=str(body["metadata"]["uid"]))
+            await self._after(f"the lock probe on {name}")
+            await self._admit(name, probe, ())
+            await self._after(f"admitting the lock probe on {name}")
+        self.clock.now += FINAL_ADVANCE
+        await self._after("the clock moving an hour on")
+        fresh = await self._start_extender()
+        problems = self._phantom(self.extenders[-2], "the running scheduler", view := await self.view())
+        problems += self._phantom(fresh, "a restarted scheduler", view)
+        if problems:
+            raise Violation(self.report("the end", problems))
+
+    def _phantom(self, extender: Extender, who: str, view: View) -> list[str]:
+        counted = extender.usage()
+        problems = []
+        for node in view.nodes:
+            name = str(meta(node).get("name"))
+            cards = checker.cards_of(node)
+            holders, _ = checker.bound_usage(view.pods, name)
+            physical = checker.card_usage(holders.items(), cards)
+            for uuid in cards:
+                use = physical.get(uuid, checker.Use())
+                want = (use.memory, use.slots, use.cores)
+                got = counted.get(uuid, (0, 0, 0))
+                if got != want:
+                    problems.append(
+                        f"[phantom] {who} counts (memory, slots, cores) {got} on {name}/{uuid}; the pods "
+                        f"that run there hold {want} ({', '.join(use.pods) or 'none'})"
+                    )
+        return problems
+
+    # ------------------------------------------------------------------------------ write checks
+    async def _observe(self, call: Call) -> Callable[[int], None] | None:
+        if call.who != "scheduler":
+            return None
+        if call.kind == "pod-patch" and call.subject is not None:
+            return await self._observe_pod_write(call.subject, call)
+        if call.kind == "node-patch" and call.subject is not None:
+            return await self._observe_lock_write(call.subject, call)
+        return None
+
+    async def _observe_pod_write(self, name: str, call: Call) -> Callable[[int], None] | None:
+        sets = annotations_set(call.body)
+        pod = await self._pod(name)
+        if pod is None or not bound_to(pod):
+            return None
+        current = meta(pod).get("annotations") or {}
+        problems = []
+        if sets.get(POD_BIND_PHASE) == "failed" and phase_of(pod) not in checker.TERMINAL:
+            problems.append(f"[write] the scheduler marked {name} failed, already bound to {bound_to(pod)}")
+        rewrite = {k: sets[k] for k in (POD_DEVICES_ALLOCATED, POD_VGPU_NODE) if k in sets}
+        if any(current.get(k) != v for k, v in rewrite.items()):
+            problems.append(
+                f"[write] the scheduler rewrote the allocation of {name}, already bound to {bound_to(pod)}: "
+                f"{ {k: current.get(k) for k in rewrite} } -> {rewrite}"
+            )
+        return self._if_landed(problems)
+
+    async def _observe_lock_write(self, node: str, call: Call) -> Callable[[int], None] | None:
+        try:
+            ops = json.loads(call.body)
+        except ValueError:
+            return None
+        if not isinstance(ops, list):
+            return None
+        tested = next(
+            (o.get("value") for o in ops if o.get("op") == "test" and o.get("path") == LOCK_POINTER), None
+        )
+        change = next(
+            (o for o in ops if o.get("op") in ("remove", "replace") and o.get("path") == LOCK_POINTER), None
+        )
+        if not tested or change is None:
+            return None
+        try:
+            held = decode_node_lock(str(tested))
+        except AnnotationError:
+            return None
+        if held.name is None:
+            return None
+        view = await self.view()
+        node_obj = next((n for n in view.nodes if meta(n).get("name") == node), None)
+        holder = next((p for p in view.pods if key_of(p) == (held.namespace, held.name)), None)
+        if node_obj is None or holder is None:
+            return None
+        who = f"{held.namespace}/{held.name}"
+        problems = []
+        if change["op"] == "remove":
+            if waiting_for_allocate(holder, node):
+                problems.append(
+                    f"[write] the scheduler released the lock of {node} held by {who}, bound there and "
+                    "waiting for Allocate"
+                )
+        else:
+            moment = held.time if held.time.tzinfo else held.time.replace(tzinfo=datetime.UTC)
+            fresh = self.clock.now - moment <= LOCK_TIMEOUT
+            if fresh and checker.dead_holder(view, node_obj) is None:
+                problems.append(
+                    f"[write] the scheduler took over the fresh lock of {node} from live holder {who}"
+                )
+        return self._if_landed(problems)
+
+    def _if_landed(self, problems: list[str]) -> Callable[[int], None] | None:
+        if not problems:
+            return None
+
+        def after(status: int) -> None:
+            if 200 <= status < 300:
+                self.write_problems.extend(problems)
+
+        return after
+
+
+def annotations_set(body: bytes) -> dict[str, Any]:
+    """The annotation values a merge patch or JSON patch of a pod sets."""
+    try:
+        patch = json.loads(body)
+    except ValueError:
+        return {}
+    if isinstance(patch, dict):
+        return dict((patch.get("metadata") or {}).get("annotations") or {})
+    out: dict[str, Any] = {}
+    prefix = "/metadata/annotations/"
+    for op in patch if isinstance(patch, list) else ():
+        if op.get("op") not in ("add", "replace"):
+            continue
+        path = str(op.get("path") or "")
+        if path == "/metadata/annotations" and isinstance(op.get("value"), dict):
+            out.update(op["value"])
+        elif path.startswith(prefix):
+            out[path[len(prefix) :].replace("~1", "/").replace("~0", "~")] = op.get("value")
+    return out
+
+
+def waiting_for_allocate(pod: Mapping[str, Any], node: str) -> bool:
+    """Bound to ``node``, Pending, not failed, and some container's cards not handed out yet."""
+    if bound_to(pod) != node or phase_of(pod) != "Pending" or bind_phase(pod) == "failed":
+        return False
+    try:
+        remaining = read_pod_to_allocate(pod)
+    except AnnotationError:
+        return False
+    return remaining is not None and pending_container(remaining) is not None
+
+
+def _outcome(task: asyncio.Task[str]) -> str:
+    exc = task.exception()
+    if exc is not None:
+        return f"raised {type(exc).__name__}: {exc}"
+    return task.result()
