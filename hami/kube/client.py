@@ -138,6 +138,11 @@ def _call_json_sync(method: Callable[..., Any], *args: Any, timeout: float, **kw
     return json.loads(data)
 
 
-async def call_json(api: Any, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Run one client call in a worker thread and return the decoded JSON body (``{}`` when empty)."""
-    return await asyncio.to_thread(_call_json_sync, method, *args, timeout=timeout_of(api), **kwargs)
+async def call_json(
+    api: Any, method: Callable[..., Any], *args: Any, limit: float | None = None, **kwargs: Any
+) -> Any:
+    """Run one client call in a worker thread and return the decoded JSON body (``{}`` when empty).
+
+    ``limit`` (seconds) shortens this call's timeout below the client's own, never lengthens it."""
+    seconds = timeout_of(api) if limit is None else max(0.001, min(limit, timeout_of(api)))
+    return await asyncio.to_thread(_call_json_sync, method, *args, timeout=seconds, **kwargs)

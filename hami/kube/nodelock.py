@@ -2,20 +2,27 @@
 
 Owns acquire and release as compare-and-set JSON patches: a ``test`` op on the value just read, then
 ``replace``/``add``/``remove``. Any non-2xx answer to the patch means another writer got there first
-(a real API server answers 422 to a failed ``test``, the embedded one 500), so the lock is re-read and
-the decision made again; nothing is ever PUT. Value format and parsing belong to the codec
-(``NodeLockValue``, spec-scheduler §16): ``<RFC3339 time>,<namespace>,<pod>``, or a bare time (legacy).
+(a real API server answers 422 to a failed ``test``, the embedded one 500) or the answer was lost, so
+the lock is re-read and the decision made again; nothing is ever PUT. Value format and parsing belong
+to the codec (``NodeLockValue``, spec-scheduler §16): ``<RFC3339 time>,<namespace>,<pod>``, or a bare
+time (legacy).
 
-Rules (spec-scheduler §16): a lock older than ``expiry`` is taken over; a lock whose holder pod is gone
-(404) is taken over; the same pod re-acquiring succeeds (re-entrant); a fresh legacy lock is busy until
-it expires; an unreadable value is busy. Release removes the key only when this pod owns it (or it is
-a legacy value, which anyone may release). Imports ``hami.kube`` modules and the codec only.
+Rules (spec-scheduler §16, plus the takeovers of :func:`orphan_reason`): a lock older than ``expiry``
+is taken over; a lock whose holder pod can never be allocated on this node — deleted, bound to
+another node, Succeeded/Failed (kubelet's admission failures included) — is taken over at once, and
+the reason is reported (:attr:`LockGrant.takeover`, one of :data:`TAKEOVER_REASONS`); the same pod
+re-acquiring succeeds without a write (re-entrant); a fresh legacy lock is busy until it expires; an
+unreadable value is busy. Release removes the key only when this pod owns it (or it is a legacy
+value, which anyone may release), and, given ``value``, only while the lock still carries exactly
+that value. Imports ``hami.kube`` modules and the codec only.
 """
 
 from __future__ import annotations
 
 import datetime
+import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from hami.annotations import NODE_LOCK, AnnotationError, NodeLockValue, decode_node_lock, encode_node_lock
@@ -23,11 +30,19 @@ from hami.kube.client import KubeError, NotFound
 from hami.kube.nodes import get_node, json_patch_node
 from hami.kube.pods import get_pod
 
+logger = logging.getLogger(__name__)
+
 #: JSON-pointer of the lock annotation (``/`` in the key escaped as ``~1``).
 LOCK_POINTER = "/metadata/annotations/" + NODE_LOCK.replace("~", "~0").replace("/", "~1")
 DEFAULT_EXPIRY = datetime.timedelta(minutes=5)
 #: How many lost compare-and-set races to absorb before giving up.
 CAS_ATTEMPTS = 5
+#: Why a held lock was taken over: it expired; its holder pod is deleted, bound to another node,
+#: finished (Succeeded, or Failed after running), or was rejected by the kubelet's admission.
+TAKEOVER_REASONS = ("expired", "holder_deleted", "holder_elsewhere", "holder_finished", "holder_rejected")
+#: ``status.reason`` of a pod the kubelet refused to admit (phase Failed): ``UnexpectedAdmissionError``
+#: (a device plugin's Allocate failed), ``OutOf<resource>``, and the node-fit predicates.
+_ADMISSION_REASONS = ("UnexpectedAdmissionError", "NodeAffinity", "NodeName", "NodePorts", "Taint")
 
 
 class NodeLockBusy(KubeError):
@@ -39,6 +54,17 @@ class NodeLockBusy(KubeError):
 
     def __str__(self) -> str:
         return self.message  # HAMi's contention text, as is
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LockGrant:
+    """The lock a caller now holds: its ``value``; ``written`` when this call stored it (False when
+    the pod already held it); ``takeover`` names why a previous holder's lock was replaced."""
+
+    value: str
+    written: bool
+    takeover: str | None = None
+    previous: str | None = None
 
 
 def go_duration(delta: datetime.timedelta) -> str:
@@ -55,6 +81,27 @@ def go_duration(delta: datetime.timedelta) -> str:
 
 def _aware(moment: datetime.datetime) -> datetime.datetime:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=datetime.UTC)
+
+
+def orphan_reason(holder: Mapping[str, Any] | None, node: str) -> str | None:
+    """Why the lock's holder pod can never be allocated on ``node`` (so its lock may be taken over at
+    once), or None while it still can. ``holder`` is the pod as read, None when it does not exist."""
+    if holder is None:
+        return "holder_deleted"
+    spec = holder.get("spec") or {}
+    bound = spec.get("nodeName")
+    if bound and bound != node:
+        return "holder_elsewhere"
+    status = holder.get("status") or {}
+    phase = status.get("phase")
+    if phase == "Failed":
+        reason = str(status.get("reason") or "")
+        if reason.startswith("OutOf") or reason in _ADMISSION_REASONS:
+            return "holder_rejected"
+        return "holder_finished"
+    if phase == "Succeeded":
+        return "holder_finished"
+    return None
 
 
 def _cas_operations(
@@ -81,15 +128,14 @@ def _cas_operations(
     ]
 
 
-async def _pod_exists(api: Any, namespace: str, name: str) -> bool:
+async def _holder(api: Any, namespace: str, name: str) -> dict[str, Any] | None:
     try:
-        await get_pod(api, namespace, name)
+        return await get_pod(api, namespace, name)
     except NotFound:
-        return False
-    return True
+        return None
 
 
-async def acquire_node_lock(
+async def take_node_lock(
     api: Any,
     node: str,
     namespace: str,
@@ -97,8 +143,8 @@ async def acquire_node_lock(
     *,
     now: datetime.datetime,
     expiry: datetime.timedelta = DEFAULT_EXPIRY,
-) -> str:
-    """Take the lock on ``node`` for ``namespace/pod``; returns the lock value now stored.
+) -> LockGrant:
+    """Take the lock on ``node`` for ``namespace/pod``.
 
     Raises :class:`NodeLockBusy` when a live holder has it, :class:`~hami.kube.client.NotFound` when
     the node is gone, and :class:`KubeError` for other API failures of the reads.
@@ -110,33 +156,59 @@ async def acquire_node_lock(
         obj = await get_node(api, node)
         metadata: Mapping[str, Any] = obj.get("metadata") or {}
         current = (metadata.get("annotations") or {}).get(NODE_LOCK)
+        takeover = None
         if current:
             try:
                 held = decode_node_lock(current)
             except AnnotationError as exc:
                 raise NodeLockBusy(node, f"node {node} has an unreadable lock {current!r}: {exc}") from exc
             if held.namespace == namespace and held.name == pod:
-                return str(current)  # re-entrant (also: our own earlier patch that timed out but landed)
-            if now - _aware(held.time) <= expiry:
-                if held.namespace is None or held.name is None:
-                    raise NodeLockBusy(node, busy)  # a fresh legacy lock has no holder to check
-                if await _pod_exists(api, held.namespace, held.name):
+                # re-entrant (also: our own earlier patch that timed out but landed)
+                return LockGrant(value=str(current), written=False)
+            if now - _aware(held.time) > expiry:
+                takeover = "expired"
+            elif held.namespace is None or held.name is None:
+                raise NodeLockBusy(node, busy)  # a fresh legacy lock has no holder to check
+            else:
+                takeover = orphan_reason(await _holder(api, held.namespace, held.name), node)
+                if takeover is None:
                     raise NodeLockBusy(node, f"{busy} by {held.namespace}/{held.name}")
-            # expired, or the holder pod is gone: take it over with the same compare-and-set
         try:
             await json_patch_node(api, node, _cas_operations(metadata, current, value))
         except NotFound:
             raise
         except KubeError:
             continue  # lost the race (or the answer was lost): re-read and decide again
-        return value
+        if takeover is not None:
+            logger.warning(
+                "node %s: lock %r taken over for %s/%s (%s)", node, current, namespace, pod, takeover
+            )
+        return LockGrant(value=value, written=True, takeover=takeover, previous=current or None)
     raise NodeLockBusy(node, f"node {node}: lock changed under us {CAS_ATTEMPTS} times in a row")
 
 
-async def release_node_lock(api: Any, node: str, namespace: str, pod: str) -> bool:
+async def acquire_node_lock(
+    api: Any,
+    node: str,
+    namespace: str,
+    pod: str,
+    *,
+    now: datetime.datetime,
+    expiry: datetime.timedelta = DEFAULT_EXPIRY,
+) -> str:
+    """:func:`take_node_lock`, returning only the lock value now stored."""
+    grant = await take_node_lock(api, node, namespace, pod, now=now, expiry=expiry)
+    return grant.value
+
+
+async def release_node_lock(
+    api: Any, node: str, namespace: str, pod: str, *, value: str | None = None
+) -> bool:
     """Remove the lock if ``namespace/pod`` holds it (or it is a legacy value); True when removed.
 
-    A lock held by another pod, an unreadable value, a missing lock or a missing node are left alone.
+    With ``value``, only while the lock is exactly that value (the one this caller stored): a lock
+    re-taken since, even by the same pod, is left alone. A lock held by another pod, an unreadable
+    value, a missing lock or a missing node are left alone.
     """
     for _ in range(CAS_ATTEMPTS):
         try:
@@ -145,7 +217,7 @@ async def release_node_lock(api: Any, node: str, namespace: str, pod: str) -> bo
             return False
         metadata: Mapping[str, Any] = obj.get("metadata") or {}
         current = (metadata.get("annotations") or {}).get(NODE_LOCK)
-        if not current:
+        if not current or (value is not None and current != value):
             return False
         try:
             held = decode_node_lock(current)

@@ -1,23 +1,34 @@
 """Pod reads and writes as raw JSON dicts, and the pod → node Binding.
 
 Owns: get/list Pods (selectors are also applied client-side, since not every API server honours
-them), merge-patch of a Pod's annotations and labels, creating the ``pods/binding`` subresource.
-Imports ``hami.kube.client`` only; must not import ``hami.scheduler`` or services.
+them), merge-patch of a Pod's annotations and labels, conditional (RFC 6902 JSON) patches of a Pod —
+the ``test`` operations that make a write apply only to the object as last read
+(:func:`unchanged_tests`) or only while it still carries given values (:func:`value_tests`) — and
+creating the ``pods/binding`` subresource. ``limit`` (seconds) shortens one call's timeout (a caller with a
+deadline). Imports ``hami.kube.client`` only; must not import ``hami.scheduler`` or services.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hami.kube.client import call_json, core_api
 
 MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
 
 
-async def get_pod(api: Any, namespace: str, name: str) -> dict[str, Any]:
+def pointer(*parts: str) -> str:
+    """An RFC 6901 JSON pointer (``~`` → ``~0``, ``/`` → ``~1`` in each part)."""
+    return "".join("/" + part.replace("~", "~0").replace("/", "~1") for part in parts)
+
+
+async def get_pod(api: Any, namespace: str, name: str, *, limit: float | None = None) -> dict[str, Any]:
     """The Pod; raises :class:`~hami.kube.client.NotFound` when it does not exist."""
-    pod: dict[str, Any] = await call_json(api, core_api(api).read_namespaced_pod, name, namespace)
+    pod: dict[str, Any] = await call_json(
+        api, core_api(api).read_namespaced_pod, name, namespace, limit=limit
+    )
     return pod
 
 
@@ -25,7 +36,7 @@ async def list_pods_with_version(
     api: Any, *, node_name: str | None = None
 ) -> tuple[list[dict[str, Any]], str]:
     """Pods in every namespace (only those on ``node_name`` when given) and the list's resourceVersion."""
-    kwargs = {"field_selector": f"spec.nodeName={node_name}"} if node_name else {}
+    kwargs: dict[str, Any] = {"field_selector": f"spec.nodeName={node_name}"} if node_name else {}
     body = await call_json(api, core_api(api).list_pod_for_all_namespaces, **kwargs)
     items: list[dict[str, Any]] = list(body.get("items") or [])
     if node_name:
@@ -64,8 +75,105 @@ async def patch_pod(
     return pod
 
 
-async def bind_pod(api: Any, namespace: str, name: str, node: str, uid: str | None = None) -> None:
-    """Create the Binding that assigns the Pod to ``node`` (what kube-scheduler's binder does)."""
+# ------------------------------------------------------------------------------ conditional patches
+
+
+def unchanged_tests(pod: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """``test`` ops that pass only while the pod's identity and metadata maps are as in ``pod``.
+
+    The uid (when it has one), the resourceVersion (a real API server bumps it on every change, the
+    binding included), and the annotation and label maps — or the whole ``metadata`` when one of them
+    is absent, since JSON patch cannot test that a key is missing.
+    """
+    metadata: Mapping[str, Any] = pod.get("metadata") or {}
+    annotations, labels = metadata.get("annotations"), metadata.get("labels")
+    if not isinstance(annotations, Mapping) or not isinstance(labels, Mapping):
+        return [{"op": "test", "path": "/metadata", "value": dict(metadata)}]
+    tests: list[dict[str, Any]] = []
+    for key in ("uid", "resourceVersion"):
+        if metadata.get(key):
+            tests.append({"op": "test", "path": pointer("metadata", key), "value": metadata[key]})
+    tests.append({"op": "test", "path": "/metadata/annotations", "value": dict(annotations)})
+    tests.append({"op": "test", "path": "/metadata/labels", "value": dict(labels)})
+    return tests
+
+
+def value_tests(
+    pod: Mapping[str, Any], annotations: Mapping[str, str], *, fresh: bool = True
+) -> list[dict[str, Any]]:
+    """``test`` ops that pass only while the pod is the same object (uid; with ``fresh`` also the same
+    resourceVersion as ``pod``) and carries exactly these annotation values."""
+    metadata: Mapping[str, Any] = pod.get("metadata") or {}
+    tests: list[dict[str, Any]] = []
+    keys = ("uid", "resourceVersion") if fresh else ("uid",)
+    for key in keys:
+        if metadata.get(key):
+            tests.append({"op": "test", "path": pointer("metadata", key), "value": metadata[key]})
+    for key, value in annotations.items():
+        tests.append({"op": "test", "path": pointer("metadata", "annotations", key), "value": value})
+    return tests
+
+
+def write_operations(
+    pod: Mapping[str, Any],
+    *,
+    annotations: Mapping[str, str | None] | None = None,
+    labels: Mapping[str, str | None] | None = None,
+) -> list[dict[str, Any]]:
+    """``add``/``remove`` ops that set (``None``: remove) annotation and label keys of ``pod`` as read."""
+    metadata: Mapping[str, Any] = pod.get("metadata") or {}
+    operations: list[dict[str, Any]] = []
+    for field, values in (("annotations", annotations), ("labels", labels)):
+        if not values:
+            continue
+        current = metadata.get(field)
+        if not isinstance(current, Mapping):
+            kept = {k: v for k, v in values.items() if v is not None}
+            if kept:
+                operations.append({"op": "add", "path": pointer("metadata", field), "value": kept})
+            continue
+        for key, value in values.items():
+            if value is not None:
+                operations.append({"op": "add", "path": pointer("metadata", field, key), "value": value})
+            elif key in current:
+                operations.append({"op": "remove", "path": pointer("metadata", field, key)})
+    return operations
+
+
+async def json_patch_pod(
+    api: Any,
+    namespace: str,
+    name: str,
+    operations: Sequence[Mapping[str, Any]],
+    *,
+    limit: float | None = None,
+) -> dict[str, Any]:
+    """Apply an RFC 6902 JSON patch to the Pod. With ``test`` ops it is a compare-and-set: a failed
+    test is answered 422 by kube-apiserver (500 ``JsonPatchTestFailed`` by the embedded one)."""
+    pod: dict[str, Any] = await call_json(
+        api,
+        core_api(api).patch_namespaced_pod,
+        name,
+        namespace,
+        [dict(op) for op in operations],
+        _content_type=JSON_PATCH,
+        limit=limit,
+    )
+    return pod
+
+
+async def bind_pod(
+    api: Any,
+    namespace: str,
+    name: str,
+    node: str,
+    uid: str | None = None,
+    *,
+    limit: float | None = None,
+) -> None:
+    """Create the Binding that assigns the Pod to ``node`` (what kube-scheduler's binder does).
+
+    kube-apiserver refuses (409) a pod that already has a node or whose uid is not ``uid``."""
     metadata: dict[str, Any] = {"name": name, "namespace": namespace}
     if uid:
         metadata["uid"] = uid
@@ -75,4 +183,4 @@ async def bind_pod(api: Any, namespace: str, name: str, node: str, uid: str | No
         "metadata": metadata,
         "target": {"apiVersion": "v1", "kind": "Node", "name": node},
     }
-    await call_json(api, core_api(api).create_namespaced_pod_binding, name, namespace, body)
+    await call_json(api, core_api(api).create_namespaced_pod_binding, name, namespace, body, limit=limit)

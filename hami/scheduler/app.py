@@ -96,6 +96,8 @@ def build_context(
             cores_resource=settings.device_config.resources.cores,
             memory_factor=settings.device_config.effective_memory_factor,
         ),
+        clock=clock,
+        allocating_horizon=settings.allocating_horizon,
     )
 
     def nodes_for_metrics() -> Iterable[tuple[str, NodeState | None, str | None]]:

@@ -36,11 +36,18 @@ class SchedulerSettings:
     node_lock_wait: float = 0.0  # seconds a bind waits for a busy node lock; 0 = fail at once (HAMi)
     # seconds a PodGroup member's bind waits for a busy node lock (HAMi's retry); 0 = like other pods
     node_lock_retry_timeout: float = 28.0
+    # seconds kube-scheduler waits for /bind (its extender httpTimeout): a bind past it writes no more
+    bind_timeout: float = 30.0
     api_timeout: float = 30.0  # seconds one API request may take
     resync_seconds: float = 15.0  # the registration pass: handshakes and stale nodes
     handshake_window: datetime.timedelta = datetime.timedelta(seconds=60)
     device_config: DeviceConfig = field(default_factory=DeviceConfig)
     log_level: str = "info"
+
+    @property
+    def allocating_horizon(self) -> datetime.timedelta:
+        """How long an unbound pod's ``bind-phase=allocating`` counts: twice the bind timeout."""
+        return datetime.timedelta(seconds=2 * self.bind_timeout)
 
     @property
     def policy(self) -> Policy:
@@ -71,6 +78,11 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | 
         "node-lock-retry-timeout",
         "28",
         "seconds a PodGroup member's bind waits for another pod's node lock (0: as --node-lock-wait)",
+    )
+    flag(
+        "bind-timeout",
+        "30",
+        "seconds kube-scheduler waits for /bind (its extender httpTimeout); a bind past it writes no more",
     )
     flag("api-timeout", "30", "seconds one Kubernetes API request may take")
     flag("resync-seconds", "15", "seconds between registration passes (handshakes, stale nodes)")
@@ -154,6 +166,7 @@ def from_args(args: argparse.Namespace) -> SchedulerSettings:
         node_lock_timeout=datetime.timedelta(seconds=_seconds("node-lock-timeout", args.node_lock_timeout)),
         node_lock_wait=_wait("node-lock-wait", args.node_lock_wait),
         node_lock_retry_timeout=_wait("node-lock-retry-timeout", args.node_lock_retry_timeout),
+        bind_timeout=_seconds("bind-timeout", args.bind_timeout),
         api_timeout=_seconds("api-timeout", args.api_timeout),
         resync_seconds=_seconds("resync-seconds", args.resync_seconds),
         device_config=device_config,

@@ -1,8 +1,12 @@
 """What every handler needs, built once in ``hami.scheduler.app.build_context`` and passed down.
 
-Owns :class:`Context` (settings, API client, snapshot, clock, metrics) and :class:`Background`, the
-tracked fire-and-forget tasks (Events, handshakes) that must not delay an extender answer and are
-drained on shutdown. Must not import the Kubernetes client (only ``hami.kube``) or aiohttp.
+Owns :class:`Context` (settings, API client, snapshot, wall clock, monotonic ``ticker`` for bind
+deadlines, metrics), :class:`Background`, the tracked fire-and-forget tasks (Events, handshakes) that
+must not delay an extender answer and are drained on shutdown, and the in-process coordination of
+binds: :class:`NodeQueues` (per node: deciding and booking one bind at a time — never held while
+waiting for a node lock), the per-node lines of binds waiting for a busy node lock (only the head of
+a line polls the API), and the set of pods with a bind in progress (a second bind of the same pod
+in this process is refused). Must not import the Kubernetes client (only ``hami.kube``) or aiohttp.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
+import time
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,7 +63,8 @@ class Background:
 
 
 class NodeQueues:
-    """One asyncio lock per node: binds to the same node in this process decide one at a time."""
+    """One asyncio lock per node: binds to the same node in this process decide one at a time (also
+    used for the lines of binds waiting for a node lock: a separate instance)."""
 
     def __init__(self) -> None:
         self._locks: dict[str, asyncio.Lock] = {}
@@ -78,7 +84,10 @@ class Context:
     metrics: Metrics
     background: Background
     clock: Callable[[], datetime.datetime] = utc_now
+    ticker: Callable[[], float] = time.monotonic  # seconds; measures each bind's deadline
     node_queue: NodeQueues = field(default_factory=NodeQueues)
+    lock_line: NodeQueues = field(default_factory=NodeQueues)
+    binding: set[tuple[str, str]] = field(default_factory=set)  # pods with a bind in progress
 
     def event(self, involved: Mapping[str, Any], reason: str, message: str, *, warning: bool = False) -> None:
         """Record an Event in the background (an Event must never delay or fail an answer)."""

@@ -23,14 +23,28 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from hami.core.model import NodeState
+from hami.kube.nodelock import TAKEOVER_REASONS
 from hami.kube.watch import RESTART_CAUSES
 from hami.scheduler.reasons import VOCABULARY
 
 MIB = 1048576
 _CARD_LABELS = ["node", "device_uuid", "device_index", "device_type"]
-#: ``hami_scheduler_binds_total{result}``: bound, the node lock busy, the pod no longer fits the node
-#: (or the node is excluded), the pod gone or recreated, an API failure, an unreadable request or pod.
-BIND_RESULTS = ("success", "lock_busy", "no_fit", "pod_missing", "api_error", "invalid")
+#: ``hami_scheduler_binds_total{result}``: bound; already bound here by an earlier attempt (nothing
+#: written); refused (bound, another scheduler's, not Pending, being deleted, bind in progress:
+#: nothing written); kube-scheduler's bind deadline passed; the node lock busy; the pod no longer
+#: fits the node (or the node is excluded); the pod gone or recreated; an API failure; an unreadable
+#: request or pod.
+BIND_RESULTS = (
+    "success",
+    "already_bound",
+    "refused",
+    "deadline",
+    "lock_busy",
+    "no_fit",
+    "pod_missing",
+    "api_error",
+    "invalid",
+)
 WATCHED = ("nodes", "pods")
 
 
@@ -201,6 +215,14 @@ class Metrics:
             registry=self.registry,
         )
         self.lock_holds = LockHolds(self.lock_hold, monotonic)
+        self.lock_takeovers = Counter(
+            "hami_scheduler_node_lock_takeovers",
+            "node locks a bind took over from a holder that can never be allocated there, by reason",
+            ["reason"],
+            registry=self.registry,
+        )
+        for reason in TAKEOVER_REASONS:
+            self.lock_takeovers.labels(reason)
         for reason in VOCABULARY:
             self.rejections.labels(reason)
         for result in BIND_RESULTS:

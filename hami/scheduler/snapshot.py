@@ -8,8 +8,15 @@ pods only when its registration text changes.
 
 Usage accounting (spec-scheduler §6): a pod counts iff it carries ``hami.io/vgpu-node`` and a readable
 ``hami.io/vgpu-devices-allocated``, and is not Succeeded/Failed; init containers drop out once all of
-them exited 0 (sticky). One deviation: a pod whose bind failed in this scheduler (``bind-phase=failed``
-and not bound to a node) does not count, so a failed bind frees its cards at once.
+them exited 0 (sticky). Deviations, each about a pod that can hold no card on its ``vgpu-node``:
+a pod whose bind failed (``bind-phase=failed``) and that is not bound to a node does not count, so a
+failed bind frees its cards at once; an unbound pod whose ``bind-phase=allocating`` began
+(``hami.io/bind-time``) longer than the *allocating horizon* ago (twice kube-scheduler's bind timeout,
+60 s) does not count — no bind is still in flight for it, so it is a leftover of a crash or a write
+that landed after its bind gave up (:func:`allocating_until`); a pod bound to a node other than its
+``vgpu-node`` does not count. The horizon needs the time: the snapshot reads its ``clock`` (given by
+the service; without one the horizon is off) when a pod event arrives and before every query, and
+drops the pods whose horizon has passed (a heap: O(log n) per expiry, nothing walks the pods).
 
 Bookings: bind decides on this state and books the allocation at once (before any API write), so a
 racing bind sees it. A booking wins over what the watch says about that pod until the watch shows the
@@ -36,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import heapq
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -49,12 +57,14 @@ from hami.annotations import (
     NODE_PAIR_SCORES,
     NODE_REGISTER,
     POD_BIND_PHASE,
+    POD_BIND_TIME,
     POD_DEVICES_ALLOCATED,
     POD_VGPU_NODE,
     AnnotationError,
     HandshakeKind,
     decode_handshake,
     decode_pod_devices,
+    decode_unix_time,
     read_node,
     read_pod_mig_allocations,
 )
@@ -66,6 +76,9 @@ logger = logging.getLogger(__name__)
 
 PodKey = tuple[str, str]  # (namespace, name): uids are not guaranteed by every API server
 UNREGISTERED = "node unregistered"
+#: How long an unbound ``bind-phase=allocating`` counts by default: 2 x kube-scheduler's 30 s bind timeout.
+ALLOCATING_HORIZON = datetime.timedelta(seconds=60)
+_LONG_AGO = datetime.datetime.min.replace(tzinfo=datetime.UTC)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -112,6 +125,27 @@ def local_time(now: datetime.datetime) -> datetime.datetime:
     return now.astimezone().replace(tzinfo=None)
 
 
+def allocating_until(
+    pod: Mapping[str, Any], horizon: datetime.timedelta = ALLOCATING_HORIZON
+) -> datetime.datetime | None:
+    """When an unbound pod's in-flight bind stops counting: ``hami.io/bind-time`` + ``horizon`` for a
+    pod with no ``spec.nodeName`` and ``bind-phase=allocating`` (a time long past when the bind time
+    is missing or unreadable: a bind always writes both); None when the rule does not apply (bound
+    pods, other phases). Pure: the caller compares it with its own ``now``."""
+    if (pod.get("spec") or {}).get("nodeName"):
+        return None
+    annotations = _annotations(pod)
+    if annotations.get(POD_BIND_PHASE) != "allocating":
+        return None
+    text = annotations.get(POD_BIND_TIME)
+    if text is None:
+        return _LONG_AGO
+    try:
+        return decode_unix_time(text) + horizon
+    except (AnnotationError, OverflowError):
+        return _LONG_AGO
+
+
 def _count(text: Any) -> int:
     try:
         return int(str(text))
@@ -131,6 +165,8 @@ class Snapshot:
         on_handshake: Callable[[str], None] | None = None,
         on_lock: Callable[[str, str | None], None] | None = None,
         quotas: QuotaBook | None = None,
+        clock: Callable[[], datetime.datetime] | None = None,
+        allocating_horizon: datetime.timedelta = ALLOCATING_HORIZON,
     ) -> None:
         self._count_resource = count_resource
         if quotas is None:  # the default resource names (spec-scheduler §2)
@@ -147,6 +183,10 @@ class Snapshot:
         self._applied: dict[PodKey, PodRecord] = {}
         self._init_done: set[PodKey] = set()
         self._lock_waiters: dict[str, list[asyncio.Future[None]]] = {}
+        self._clock = clock
+        self._horizon = allocating_horizon
+        self._until: dict[PodKey, datetime.datetime] = {}  # unbound allocating pods: when they stop
+        self._expiries: list[tuple[datetime.datetime, PodKey]] = []  # heap of the same (stale entries kept)
         self.nodes_synced = False
         self.pods_synced = False
         self.pod_events = 0
@@ -249,6 +289,7 @@ class Snapshot:
             self._upsert_pod(obj)
 
     def _forget(self, key: PodKey) -> None:
+        self._until.pop(key, None)
         self._observed.pop(key, None)
         self._bookings.pop(key, None)
         self._init_done.discard(key)
@@ -257,6 +298,14 @@ class Snapshot:
     def _upsert_pod(self, obj: Mapping[str, Any]) -> PodKey:
         key = _key(obj)
         record = self._record(key, obj)
+        self._until.pop(key, None)
+        if record is not None and self._clock is not None:
+            until = allocating_until(obj, self._horizon)
+            if until is not None and until <= self._clock():
+                record = None  # its bind is over: a leftover, not a booking
+            elif until is not None:
+                self._until[key] = until
+                heapq.heappush(self._expiries, (until, key))
         if record is None:
             self._observed.pop(key, None)
         else:
@@ -278,6 +327,11 @@ class Snapshot:
         if status.get("phase") in ("Succeeded", "Failed"):
             return None
         if annotations.get(POD_BIND_PHASE) == "failed" and not spec.get("nodeName"):
+            return None
+        if spec.get("nodeName") and spec["nodeName"] != node:
+            logger.warning(
+                "pod %s/%s not counted: bound to %s, but its grant names %s", *key, spec["nodeName"], node
+            )
             return None
         try:
             devices = decode_pod_devices(text)
@@ -312,6 +366,20 @@ class Snapshot:
             self._node_pods.setdefault(wanted.node, set()).add(key)
             self._applied[key] = wanted
 
+    def expire(self, now: datetime.datetime) -> None:
+        """Stop counting the unbound allocating pods whose horizon has passed at ``now``."""
+        while self._expiries and self._expiries[0][0] <= now:
+            until, key = heapq.heappop(self._expiries)
+            if self._until.get(key) == until:  # else stale: the pod changed or went since
+                del self._until[key]
+                self._observed.pop(key, None)
+                logger.info("pod %s/%s no longer counted: bind-phase allocating since %s", *key, until)
+                self._settle(key)
+
+    def _tick(self) -> None:
+        if self._clock is not None and self._expiries:
+            self.expire(self._clock())
+
     def _apply(self, record: PodRecord, sign: int) -> None:
         entry = self._nodes.get(record.node)
         if entry is not None and entry.state is not None:
@@ -328,6 +396,7 @@ class Snapshot:
 
     def quotas_for(self, namespace: str, exclude: PodKey | None = None) -> dict[str, NamespaceQuota]:
         """``quotas=`` for the core when deciding a pod of ``namespace`` (without ``exclude``'s own usage)."""
+        self._tick()
         own = self._applied.get(exclude) if exclude is not None else None
         return self.quotas.quotas(namespace, own.usage if own is not None else None)
 
@@ -344,6 +413,7 @@ class Snapshot:
             self._settle(key)
 
     def record(self, key: PodKey) -> PodRecord | None:
+        self._tick()
         return self._applied.get(key)
 
     # ------------------------------------------------------------------------------- node locks
@@ -371,6 +441,7 @@ class Snapshot:
     def problem(self, name: str, local_now: datetime.datetime) -> str | None:
         """Why ``name`` cannot take GPU pods at ``local_now`` (naive local time, see :func:`local_time`;
         an aware time is converted)."""
+        self._tick()
         entry = self._nodes.get(name)
         if entry is None:
             return UNREGISTERED
@@ -411,11 +482,14 @@ class Snapshot:
         ]
 
     def entries(self) -> Iterator[NodeEntry]:
+        self._tick()
         return iter(list(self._nodes.values()))
 
     def tracked(self) -> Mapping[PodKey, PodRecord]:
+        self._tick()
         return dict(self._applied)
 
     def tracked_count(self) -> int:
         """How many pods count against cards now (bookings included)."""
+        self._tick()
         return len(self._applied)

@@ -12,7 +12,13 @@ from kmock._internal.rendering import Response  # a reaction's status from a cal
 
 from hami.annotations import NODE_LOCK
 from hami.kube.client import NotFound
-from hami.kube.nodelock import NodeLockBusy, acquire_node_lock, go_duration, release_node_lock
+from hami.kube.nodelock import (
+    NodeLockBusy,
+    acquire_node_lock,
+    go_duration,
+    release_node_lock,
+    take_node_lock,
+)
 
 Emulator = kmock.KubernetesEmulator
 NODES = kmock.resource("v1/nodes")
@@ -164,3 +170,87 @@ def test_go_duration_matches_go_formatting() -> None:
     assert go_duration(datetime.timedelta(minutes=5)) == "5m0s"
     assert go_duration(datetime.timedelta(seconds=30)) == "30s"
     assert go_duration(datetime.timedelta(hours=1, seconds=5)) == "1h0m5s"
+
+
+async def _holder_pod(k: Emulator, name: str, *, node: str | None = None, **status: str) -> None:
+    spec: dict[str, Any] = {"containers": [{"name": "c", "image": "x"}]}
+    if node is not None:
+        spec["nodeName"] = node
+    body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": spec,
+        "status": status or {"phase": "Pending"},
+    }
+    await k.post("/api/v1/namespaces/default/pods", json=body)
+
+
+@pytest.mark.parametrize(
+    ("node", "status", "reason"),
+    [
+        ("n2", {"phase": "Pending"}, "holder_elsewhere"),  # rescheduled to another node after a crash
+        ("n2", {"phase": "Running"}, "holder_elsewhere"),
+        ("n1", {"phase": "Succeeded"}, "holder_finished"),
+        ("n1", {"phase": "Failed", "reason": "Error"}, "holder_finished"),
+        ("n1", {"phase": "Failed", "reason": "UnexpectedAdmissionError"}, "holder_rejected"),
+        ("n1", {"phase": "Failed", "reason": "OutOfnvidia.com/gpu"}, "holder_rejected"),
+        (None, {"phase": "Failed", "reason": "OutOfcpu"}, "holder_rejected"),
+    ],
+    ids=[
+        "elsewhere-pending",
+        "elsewhere-running",
+        "succeeded",
+        "failed",
+        "admission",
+        "out-of-gpu",
+        "unbound-failed",
+    ],
+)
+async def test_a_holder_that_can_never_be_allocated_here_loses_the_lock_at_once(
+    apiserver: Emulator, api: Any, node: str | None, status: dict[str, str], reason: str
+) -> None:
+    held = "2026-05-01T09:59:00Z,default,holder"  # 1 minute old: far from the 5 min expiry
+    await _node(apiserver, {NODE_LOCK: held})
+    await _holder_pod(apiserver, "holder", node=node, **status)
+    assert await acquire_node_lock(api, "n1", "default", "p1", now=NOW) == OURS
+    assert await _lock(apiserver) == OURS
+    await apiserver.patch("/api/v1/nodes/n1", json={"metadata": {"annotations": {NODE_LOCK: held}}})
+    grant = await take_node_lock(api, "n1", "default", "p2", now=NOW)
+    assert (grant.written, grant.takeover, grant.previous) == (True, reason, held)
+
+
+@pytest.mark.parametrize(
+    ("node", "status"),
+    [(None, {"phase": "Pending"}), ("n1", {"phase": "Pending"}), ("n1", {"phase": "Running"}), ("n1", {})],
+    ids=["pending-unbound", "pending-here", "running-here", "no-status"],
+)
+async def test_a_holder_that_may_still_be_allocated_here_keeps_the_lock(
+    apiserver: Emulator, api: Any, node: str | None, status: dict[str, str]
+) -> None:
+    held = "2026-05-01T09:59:00Z,default,holder"
+    await _node(apiserver, {NODE_LOCK: held})
+    await _holder_pod(apiserver, "holder", node=node, **status)
+    with pytest.raises(NodeLockBusy, match="by default/holder"):
+        await acquire_node_lock(api, "n1", "default", "p1", now=NOW)
+    assert await _lock(apiserver) == held
+
+
+async def test_grants_say_whether_this_call_wrote_the_lock(apiserver: Emulator, api: Any) -> None:
+    await _node(apiserver, {})
+    first = await take_node_lock(api, "n1", "default", "p1", now=NOW)
+    assert (first.value, first.written, first.takeover, first.previous) == (OURS, True, None, None)
+    again = await take_node_lock(api, "n1", "default", "p1", now=NOW + datetime.timedelta(seconds=5))
+    assert (again.value, again.written) == (OURS, False)  # re-entrant: nothing written
+    expired = await take_node_lock(api, "n1", "default", "p2", now=NOW + datetime.timedelta(minutes=6))
+    assert (expired.written, expired.takeover, expired.previous) == (True, "expired", OURS)
+
+
+async def test_a_release_given_a_value_removes_only_that_value(apiserver: Emulator, api: Any) -> None:
+    # the same pod re-took the lock since (a newer bind attempt): the older attempt must not free it
+    newer = "2026-05-01T10:00:30Z,default,p1"
+    await _node(apiserver, {NODE_LOCK: newer})
+    assert await release_node_lock(api, "n1", "default", "p1", value=OURS) is False
+    assert await _lock(apiserver) == newer
+    assert await release_node_lock(api, "n1", "default", "p1", value=newer) is True
+    assert await _lock(apiserver) is None

@@ -6,7 +6,8 @@ list+watch from this test's embedded API server (kmock); the clock is fixed at `
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import datetime
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from hami.kube.client import load_api_client
 from hami.scheduler.app import build_context, create_app
 from hami.scheduler.config import SchedulerSettings
+from hami.sim.apiserver import write_kubeconfig
 
 from .kit import NOW, Extender, StartExtender, until
 
@@ -27,13 +29,18 @@ async def start_extender(
     apiserver: kmock.KubernetesEmulator, kubeconfig: Path
 ) -> AsyncIterator[StartExtender]:
     """Seed objects first (``nodes``/``pods``/``quotas``), then call to start the extender and wait for
-    its snapshot."""
+    its snapshot. ``clock`` replaces the fixed ``NOW``, ``ticker`` the monotonic clock of bind deadlines,
+    ``api_url`` the API server the extender talks to (a fault proxy in front of this test's)."""
     running: list[tuple[TestClient[Any, Any], Any]] = []
 
     async def start(
         nodes: list[dict[str, Any]] = (),  # type: ignore[assignment]
         pods: list[dict[str, Any]] = (),  # type: ignore[assignment]
         quotas: list[dict[str, Any]] = (),  # type: ignore[assignment]
+        *,
+        clock: Callable[[], datetime.datetime] | None = None,
+        ticker: Callable[[], float] | None = None,
+        api_url: str | None = None,
         **overrides: Any,
     ) -> Extender:
         for node in nodes:
@@ -44,8 +51,13 @@ async def start_extender(
         for pod in pods:
             await apiserver.post(f"/api/v1/namespaces/{pod['metadata']['namespace']}/pods", json=pod)
         settings = replace(SchedulerSettings(api_timeout=5.0), **overrides)
-        api = load_api_client(str(kubeconfig), request_timeout=settings.api_timeout)
-        ctx = build_context(settings, api, clock=lambda: NOW)
+        config = kubeconfig
+        if api_url is not None:  # e.g. a fault proxy in front of the embedded API server
+            config = write_kubeconfig(kubeconfig.with_name(f"kubeconfig-{len(running)}"), api_url)
+        api = load_api_client(str(config), request_timeout=settings.api_timeout)
+        ctx = build_context(settings, api, clock=clock or (lambda: NOW))
+        if ticker is not None:  # the monotonic clock of bind deadlines
+            ctx = replace(ctx, ticker=ticker)
         client: TestClient[Any, Any] = TestClient(TestServer(create_app(ctx), host="127.0.0.1"))
         await client.start_server()
         running.append((client, api))

@@ -13,6 +13,7 @@ from hami.annotations import NODE_LOCK, POD_BIND_PHASE, decode_node_lock, decode
 from hami.kube.nodelock import release_node_lock
 from hami.scheduler.snapshot import local_time
 
+from .faults import FaultProxy, pod_write, proxy_fixture  # noqa: F401  (the `proxy` fixture)
 from .kit import NOW, Extender, StartExtender, make_node, make_pod, until
 
 PODS = kmock.resource("v1/pods")
@@ -53,10 +54,20 @@ async def test_bind_writes_exactly_the_protocol_and_keeps_the_lock(start_extende
     (event,) = _events(ext, "BindingSucceed")
     assert event["message"] == "Successfully binding node [n1] to default/p"
     assert event["involvedObject"]["uid"] == "uid-p"
-    # exactly one pod patch of ours (annotations and label together) and one binding (the embedded
-    # server's binding reaction sets spec.nodeName with a patch of its own)
-    ours = [r.data for r in ext.apiserver["patch", PODS] if "metadata" in r.data]
-    assert len(ours) == 1 and set(ours[0]["metadata"]) == {"annotations", "labels"}
+    # exactly one pod patch of ours (annotations and label together: a JSON patch that first tests
+    # the pod is as read) and one binding (the embedded server's binding reaction sets spec.nodeName
+    # with a merge patch of its own)
+    (ours,) = [r.data for r in ext.apiserver["patch", PODS] if isinstance(r.data, list)]
+    assert ours[0] == {"op": "test", "path": "/metadata", "value": make_pod("p")["metadata"]}
+    written = {op["path"]: op["value"] for op in ours if op["op"] == "add"}
+    assert written == {
+        **{
+            "/metadata/annotations/" + k.replace("/", "~1"): v
+            for k, v in pod["metadata"]["annotations"].items()
+        },
+        "/metadata/labels": {"hami.io/vgpu-node": "n1"},
+    }
+    assert [op["op"] for op in ours].count("test") == 1
     assert len(ext.apiserver["post", PODS, kmock.subresource("binding")]) == 1
 
 
@@ -133,7 +144,7 @@ async def test_twenty_concurrent_binds_on_room_for_ten(start_extender: StartExte
     errors = [r["Error"] for r in results]
     bound = [n for n, e in zip(names, errors, strict=True) if e == ""]
     assert len(bound) == 10, errors
-    assert all("does not fit node n1" in e for e in errors if e), errors
+    assert all("does not fit node n1" in e for e in errors if e), "\n".join(errors)
     memory: dict[str, int] = {}
     for name in bound:
         annotations = (await ext.pod(name))["metadata"]["annotations"]
@@ -146,25 +157,40 @@ async def test_twenty_concurrent_binds_on_room_for_ten(start_extender: StartExte
     assert [d.used_mem for d in usage.devices] == [5000, 5000]
 
 
-@pytest.mark.parametrize(
-    ("verb", "criteria", "status"),
-    [
-        ("patch", (), 409),
-        ("patch", (), 422),
-        ("patch", (), 500),
-        ("post", (kmock.subresource("binding"),), 500),
-        ("post", (kmock.subresource("binding"),), 409),
-    ],
-    ids=["patch-409", "patch-422", "patch-500", "binding-500", "binding-409"],
-)
-async def test_api_errors_during_bind_fail_cleanly(
-    start_extender: StartExtender, verb: str, criteria: tuple[Any, ...], status: int
-) -> None:
+@pytest.mark.parametrize("status", [500, 409], ids=["binding-500", "binding-409"])
+async def test_a_binding_refused_fails_cleanly(start_extender: StartExtender, status: int) -> None:
     ext = await start_extender(nodes=[make_node("n1", cards=1)], pods=[make_pod("p", memory=1000)])
-    (ext.apiserver**10)[verb, PODS, *criteria][:1] << status
+    (ext.apiserver**10)["post", PODS, kmock.subresource("binding")][:1] << status  # not applied
     result = await ext.bind("p", "n1")
     assert result["Error"].startswith(f"{status} "), result
     await _assert_clean_failure(ext)
+
+
+@pytest.mark.parametrize("status", [409, 422, 500, 503])
+async def test_an_allocation_patch_that_never_applies_fails_cleanly(
+    proxy: FaultProxy, start_extender: StartExtender, status: int
+) -> None:
+    # each try of the allocation patch is answered `status` and never reaches the API server; a try
+    # whose outcome is unknown is re-read and tried again, at most 3 times
+    refused = proxy.defer(pod_write("p", "vgpu-devices-allocated"), times=3, status=status)
+    ext = await start_extender(
+        nodes=[make_node("n1", cards=1)], pods=[make_pod("p", memory=1000)], api_url=proxy.url
+    )
+    result = await ext.bind("p", "n1")
+    assert result["Error"].startswith(f"{status} "), result
+    assert len(refused.held) == 3
+    assert len(ext.apiserver["post", PODS, kmock.subresource("binding")]) == 0
+    await _assert_clean_failure(ext)
+
+
+async def test_an_allocation_patch_whose_answer_is_lost_binds(start_extender: StartExtender) -> None:
+    ext = await start_extender(nodes=[make_node("n1", cards=1)], pods=[make_pod("p", memory=1000)])
+    (ext.apiserver**10)["patch", PODS][:1] << 500  # kmock applies a PATCH before answering
+    assert await ext.bind("p", "n1") == {"Error": ""}
+    pod = await ext.pod("p")
+    assert pod["spec"]["nodeName"] == "n1"
+    assert pod["metadata"]["annotations"][POD_BIND_PHASE] == "allocating"
+    assert await _lock(ext) == LOCK
 
 
 async def test_a_hanging_api_request_fails_within_the_timeout(start_extender: StartExtender) -> None:

@@ -1,6 +1,6 @@
 """Which binds take the node lock and how long they wait for it (spec-scheduler §16 step 3): PodGroup
-members wait up to --node-lock-retry-timeout, other pods follow --node-lock-wait; a pod whose only GPU
-request is in init containers binds without the lock."""
+members wait up to --node-lock-retry-timeout, other pods follow --node-lock-wait; every pod with a GPU
+request takes the lock, one whose only GPU request is in init containers too (HAMi skips it)."""
 
 from __future__ import annotations
 
@@ -93,26 +93,30 @@ async def test_a_group_member_gives_up_after_the_retry_timeout(start_extender: S
     assert (await ext.pod("g"))["metadata"]["annotations"] == {POD_BIND_PHASE: "failed"}
 
 
-async def test_an_init_container_only_pod_binds_without_the_lock(start_extender: StartExtender) -> None:
-    # the node is locked by another live pod: an app-container pod would fail, this one binds
+async def test_an_init_container_only_pod_takes_the_lock_too(start_extender: StartExtender) -> None:
+    # HAMi lets it bind without the lock; then the node agent cannot tell its grant from the lock
+    # owner's, and two scheduler replicas can both place such pods on the same room
     ext = await _start(start_extender, init_only_pod("warm"), make_pod("app"))
-    assert (await ext.bind("app", "n1"))["Error"] == "node n1 has been locked within 5m0s by default/holder"
+    busy = "node n1 has been locked within 5m0s by default/holder"
+    assert (await ext.bind("app", "n1"))["Error"] == busy
+    assert (await ext.bind("warm", "n1"))["Error"] == busy  # waits its turn like every GPU pod
+    assert await _lock(ext) == HELD
+    assert await release_node_lock(ext.ctx.api, "n1", "default", "holder")  # the agent's release
     assert await ext.bind("warm", "n1") == {"Error": ""}
-    assert await _lock(ext) == HELD  # neither taken nor released
+    assert await _lock(ext) == "2026-05-01T10:00:00Z,default,warm"
     pod = await ext.pod("warm")
     annotations = pod["metadata"]["annotations"]
-    assert annotations[POD_BIND_PHASE] == "allocating"  # the node agent finds it by its bind phase
+    assert annotations[POD_BIND_PHASE] == "allocating"
     init, app = decode_pod_devices(annotations["hami.io/vgpu-devices-to-allocate"])
     assert [(g.memory_mib, g.cores) for g in init] == [(2000, 20)] and app == ()
     assert pod["spec"]["nodeName"] == "n1"
-    assert len(ext.apiserver["patch", kmock.resource("v1/nodes")]) == 0  # no lock write at all
 
 
-async def test_an_init_only_bind_that_fails_leaves_the_lock_alone(start_extender: StartExtender) -> None:
-    ext = await _start(start_extender, init_only_pod("warm"))
+async def test_an_init_only_bind_that_fails_releases_its_own_lock(start_extender: StartExtender) -> None:
+    ext = await start_extender(nodes=[make_node("n1")], pods=[init_only_pod("warm")])
     (ext.apiserver**10)["post", PODS, kmock.subresource("binding")][:1] << 500
     result = await ext.bind("warm", "n1")
     assert result["Error"].startswith("500 "), result
-    assert await _lock(ext) == HELD  # not ours: never released by this bind
+    assert await _lock(ext) is None
     assert (await ext.pod("warm"))["metadata"]["annotations"][POD_BIND_PHASE] == "failed"
     await until(lambda: ext.ctx.snapshot.record(("default", "warm")) is None, "the booking to be undone")

@@ -142,9 +142,12 @@ async def test_bind_outcomes(start_extender: StartExtender) -> None:
         nodes=[make_node("n1"), make_node("n2", cards=1)],
         pods=[make_pod("p"), make_pod("q"), make_pod("huge", memory=20000), make_pod("r")],
     )
-    (ext.apiserver**10)["patch", PODS][:1] << 500  # the first pod patch (slices count requests)
+    # the first Binding is refused (slices count requests): not applied, so the bind fails
+    (ext.apiserver**10)["post", PODS, kmock.subresource("binding")][:1] << 500
     assert (await ext.bind("r", "n2"))["Error"].startswith("500 ")
     assert await ext.bind("p", "n1") == {"Error": ""}
+    assert await ext.bind("p", "n1") == {"Error": ""}  # kube-scheduler's retry: nothing to write
+    assert (await ext.bind("p", "n2"))["Error"].endswith("already bound to node n1: refused")
     assert (await ext.bind("q", "n1"))["Error"].startswith("node n1 has been locked")
     assert "does not fit node n2" in (await ext.bind("huge", "n2"))["Error"]
     assert (await ext.bind("ghost", "n2"))["Error"] == "pod default/ghost not found"
@@ -152,6 +155,9 @@ async def test_bind_outcomes(start_extender: StartExtender) -> None:
     samples = await scrape(ext)
     assert {r: value(samples, "hami_scheduler_binds_total", result=r) for r in BIND_RESULTS} == {
         "success": 1,
+        "already_bound": 1,
+        "refused": 1,
+        "deadline": 0,
         "lock_busy": 1,
         "no_fit": 1,
         "pod_missing": 1,

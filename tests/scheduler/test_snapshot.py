@@ -15,7 +15,7 @@ from hami.annotations import (
 )
 from hami.core.model import NodeState
 from hami.core.usage import pod_usage
-from hami.scheduler.snapshot import PodRecord, Snapshot, local_time
+from hami.scheduler.snapshot import PodRecord, Snapshot, allocating_until, local_time
 
 from .kit import NOW, make_node, make_pod
 
@@ -201,3 +201,98 @@ async def test_lock_changes_wake_waiters() -> None:
     )
     assert waiter.done()
     assert snapshot.lock_of("n1") == "2026-05-01T10:00:00Z,default,p"
+
+
+def _allocating(name: str, node: str, devices: str, bind_time: str | None, **extra: Any) -> dict[str, Any]:
+    """A pod whose bind wrote its grant (bind-phase allocating) and is not bound yet."""
+    pod = _gpu_pod(name, node, devices, **extra)
+    pod["metadata"]["annotations"]["hami.io/bind-phase"] = "allocating"
+    if bind_time is not None:
+        pod["metadata"]["annotations"]["hami.io/bind-time"] = bind_time
+    return pod
+
+
+def _seconds(delta: int) -> str:
+    return str(int(NOW.timestamp()) + delta)
+
+
+def test_an_unbound_allocation_counts_until_the_horizon_then_never_again() -> None:
+    now = [NOW]
+    snapshot = _snapshot(make_node("n1", cards=1), clock=lambda: now[0])
+    young = _allocating("young", "n1", "GPU-n1-0,NVIDIA,1000,10:;", _seconds(-30))
+    snapshot.pod_event("ADDED", young)
+    assert _used(snapshot, "n1") == [(1, 1000, 10)]
+    now[0] = NOW + datetime.timedelta(seconds=29)
+    assert _used(snapshot, "n1") == [(1, 1000, 10)]
+    now[0] = NOW + datetime.timedelta(seconds=30)  # bind-time + 60 s: no bind can still be running
+    assert _used(snapshot, "n1") == [(0, 0, 0)]
+    assert snapshot.tracked_count() == 0
+    snapshot.pod_event("MODIFIED", young)  # a late event (or a late write) does not bring it back
+    assert _used(snapshot, "n1") == [(0, 0, 0)]
+    young["spec"]["nodeName"] = "n1"  # its Binding did happen after all: a bound pod always counts
+    snapshot.pod_event("MODIFIED", young)
+    assert _used(snapshot, "n1") == [(1, 1000, 10)]
+
+
+def test_only_unbound_allocating_pods_expire() -> None:
+    snapshot = _snapshot(make_node("n1", cards=1), clock=lambda: NOW + datetime.timedelta(hours=1))
+    old = _seconds(-3600)
+    success = _allocating("success", "n1", "GPU-n1-0,NVIDIA,100,1:;", old)
+    success["metadata"]["annotations"]["hami.io/bind-phase"] = "success"
+    plain = _gpu_pod("filtered", "n1", "GPU-n1-0,NVIDIA,200,2:;")  # HAMi's Filter-time annotations
+    bound = _allocating("bound", "n1", "GPU-n1-0,NVIDIA,400,4:;", old)
+    bound["spec"]["nodeName"] = "n1"
+    no_time = _allocating("no-time", "n1", "GPU-n1-0,NVIDIA,800,8:;", None)
+    garbled_time = _allocating("garbled-time", "n1", "GPU-n1-0,NVIDIA,1600,16:;", "soon")
+    expired = _allocating("expired", "n1", "GPU-n1-0,NVIDIA,3200,32:;", old)
+    for pod in (success, plain, bound, no_time, garbled_time, expired):
+        snapshot.pod_event("ADDED", pod)
+    # counted: success (100/1), filtered (200/2), bound (400/4); an allocating pod without a
+    # readable bind-time has no bind in flight either
+    assert _used(snapshot, "n1") == [(3, 700, 7)]
+
+
+def test_without_a_clock_unbound_allocations_keep_counting() -> None:
+    snapshot = _snapshot(make_node("n1", cards=1))
+    snapshot.pod_event("ADDED", _allocating("p", "n1", "GPU-n1-0,NVIDIA,1000,10:;", _seconds(-3600)))
+    assert _used(snapshot, "n1") == [(1, 1000, 10)]
+    snapshot.expire(NOW)  # the caller may still expire them with its own time
+    assert _used(snapshot, "n1") == [(1, 1000, 10)]  # nothing was scheduled to expire without a clock
+
+
+def test_a_restart_rebuilds_the_same_view_from_a_list() -> None:
+    now = [NOW]
+    pods = [
+        _allocating("young", "n1", "GPU-n1-0,NVIDIA,1000,10:;", _seconds(-10)),
+        _allocating("old", "n1", "GPU-n1-0,NVIDIA,2000,20:;", _seconds(-70)),
+        _gpu_pod("bound", "n1", "GPU-n1-0,NVIDIA,4000,40:;", spec={"nodeName": "n1", "containers": []}),
+    ]
+    live = _snapshot(make_node("n1", cards=1), clock=lambda: now[0])
+    for pod in pods:
+        live.pod_event("ADDED", pod)
+    rebuilt = Snapshot(clock=lambda: now[0])
+    rebuilt.replace_nodes([make_node("n1", cards=1)])
+    rebuilt.replace_pods(pods)
+    assert _used(live, "n1") == _used(rebuilt, "n1") == [(2, 5000, 50)]
+    now[0] = NOW + datetime.timedelta(seconds=50)
+    assert _used(live, "n1") == _used(rebuilt, "n1") == [(1, 4000, 40)]
+
+
+def test_a_pod_bound_to_another_node_than_its_grant_does_not_count() -> None:
+    snapshot = _snapshot(make_node("n1", cards=1), make_node("n2", cards=1))
+    moved = _gpu_pod("moved", "n1", "GPU-n1-0,NVIDIA,1000,10:;", spec={"nodeName": "n2", "containers": []})
+    snapshot.pod_event("ADDED", moved)
+    assert _used(snapshot, "n1") == [(0, 0, 0)]
+    assert _used(snapshot, "n2") == [(0, 0, 0)]
+
+
+def test_allocating_until_is_the_bind_time_plus_the_horizon() -> None:
+    pod = _allocating("p", "n1", "GPU-n1-0,NVIDIA,1000,10:;", _seconds(0))
+    assert allocating_until(pod) == NOW + datetime.timedelta(seconds=60)
+    assert allocating_until(pod, datetime.timedelta(seconds=5)) == NOW + datetime.timedelta(seconds=5)
+    pod["spec"]["nodeName"] = "n1"
+    assert allocating_until(pod) is None
+    assert allocating_until(_gpu_pod("q", "n1", "GPU-n1-0,NVIDIA,1000,10:;")) is None
+    huge = _allocating("h", "n1", "GPU-n1-0,NVIDIA,1000,10:;", "9" * 30)  # out of range: long past
+    until = allocating_until(huge)
+    assert until is not None and until < NOW
