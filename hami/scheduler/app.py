@@ -1,33 +1,44 @@
-"""The aiohttp application kube-scheduler calls, and the wiring of the snapshot to the watches.
+"""The aiohttp applications of ``hami scheduler``, and the wiring of the snapshot to the watches.
 
-Owns the routes (``POST /filter``, ``/prioritize``, ``/bind``; ``GET /healthz``, ``/readyz``,
-``/metrics``), the HTTP status rules (spec-scheduler §15: an empty body is HTTP 400 ``Please send a
-request body``; unreadable JSON and every other failure are HTTP 200 with ``Error`` set), and the
-service lifecycle: list+watch threads for Nodes, Pods and ResourceQuotas feeding the snapshot, the
-registration pass (handshakes, spec-scheduler §5.3) and the background tasks, all stopped on cleanup.
-Must not import the Kubernetes client (only ``hami.kube``).
+Owns the two listeners and their routes: the verbs kube-scheduler calls over loopback in the same pod
+(``POST /filter``, ``/prioritize``, ``/bind``; ``--listen``, 127.0.0.1 by default) and, on a separate
+listener, what the kubelet's probes and Prometheus read (``GET /healthz``, ``/readyz``, ``/metrics``;
+``--metrics-listen``); neither serves the other's routes. Request bodies are capped
+(``--max-body-bytes``, HAMi's 1 MiB): a declared larger body is answered 413 before it is read, an
+undeclared (chunked) one as soon as it passes the cap, and the connection is closed. Also the HTTP
+status rules (spec-scheduler §15: an empty body is HTTP 400 ``Please send a request body``; unreadable
+JSON and every other failure are HTTP 200 with ``Error`` set), the ``FilteringFailed`` Events (through
+the aggregating, bounded :class:`~hami.kube.events.EventRecorder`, only about a pod the API server has
+that names our scheduler and is not bound), and the service lifecycle: list+watch threads for Nodes,
+Pods and ResourceQuotas feeding the snapshot, the registration pass (handshakes, spec-scheduler §5.3)
+and the background tasks, all stopped on cleanup. Must not import the Kubernetes client (only
+``hami.kube``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import signal
+import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
 from hami.annotations import NODE_HANDSHAKE, HandshakeKind, encode_handshake
 from hami.core.model import NodeState
-from hami.kube.events import record_event
+from hami.kube.events import EventRecorder, record_event
 from hami.kube.nodes import patch_node_annotations
 from hami.kube.watch import Kind, ListWatcher
 from hami.scheduler.bind import handle_bind
 from hami.scheduler.config import SchedulerSettings
 from hami.scheduler.context import Background, Context, utc_now
-from hami.scheduler.filter import handle_filter
+from hami.scheduler.filter import FILTERING_FAILED, handle_filter
 from hami.scheduler.metrics import Metrics
 from hami.scheduler.prioritize import handle_prioritize
 from hami.scheduler.quotas import QuotaBook
@@ -43,10 +54,10 @@ from hami.scheduler.wire import (
 logger = logging.getLogger(__name__)
 
 CONTEXT: web.AppKey[Context] = web.AppKey("context", Context)
+RECORDER: web.AppKey[EventRecorder] = web.AppKey("recorder", EventRecorder)
+MAX_BODY: web.AppKey[int] = web.AppKey("max_body", int)
 NO_BODY = "Please send a request body"
 MALFORMED_REGISTRATION = "InvalidNodeRegistration"
-#: Template-node requests carry whole Node objects: allow large bodies.
-MAX_BODY = 64 * 1024 * 1024
 
 
 def build_context(
@@ -116,6 +127,35 @@ def _json(payload: Any) -> web.Response:
     )
 
 
+def _too_large(limit: int) -> web.Response:
+    response = web.Response(status=413, text=f"request body larger than {limit} bytes")
+    response.force_close()  # the rest of the body is never read
+    return response
+
+
+@web.middleware
+async def _body_limit(request: web.Request, handler: Callable[..., Any]) -> web.StreamResponse:
+    """Answer 413 to a body over the cap: at once when declared, when it passes the cap when chunked."""
+    limit = request.app[MAX_BODY]
+    if request.content_length is not None and request.content_length > limit:
+        return _too_large(limit)
+    try:
+        response: web.StreamResponse = await handler(request)
+    except web.HTTPRequestEntityTooLarge:
+        return _too_large(limit)
+    return response
+
+
+def _ours_to_schedule(scheduler_name: str) -> Callable[[Mapping[str, Any]], bool]:
+    """Whether a pod read from the API server waits for this scheduler (named, not bound)."""
+
+    def accept(pod: Mapping[str, Any]) -> bool:
+        spec = pod.get("spec") or {}
+        return spec.get("schedulerName") == scheduler_name and not spec.get("nodeName")
+
+    return accept
+
+
 async def filter_view(request: web.Request) -> web.Response:
     ctx = request.app[CONTEXT]
     started = time.perf_counter()
@@ -124,9 +164,19 @@ async def filter_view(request: web.Request) -> web.Response:
         ctx.metrics.observe("filter", "error", time.perf_counter() - started)
         return web.Response(status=400, text=NO_BODY)
     try:
-        result = handle_filter(ctx, parse_extender_args(body))
+        args = parse_extender_args(body)
+        outcome = handle_filter(ctx, args)
     except WireError as exc:
         result = filter_result(error=str(exc))
+    else:
+        result = outcome.result
+        if outcome.failure is not None and args["Pod"] is not None:
+            request.app[RECORDER].record(
+                args["Pod"],
+                reason=FILTERING_FAILED,
+                message=outcome.failure,
+                accept=_ours_to_schedule(ctx.settings.scheduler_name),
+            )
     ctx.metrics.observe("filter", "error" if result["Error"] else "ok", time.perf_counter() - started)
     return _json(result)
 
@@ -234,16 +284,88 @@ def _watching(ctx: Context) -> Callable[[web.Application], AsyncIterator[None]]:
     return lifecycle
 
 
-def create_app(ctx: Context, *, watch: bool = True) -> web.Application:
-    """The extender app; with ``watch`` the snapshot is fed by list+watch while the app runs."""
-    app = web.Application(client_max_size=MAX_BODY)
+def create_app(ctx: Context, *, watch: bool = True, recorder: EventRecorder | None = None) -> web.Application:
+    """The verbs app (``--listen``); with ``watch`` the snapshot is fed by list+watch while it runs."""
+    limit = ctx.settings.max_body_bytes
+    app = web.Application(client_max_size=limit, middlewares=[_body_limit])
     app[CONTEXT] = ctx
+    app[MAX_BODY] = limit
+    if recorder is None:
+        recorder = EventRecorder(ctx.api, component=ctx.settings.scheduler_name, clock=ctx.clock)
+    app[RECORDER] = recorder
     app.router.add_post("/filter", filter_view)
     app.router.add_post("/prioritize", prioritize_view)
     app.router.add_post("/bind", bind_view)
+    if watch:
+        app.cleanup_ctx.append(_watching(ctx))
+    app.on_cleanup.append(_flush_events)
+    return app
+
+
+async def _flush_events(app: web.Application) -> None:
+    await app[RECORDER].flush()
+
+
+def create_probe_app(ctx: Context) -> web.Application:
+    """The probes and metrics app (``--metrics-listen``): GET only, no extender verb."""
+    app = web.Application(client_max_size=64 * 1024)
+    app[CONTEXT] = ctx
     app.router.add_get("/healthz", healthz_view)
     app.router.add_get("/readyz", readyz_view)
     app.router.add_get("/metrics", metrics_view)
-    if watch:
-        app.cleanup_ctx.append(_watching(ctx))
     return app
+
+
+@dataclass(frozen=True, slots=True)
+class Listeners:
+    """The bound addresses: (host, port) of the verbs and of the probes/metrics listener."""
+
+    verbs: tuple[str, int]
+    metrics: tuple[str, int]
+
+
+def _bound(runner: web.AppRunner) -> tuple[str, int]:
+    host, port = runner.addresses[0][:2]
+    return str(host), int(port)
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    ctx: Context,
+    *,
+    ssl_context: ssl.SSLContext | None = None,
+    watch: bool = True,
+    recorder: EventRecorder | None = None,
+) -> AsyncIterator[Listeners]:
+    """Both listeners serving (ports 0: chosen by the OS) until the block ends; then both stop."""
+    settings = ctx.settings
+    verbs = web.AppRunner(create_app(ctx, watch=watch, recorder=recorder), access_log=None)
+    probes = web.AppRunner(create_probe_app(ctx), access_log=None)
+    await verbs.setup()
+    try:
+        await probes.setup()
+        try:
+            await web.TCPSite(verbs, settings.host, settings.port, ssl_context=ssl_context).start()
+            await web.TCPSite(probes, settings.metrics_host, settings.metrics_port).start()
+            yield Listeners(verbs=_bound(verbs), metrics=_bound(probes))
+        finally:
+            await probes.cleanup()
+    finally:
+        await verbs.cleanup()
+
+
+async def serve(ctx: Context, *, ssl_context: ssl.SSLContext | None = None) -> None:
+    """Serve until SIGTERM or SIGINT, then stop gracefully (watches, background tasks, Events)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    async with serving(ctx, ssl_context=ssl_context) as listeners:
+        logger.info(
+            "hami scheduler %s: verbs on %s:%d (%s), probes and metrics on %s:%d",
+            ctx.settings.scheduler_name,
+            *listeners.verbs,
+            "https" if ssl_context else "http",
+            *listeners.metrics,
+        )
+        await stop.wait()

@@ -2,8 +2,10 @@
 
 Owns :class:`SchedulerSettings` (frozen, built once in :func:`hami.scheduler.main.run` and passed
 down), the argparse flags, and reading HAMi's device-config YAML (top key ``nvidia:``). Precedence:
-flag, then env ``HAMI_<FLAG_IN_UPPER_SNAKE>`` (e.g. ``HAMI_LISTEN``), then the default. Must not import
-the Kubernetes client or aiohttp.
+flag, then env ``HAMI_<FLAG_IN_UPPER_SNAKE>`` (e.g. ``HAMI_LISTEN``), then the default. Two listeners:
+``--listen`` (the extender verbs, loopback by default: kube-scheduler runs in the same pod) and
+``--metrics-listen`` (``/healthz``, ``/readyz``, ``/metrics`` for the kubelet's probes and Prometheus).
+Must not import the Kubernetes client or aiohttp.
 """
 
 from __future__ import annotations
@@ -20,13 +22,18 @@ from hami.settings import DeviceConfig
 
 POLICIES = ("binpack", "spread")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+#: HAMi reads extender request bodies up to 1 MiB.
+MAX_BODY_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SchedulerSettings:
     kubeconfig: str | None = None
-    host: str = "0.0.0.0"
+    host: str = "127.0.0.1"  # the verbs: only kube-scheduler beside us calls them
     port: int = 8080
+    metrics_host: str = "0.0.0.0"  # probes and scraping reach the pod IP
+    metrics_port: int = 9395  # HAMi's --metrics-bind-address
+    max_body_bytes: int = MAX_BODY_BYTES
     tls_cert: str | None = None
     tls_key: str | None = None
     scheduler_name: str = "hami-scheduler"
@@ -66,7 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | 
         parser.add_argument(f"--{name}", default=_env_default(name, default, env), help=help_text, **kwargs)  # type: ignore[arg-type]
 
     flag("kubeconfig", None, "kubeconfig file (default: in-cluster, then ~/.kube/config)")
-    flag("listen", "0.0.0.0:8080", "HOST:PORT to serve the extender on")
+    flag("listen", "127.0.0.1:8080", "HOST:PORT of the extender verbs (/filter /prioritize /bind)")
+    flag("metrics-listen", "0.0.0.0:9395", "HOST:PORT of /healthz, /readyz and /metrics")
+    flag("max-body-bytes", str(MAX_BODY_BYTES), "largest request body accepted; larger ones get HTTP 413")
     flag("tls-cert", None, "serve HTTPS with this certificate (PEM); needs --tls-key")
     flag("tls-key", None, "private key (PEM) for --tls-cert")
     flag("scheduler-name", "hami-scheduler", "scheduler name; also the Events' component")
@@ -119,11 +128,21 @@ def _wait(name: str, text: str) -> float:
     return value
 
 
-def _listen(text: str) -> tuple[str, int]:
+def _listen(name: str, text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise SettingsError(f"--listen must be HOST:PORT, got {text!r}")
+        raise SettingsError(f"--{name} must be HOST:PORT, got {text!r}")
     return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _bytes(name: str, text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise SettingsError(f"--{name} must be a whole number of bytes, got {text!r}") from None
+    if not 1024 <= value <= 1024**3:
+        raise SettingsError(f"--{name} must be between 1024 and {1024**3} bytes, got {text!r}")
+    return value
 
 
 def load_device_config(path: str | None) -> DeviceConfig:
@@ -135,7 +154,10 @@ def load_device_config(path: str | None) -> DeviceConfig:
 
 def from_args(args: argparse.Namespace) -> SchedulerSettings:
     """Validate the parsed flags into settings; raises :class:`SettingsError` naming the flag."""
-    host, port = _listen(args.listen)
+    host, port = _listen("listen", args.listen)
+    metrics_host, metrics_port = _listen("metrics-listen", args.metrics_listen)
+    if port == metrics_port != 0:
+        raise SettingsError(f"--listen and --metrics-listen must use different ports, both are {port}")
     for name, value in (("node-scheduler-policy", args.node_scheduler_policy),):
         if value not in POLICIES:
             raise SettingsError(f"--{name} must be one of {', '.join(POLICIES)}, got {value!r}")
@@ -158,6 +180,9 @@ def from_args(args: argparse.Namespace) -> SchedulerSettings:
         kubeconfig=args.kubeconfig or None,
         host=host,
         port=port,
+        metrics_host=metrics_host,
+        metrics_port=metrics_port,
+        max_body_bytes=_bytes("max-body-bytes", args.max_body_bytes),
         tls_cert=args.tls_cert or None,
         tls_key=args.tls_key or None,
         scheduler_name=args.scheduler_name,

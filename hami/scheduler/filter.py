@@ -7,17 +7,21 @@ room (resolvable) and to ``FailedAndUnresolvableNodes`` otherwise (too few cards
 unregistered). The pod's namespace GPU quota (spec-scheduler §14, from the snapshot's ResourceQuotas,
 without the pod's own usage) is passed to the core, so a pod over quota gets ``ResourceQuotaNotFit``.
 A pod without a device request passes through unchanged. Every rejected node's reasons
-are counted (``hami_scheduler_node_rejections_total``). When nothing fits, a ``FilteringFailed``
-Warning Event on the pod gives the reasons (most common first, at most ``MAX_GROUPS`` groups of at
-most ``MAX_NAMES`` node names, so the text stays short on a large cluster), what to do about the most
-common one, and the ``hami explain`` command that details every node. Writes nothing else: bind
-recomputes and writes. Must not import the Kubernetes client or aiohttp.
+are counted (``hami_scheduler_node_rejections_total``). When nothing fits a snapshot request, the
+outcome carries the ``FilteringFailed`` text: the reasons (most common first, at most ``MAX_GROUPS``
+groups of at most ``MAX_NAMES`` node names, so the text stays short on a large cluster; names the
+snapshot does not know are counted, never echoed, so a caller cannot plant text), what to do about the
+most common one, and the ``hami explain`` command that details every node. The app hands it to the
+event recorder, which checks the pod exists before writing; template-node requests (a simulation)
+write nothing. Writes nothing itself: bind recomputes and writes. Must not import the Kubernetes
+client or aiohttp.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from hami.annotations import AnnotationError, read_node, read_pod_request
@@ -32,6 +36,15 @@ MISSING_POD = "extender args missing pod"
 NOT_SYNCED = "scheduler cache not synced yet"
 MAX_GROUPS = 5
 MAX_NAMES = 5
+FILTERING_FAILED = "FilteringFailed"
+
+
+@dataclass(frozen=True, slots=True)
+class Filtered:
+    """The answer, and the ``FilteringFailed`` text when no node fits a snapshot request."""
+
+    result: ExtenderFilterResult
+    failure: str | None = None
 
 
 def pod_key(pod: Mapping[str, Any]) -> tuple[str, str]:
@@ -72,11 +85,14 @@ def snapshot_states(
     return states, problems
 
 
-def failure_summary(failed: Mapping[str, str], candidates: int) -> str:
+def failure_summary(
+    failed: Mapping[str, str], candidates: int, known: Callable[[str], bool] | None = None
+) -> str:
     """``no available node, 3 nodes do not meet: 2 nodes <reason>(n1,n2); 1 nodes <reason>(n3)``.
 
     Most common reason first; beyond ``MAX_NAMES`` names a group ends ``+N more``, beyond
-    ``MAX_GROUPS`` groups the rest are counted as ``+N more reasons``.
+    ``MAX_GROUPS`` groups the rest are counted as ``+N more reasons``. With ``known``, only the names
+    it accepts are shown; the others are counted as ``+N unknown``.
     """
     by_reason: dict[str, list[str]] = defaultdict(list)
     for node, reason in failed.items():
@@ -84,8 +100,10 @@ def failure_summary(failed: Mapping[str, str], candidates: int) -> str:
     groups = sorted(by_reason.items(), key=lambda item: (-len(item[1]), item[0]))
     parts = []
     for reason, nodes in groups[:MAX_GROUPS]:
-        names = sorted(nodes)
+        names = sorted(n for n in nodes if known is None or known(n))
+        unknown = len(nodes) - len(names)
         shown = names[:MAX_NAMES] + ([f"+{len(names) - MAX_NAMES} more"] if len(names) > MAX_NAMES else [])
+        shown += [f"+{unknown} unknown"] if unknown else []
         parts.append(f"{len(nodes)} nodes {reason}({','.join(shown)})")
     if len(groups) > MAX_GROUPS:
         parts.append(f"+{len(groups) - MAX_GROUPS} more reasons")
@@ -93,35 +111,38 @@ def failure_summary(failed: Mapping[str, str], candidates: int) -> str:
 
 
 def failure_message(
-    pod: Mapping[str, Any], failed: Mapping[str, str], words: Mapping[str, frozenset[str]]
+    pod: Mapping[str, Any],
+    failed: Mapping[str, str],
+    words: Mapping[str, frozenset[str]],
+    known: Callable[[str], bool] | None = None,
 ) -> str:
     """The ``FilteringFailed`` text: the summary, the remedy of the most common reason, the command."""
     namespace, name = pod_key(pod)
     hint = advice(words.values())
     return (
-        failure_summary(failed, len(failed))
+        failure_summary(failed, len(failed), known)
         + (f". {hint}" if hint else "")
         + f". Every node in detail: hami explain {namespace or 'default'}/{name}"
     )
 
 
-def handle_filter(ctx: Context, args: ExtenderArgs) -> ExtenderFilterResult:
+def handle_filter(ctx: Context, args: ExtenderArgs) -> Filtered:
     pod = args["Pod"]
     if pod is None:
-        return filter_result(error=MISSING_POD)
+        return Filtered(filter_result(error=MISSING_POD))
     try:
         request = read_pod_request(pod, ctx.settings.device_config)
     except AnnotationError as exc:
-        return filter_result(error=str(exc))
+        return Filtered(filter_result(error=str(exc)))
     names, nodes = args["NodeNames"], args["Nodes"]
     if not request.has_devices:
-        return filter_result(node_names=names, nodes=nodes)
+        return Filtered(filter_result(node_names=names, nodes=nodes))
     objects: dict[str, dict[str, Any]] = {}
     if names is None and nodes is not None:
         states, problems, objects = template_states(nodes)
     else:
         if not ctx.snapshot.ready:
-            return filter_result(error=NOT_SYNCED)
+            return Filtered(filter_result(error=NOT_SYNCED))
         states, problems = snapshot_states(ctx, names or [], request)
     quotas = ctx.snapshot.quotas_for(request.namespace, exclude=(request.namespace, request.name))
     decisions = allocate(request, states, ctx.settings.policy, quotas=quotas, now=ctx.clock())
@@ -135,11 +156,16 @@ def handle_filter(ctx: Context, args: ExtenderArgs) -> ExtenderFilterResult:
     ctx.metrics.rejected(words.values())
     if not fitting:
         ctx.metrics.unschedulable.inc()
-        everything = {**failed, **unresolvable}
-        ctx.event(pod, "FilteringFailed", failure_message(pod, everything, words), warning=True)
     if objects:
         listing = NodeListWire(
             apiVersion="v1", kind="NodeList", metadata={}, items=[objects[n] for n in fitting]
         )
-        return filter_result(nodes=listing, node_names=fitting, failed=failed, unresolvable=unresolvable)
-    return filter_result(node_names=fitting, failed=failed, unresolvable=unresolvable)
+        return Filtered(
+            filter_result(nodes=listing, node_names=fitting, failed=failed, unresolvable=unresolvable)
+        )
+    result = filter_result(node_names=fitting, failed=failed, unresolvable=unresolvable)
+    if fitting or names is None:
+        return Filtered(result)
+    known = {entry.name for entry in ctx.snapshot.entries()}
+    everything = {**failed, **unresolvable}
+    return Filtered(result, failure_message(pod, everything, words, known.__contains__))

@@ -1,22 +1,23 @@
-"""ENTRY POINT of ``hami scheduler``: flags -> settings -> API client -> context -> aiohttp app.
+"""ENTRY POINT of ``hami scheduler``: flags -> settings -> API client -> context -> the two listeners.
 
 Owns ``add_arguments(parser)`` and ``run(args) -> int`` (registered in ``hami/cli.py``): everything is
-built here once and passed down; nothing is kept in module globals. Serves plain HTTP unless
+built here once and passed down; nothing is kept in module globals. The verbs are served on
+``--listen`` (loopback by default), probes and metrics on ``--metrics-listen``
+(:func:`hami.scheduler.app.serve`, until SIGTERM/SIGINT). The verbs are plain HTTP unless
 ``--tls-cert``/``--tls-key`` are given. Must not import the Kubernetes client (only ``hami.kube``).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import ssl
 import sys
 
-from aiohttp import web
-
 from hami.kube.client import KubeError, load_api_client
 from hami.scheduler import config
-from hami.scheduler.app import build_context, create_app
+from hami.scheduler.app import build_context, serve
 
 logger = logging.getLogger(__name__)
 
@@ -45,18 +46,11 @@ def run(args: argparse.Namespace) -> int:
     if settings.tls_cert and settings.tls_key:
         ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         ssl_context.load_cert_chain(settings.tls_cert, settings.tls_key)
-    app = create_app(build_context(settings, api))
-    logger.info(
-        "hami scheduler %s listening on %s:%d (%s)",
-        settings.scheduler_name,
-        settings.host,
-        settings.port,
-        "https" if ssl_context else "http",
-    )
     try:
-        web.run_app(
-            app, host=settings.host, port=settings.port, ssl_context=ssl_context, access_log=None, print=None
-        )
+        asyncio.run(serve(build_context(settings, api), ssl_context=ssl_context))
+    except OSError as exc:  # an address in use or not available
+        print(f"hami scheduler: cannot listen: {exc}", file=sys.stderr)
+        return 1
     finally:
         api.close()
     return 0

@@ -92,7 +92,8 @@ class EmbeddedSystem:
         self.device_config = workdir / "device-config.yaml"
         self.supervisor = Supervisor(workdir / "logs")
         self.node_files: dict[str, NodeFiles] = {}
-        self.scheduler_port = free_port()
+        self.scheduler_port = free_port()  # the verbs (the kube-scheduler stand-in calls them)
+        self.scheduler_metrics_port = free_port()  # /healthz, /readyz, /metrics
         self.stack = contextlib.AsyncExitStack()
         # set on entry
         self.emulator: kmock.KubernetesEmulator | None = None
@@ -105,7 +106,13 @@ class EmbeddedSystem:
 
     @property
     def scheduler_url(self) -> str:
+        """The extender verbs (``/filter``, ``/prioritize``, ``/bind``)."""
         return f"http://127.0.0.1:{self.scheduler_port}"
+
+    @property
+    def scheduler_metrics_url(self) -> str:
+        """The scheduler's ``/healthz``, ``/readyz`` and ``/metrics``."""
+        return f"http://127.0.0.1:{self.scheduler_metrics_port}"
 
     async def __aenter__(self) -> EmbeddedSystem:
         await self.stack.__aenter__()
@@ -204,15 +211,21 @@ class EmbeddedSystem:
             "-m", "hami.cli", "scheduler",
             "--kubeconfig", str(self.kubeconfigs[SCHEDULER]),
             "--listen", f"127.0.0.1:{self.scheduler_port}",
+            "--metrics-listen", f"127.0.0.1:{self.scheduler_metrics_port}",
             "--scheduler-name", self.options.scheduler_name,
             "--device-config", str(self.device_config),
             "--log-level", self.options.log_level,
         )  # fmt: skip
         await self.supervisor.start(SCHEDULER, argv)
         await self._wait(
-            lambda: self._http_ok(f"{self.scheduler_url}/readyz"), "the scheduler's /readyz", SCHEDULER
+            lambda: self._http_ok(f"{self.scheduler_metrics_url}/readyz"),
+            "the scheduler's /readyz",
+            SCHEDULER,
         )
-        self.progress(f"scheduler   {self.scheduler_url} (extender: /filter /prioritize /bind)")
+        self.progress(
+            f"scheduler   {self.scheduler_url} (extender: /filter /prioritize /bind), "
+            f"{self.scheduler_metrics_url} (/healthz /readyz /metrics)"
+        )
 
     async def restart_scheduler(self, *, kill: bool = True) -> None:
         """Stop the scheduler process (SIGKILL when ``kill``, as a crash) and start it again."""

@@ -58,7 +58,12 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     },
     "custom-scheduler-name": {
         "schedulerName": "gpu-share",
-        "scheduler": {"nodeSchedulerPolicy": "spread", "gpuSchedulerPolicy": "topology-aware", "port": 8181},
+        "scheduler": {
+            "nodeSchedulerPolicy": "spread",
+            "gpuSchedulerPolicy": "topology-aware",
+            "port": 8181,
+            "metricsPort": 9595,
+        },
         "webhook": {"port": 10443, "healthPort": 10081, "metricsPort": 10082, "failurePolicy": "Ignore"},
     },
     "everything-on": {
@@ -80,8 +85,13 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         },
         "webhook": {"namespaceSelector": {"matchExpressions": [{"key": "team", "operator": "Exists"}]}},
         "scheduler": {"kubeScheduler": {"image": {"tag": "v1.30.4"}}},
+        "networkPolicy": {"metricsFrom": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]},
     },
-    "minimal": {"rbac": {"create": False}, "nodeAgent": {"enabled": False}},
+    "minimal": {
+        "rbac": {"create": False},
+        "nodeAgent": {"enabled": False},
+        "networkPolicy": {"enabled": False},
+    },
 }
 
 

@@ -51,6 +51,7 @@ SCHEDULER = {
     Grant("", "resourcequotas", "list"),
     Grant("", "resourcequotas", "watch"),
     Grant("", "events", "create"),
+    Grant("", "events", "patch"),  # a repeated FilteringFailed raises the Event's count
 }
 NODE_AGENT = {  # pods get is gone: Allocate pairs from the node's pod list (monitor.pairing)
     Grant("", "nodes", "get"),

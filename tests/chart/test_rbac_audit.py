@@ -311,18 +311,25 @@ async def recording(workdir: Path) -> AsyncIterator[Recording]:
         assert None in nodes.values(), "no pod was left unschedulable"
         assert "gpu-mig" in nodes.values(), "no MIG pod was placed"
 
-        # a deletion: the scheduler releases the pod's grants when its watch delivers it
-        before = await system.pods_tracked()
+        # a deletion: the scheduler releases the pod's grants when its watch delivers it, and the
+        # pods left unschedulable are filtered again (their FilteringFailed Events get a count of 2,
+        # written by the scheduler's final flush at shutdown: `events` patch)
+        before, filters = await system.pods_tracked(), system.scheduler.calls["filter"]
         await system.api.delete(pods_path("default", "a10-shared"))
 
         async def released() -> bool | None:
             return True if await system.pods_tracked() < before else None
 
+        async def filtered_again() -> bool | None:
+            return True if system.scheduler.calls["filter"] > filters else None
+
         await poll_until(released, what="the scheduler to release the deleted pod", limit=30)
+        await poll_until(filtered_again, what="the unschedulable pods to be filtered again", limit=90)
         await system.upgrade_with_expiring_certificate()
         await system.rotate_due_certificate()
         assert system.emulator is not None
-        requests = list(system.emulator)
+        emulator = system.emulator
+    requests = list(emulator)  # after the components stopped: their shutdown requests included
     calls = tuple(
         Call(
             agent=agent(request.headers.get("User-Agent", "")),

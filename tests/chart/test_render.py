@@ -77,6 +77,9 @@ def test_schema_check_catches_a_bad_object() -> None:
         ({"nodeAgent": {"healthRecovery": -1}}, "/nodeAgent/healthRecovery"),
         ({"scheduler": {"extender": {"httpTimeout": "30 seconds"}}}, "/scheduler/extender/httpTimeout"),
         ({"schedulerName": "Hami_Scheduler"}, "/schedulerName"),
+        ({"scheduler": {"metricsPort": 0}}, "/scheduler/metricsPort"),
+        ({"networkPolicy": {"enabled": "yes"}}, "/networkPolicy/enabled"),
+        ({"networkPolicy": {"metricsFrom": [{"namespaceSelectr": {}}]}}, "/networkPolicy/metricsFrom/0"),
     ],
 )
 def test_values_schema_names_the_bad_key(values: dict[str, Any], complaint: str) -> None:

@@ -21,7 +21,10 @@ from urllib.parse import urlsplit
 import cel
 import pytest
 import yaml
+from aiohttp import web
 
+from hami.scheduler import config as scheduler_config
+from hami.scheduler.app import build_context, create_app, create_probe_app
 from hami.settings import ResourceNames
 from monitor.config import load_node_settings, parse_agent_config
 from webhook.config import HANDLER_ID, WEBHOOK_NAME, parse_settings, service_hostnames
@@ -34,23 +37,15 @@ from .rendering import (
     argv,
     container,
     flags,
+    labels,
     mount_of_volume,
+    pod_spec,
     port,
     render,
 )
 
 SETS = pytest.mark.parametrize("values", VALUE_SETS.values(), ids=VALUE_SETS.keys())
 ROOT = Path(__file__).resolve().parents[2]
-
-#: The extender's routes as agreed between the helpers (used until hami/scheduler/app.py exists).
-AGREED_ROUTES = {
-    ("POST", "/filter"),
-    ("POST", "/prioritize"),
-    ("POST", "/bind"),
-    ("GET", "/healthz"),
-    ("GET", "/readyz"),
-    ("GET", "/metrics"),
-}
 
 #: Field names of kube-scheduler's v1 Extender and ExtenderManagedResource types
 #: (k8s.io/kube-scheduler/config/v1); kube-scheduler decodes its file strictly, so any other key
@@ -81,19 +76,29 @@ LEADER_ELECTION_FIELDS = {
 }
 
 
-def extender_routes() -> set[tuple[str, str]]:
-    """The routes ``hami/scheduler/app.py`` registers (aiohttp ``add_get``/``add_post``/``web.get``...)."""
-    source = ROOT / "hami" / "scheduler" / "app.py"
-    if not source.exists():
-        return AGREED_ROUTES
-    found = {
-        (method.upper(), path)
-        for method, path in re.findall(
-            r"(?:add_|web\.)(get|post)\(\s*[\"'](/[^\"']*)[\"']", source.read_text()
-        )
-    }
-    assert found, f"no aiohttp route registrations recognised in {source}; update extender_routes()"
-    return found
+def served_routes() -> dict[str, set[tuple[str, str]]]:
+    """The routes each listener of ``hami scheduler`` serves, read from the apps the code builds."""
+
+    def routes(app: web.Application) -> set[tuple[str, str]]:
+        return {
+            (route.method, route.resource.canonical)
+            for route in app.router.routes()
+            if route.method != "HEAD" and route.resource is not None
+        }
+
+    ctx = build_context(scheduler_config.SchedulerSettings(), api=None)
+    return {"verbs": routes(create_app(ctx, watch=False)), "metrics": routes(create_probe_app(ctx))}
+
+
+def extender_settings(
+    rendered: Rendered, ours: dict[str, Any], tmp_path: Path
+) -> scheduler_config.SchedulerSettings:
+    """The extender container's flags through the extender's own parser (device config copied here)."""
+    parser = argparse.ArgumentParser(prog="hami scheduler")
+    scheduler_config.add_arguments(parser, {})
+    local = local_argv(ours, {"device-config": write_device_config(rendered, tmp_path)})
+    assert local[0] == "scheduler"
+    return scheduler_config.from_args(parser.parse_args(local[1:]))
 
 
 def expected_names(values: dict[str, Any]) -> ResourceNames:
@@ -143,7 +148,7 @@ def local_argv(ctr: dict[str, Any], replace: dict[str, Path]) -> list[str]:
 
 # ------------------------------------------------------------------------------- scheduler
 @SETS
-def test_kube_scheduler_calls_the_extender_beside_it(values: dict[str, Any]) -> None:
+def test_kube_scheduler_calls_the_extender_beside_it(values: dict[str, Any], tmp_path: Path) -> None:
     rendered = render(values)
     deployment, config = kube_scheduler_config(rendered)
     assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
@@ -157,16 +162,22 @@ def test_kube_scheduler_calls_the_extender_beside_it(values: dict[str, Any]) -> 
     assert extender["enableHTTPS"] is False
 
     ours = container(deployment, "extender")
-    listen = flags(ours)["listen"]
-    assert url.port == int(listen.rpartition(":")[2]) == port(ours, "http")
-    assert listen.startswith("0.0.0.0:")  # kubelet's probes reach it on the pod IP
+    settings = extender_settings(rendered, ours, tmp_path)
+    # the verbs: on loopback only, where kube-scheduler in the same pod calls them; no port declared
+    assert (settings.host, settings.port) == ("127.0.0.1", url.port)
+    assert settings.port not in {p["containerPort"] for p in ours.get("ports", [])}
+    # probes and Prometheus: the metrics listener on the pod IP
+    assert (settings.metrics_host, settings.metrics_port) == ("0.0.0.0", port(ours, "metrics"))
+    assert settings.metrics_port == values.get("scheduler", {}).get("metricsPort", 9395)
 
-    routes = extender_routes()
+    routes = served_routes()
     for verb_key in ("filterVerb", "prioritizeVerb", "bindVerb"):
-        assert ("POST", f"/{extender[verb_key]}") in routes, verb_key
+        verb = ("POST", f"/{extender[verb_key]}")
+        assert verb in routes["verbs"] and verb not in routes["metrics"], verb_key
     assert "preemptVerb" not in extender
     for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
-        assert ours[probe]["httpGet"]["path"] == path and ("GET", path) in routes
+        assert ours[probe]["httpGet"] == {"path": path, "port": "metrics"}
+        assert ("GET", path) in routes["metrics"] and ("GET", path) not in routes["verbs"]
     assert extender["nodeCacheCapable"] is True
     assert extender["weight"] >= 1
     assert re.fullmatch(r"\d+s", extender["httpTimeout"]) and int(extender["httpTimeout"][:-1]) >= 10
@@ -216,9 +227,23 @@ def test_extender_flags_carry_the_chart_settings(values: dict[str, Any]) -> None
     )
 
 
+@SETS
+def test_only_the_metrics_port_is_exposed(values: dict[str, Any], tmp_path: Path) -> None:
+    """The Service and the ServiceMonitor lead to the metrics listener, and nothing leads to the verbs."""
+    rendered = render(values)
+    ours = container(rendered.component("Deployment", "scheduler"), "extender")
+    settings = extender_settings(rendered, ours, tmp_path)
+    service = rendered.component("Service", "scheduler")
+    (service_port,) = service["spec"]["ports"]
+    assert service_port["name"] == "metrics" and service_port["targetPort"] == "metrics"
+    assert port(ours, service_port["targetPort"]) == settings.metrics_port
+    assert ("GET", "/metrics") in served_routes()["metrics"]
+    if values.get("metrics", {}).get("serviceMonitor", {}).get("enabled"):
+        (endpoint,) = rendered.component("ServiceMonitor", "scheduler")["spec"]["endpoints"]
+        assert (endpoint["port"], endpoint["path"]) == ("metrics", "/metrics")
+
+
 def test_extender_flags_are_accepted_by_its_parser() -> None:
-    if importlib.util.find_spec("hami.scheduler.main") is None:
-        pytest.skip("hami.scheduler.main (the `hami scheduler` subcommand) is not written yet")
     module = importlib.import_module("hami.scheduler.main")
     parser = argparse.ArgumentParser(prog="hami scheduler")
     module.add_arguments(parser)
@@ -507,3 +532,67 @@ def test_node_agent_health_recovery_reaches_the_agent(given: float | None, expec
     values = {} if given is None else {"nodeAgent": {"healthRecovery": given}}
     ours = container(render(values).component("DaemonSet", "node-agent"), "node-agent")
     assert parse_agent_config(argv(ours)[1:], {"NODE_NAME": "n1"}).health_recovery == expected
+
+
+# ------------------------------------------------------------------------------- network policies
+#: networkPolicy.metricsFrom's default: every pod in the cluster
+DEFAULT_METRICS_FROM = [{"namespaceSelector": {}}]
+
+
+def admitted(policy: dict[str, Any]) -> dict[int, list[dict[str, Any]] | None]:
+    """Each port the policy admits -> its ``from`` peers (None: any source)."""
+    result: dict[int, list[dict[str, Any]] | None] = {}
+    for rule in policy["spec"]["ingress"]:
+        for entry in rule["ports"]:
+            assert entry["protocol"] == "TCP"
+            assert int(entry["port"]) not in result, "one rule per port"
+            result[int(entry["port"])] = rule.get("from")
+    return result
+
+
+@SETS
+def test_network_policies_admit_only_what_each_component_needs(
+    values: dict[str, Any], tmp_path: Path
+) -> None:
+    """Per component: exactly the ports its own flag parser says it serves to others, from whom."""
+    rendered = render(values)
+    policies = rendered.of_kind("NetworkPolicy")
+    chosen = values.get("networkPolicy", {})
+    if not chosen.get("enabled", True):
+        assert policies == []
+        return
+    metrics_from = chosen.get("metricsFrom", DEFAULT_METRICS_FROM) or None
+
+    scheduler = extender_settings(
+        rendered, container(rendered.component("Deployment", "scheduler"), "extender"), tmp_path
+    )
+    hook = container(rendered.component("Deployment", "webhook"), "webhook")
+    webhook = parse_settings(
+        local_argv(hook, {"device-config": write_device_config(rendered, tmp_path)}), env={}
+    )
+    expected: dict[str, dict[int, list[dict[str, Any]] | None]] = {
+        # the verbs (scheduler.port) listen on loopback: no rule
+        "scheduler": {scheduler.metrics_port: metrics_from},
+        # the API server calls admission from the control plane's host network or outside the cluster:
+        # no selector can name it; health is probed by the kubelet, which every policy admits
+        "webhook": {webhook.listen.port: None, webhook.metrics_listen.port: metrics_from},
+    }
+    if values.get("nodeAgent", {}).get("enabled", True):
+        agent = container(rendered.component("DaemonSet", "node-agent"), "node-agent")
+        metrics_listen = parse_agent_config(argv(agent)[1:], {"NODE_NAME": "n1"}).metrics_listen
+        expected["node-agent"] = {int(metrics_listen.rpartition(":")[2]): metrics_from}
+
+    assert sorted(labels(p)["app.kubernetes.io/component"] for p in policies) == sorted(expected)
+    for component, ports in expected.items():
+        policy = rendered.component("NetworkPolicy", component)
+        selector = policy["spec"]["podSelector"]["matchLabels"]
+        (workload,) = [
+            w
+            for kind in ("Deployment", "DaemonSet")
+            for w in rendered.of_kind(kind)
+            if selector.items() <= w["spec"]["template"]["metadata"]["labels"].items()
+        ]
+        assert labels(workload)["app.kubernetes.io/component"] == component
+        assert not pod_spec(workload).get("hostNetwork")  # a NetworkPolicy does not apply to hostNetwork pods
+        assert policy["spec"]["policyTypes"] == ["Ingress"]  # egress stays open: the API server
+        assert admitted(policy) == ports

@@ -61,7 +61,7 @@ async def test_every_example_is_placed_or_explained(workdir: Path) -> None:
         table = render(
             [describe(n, pods[n], refused.get(n), system.scheduler, card_index(CLUSTER)) for n in names]
         )
-        async with system.session.get(f"{system.scheduler_url}/metrics") as response:
+        async with system.session.get(f"{system.scheduler_metrics_url}/metrics") as response:
             metrics = (response.status, await response.text())
         checkpoints = {
             name: json.loads((files.kubelet_dir / CHECKPOINT).read_text())["Data"]["PodDeviceEntries"]

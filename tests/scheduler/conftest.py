@@ -1,7 +1,8 @@
 """The running extender for the scheduler tests.
 
-``start_extender`` runs the real aiohttp app under ``aiohttp.test_utils.TestServer`` on 127.0.0.1, fed by
-list+watch from this test's embedded API server (kmock); the clock is fixed at ``NOW``.
+``start_extender`` runs the real aiohttp apps under ``aiohttp.test_utils.TestServer`` on 127.0.0.1 (the
+verbs app, fed by list+watch from this test's embedded API server (kmock), and the probes/metrics app);
+the clock is fixed at ``NOW``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from hami.kube.client import load_api_client
-from hami.scheduler.app import build_context, create_app
+from hami.kube.events import EventRecorder
+from hami.scheduler.app import build_context, create_app, create_probe_app
 from hami.scheduler.config import SchedulerSettings
 from hami.sim.apiserver import write_kubeconfig
 
@@ -30,7 +32,8 @@ async def start_extender(
 ) -> AsyncIterator[StartExtender]:
     """Seed objects first (``nodes``/``pods``/``quotas``), then call to start the extender and wait for
     its snapshot. ``clock`` replaces the fixed ``NOW``, ``ticker`` the monotonic clock of bind deadlines,
-    ``api_url`` the API server the extender talks to (a fault proxy in front of this test's)."""
+    ``api_url`` the API server the extender talks to (a fault proxy in front of this test's), ``events``
+    EventRecorder options (interval, max_objects, clock, ...)."""
     running: list[tuple[TestClient[Any, Any], Any]] = []
 
     async def start(
@@ -41,6 +44,7 @@ async def start_extender(
         clock: Callable[[], datetime.datetime] | None = None,
         ticker: Callable[[], float] | None = None,
         api_url: str | None = None,
+        events: dict[str, Any] | None = None,
         **overrides: Any,
     ) -> Extender:
         for node in nodes:
@@ -58,13 +62,21 @@ async def start_extender(
         ctx = build_context(settings, api, clock=clock or (lambda: NOW))
         if ticker is not None:  # the monotonic clock of bind deadlines
             ctx = replace(ctx, ticker=ticker)
-        client: TestClient[Any, Any] = TestClient(TestServer(create_app(ctx), host="127.0.0.1"))
+        options: dict[str, Any] = {"clock": ctx.clock, **(events or {})}
+        recorder = EventRecorder(api, component=settings.scheduler_name, **options)
+        client: TestClient[Any, Any] = TestClient(
+            TestServer(create_app(ctx, recorder=recorder), host="127.0.0.1")
+        )
+        probes: TestClient[Any, Any] = TestClient(TestServer(create_probe_app(ctx), host="127.0.0.1"))
         await client.start_server()
+        await probes.start_server()
         running.append((client, api))
+        running.append((probes, None))
         await until(lambda: ctx.snapshot.ready, "the first list of nodes, pods and quotas")
-        return Extender(ctx=ctx, client=client, apiserver=apiserver)
+        return Extender(ctx=ctx, client=client, apiserver=apiserver, probes=probes, recorder=recorder)
 
     yield start
-    for client, api in running:
+    for client, api in reversed(running):
         await client.close()
-        api.close()
+        if api is not None:
+            api.close()

@@ -19,6 +19,7 @@ from hami.annotations import (
     encode_node_devices,
 )
 from hami.core.model import Device
+from hami.kube.events import EventRecorder
 from hami.scheduler.context import Context
 from hami.scheduler.snapshot import local_time
 
@@ -106,8 +107,10 @@ async def until(predicate: Callable[[], bool], what: str, seconds: float = 5.0) 
 @dataclass
 class Extender:
     ctx: Context
-    client: TestClient[Any, Any]
+    client: TestClient[Any, Any]  # the verbs listener
     apiserver: kmock.KubernetesEmulator
+    probes: TestClient[Any, Any]  # /healthz, /readyz, /metrics
+    recorder: EventRecorder  # the aggregated FilteringFailed Events
 
     async def post(self, path: str, body: Any) -> Any:
         response = await self.client.post(path, json=body)
@@ -134,8 +137,9 @@ class Extender:
         return await self.stored(f"/api/v1/nodes/{name}")
 
     async def settle(self) -> None:
-        """Wait for the background Events/handshakes to be written."""
+        """Wait for the background Events/handshakes to be written (aggregated Events: flushed now)."""
         await self.ctx.background.drain()
+        await self.recorder.flush()
 
 
 StartExtender = Callable[..., Awaitable[Extender]]

@@ -20,7 +20,10 @@ def _parse(argv: list[str], environ: dict[str, str] | None = None) -> argparse.N
 
 def test_defaults_match_the_interface() -> None:
     settings = from_args(_parse([]))
-    assert (settings.host, settings.port) == ("0.0.0.0", 8080)
+    # the verbs on loopback only (kube-scheduler is in the same pod); probes and scraping on the pod IP
+    assert (settings.host, settings.port) == ("127.0.0.1", 8080)
+    assert (settings.metrics_host, settings.metrics_port) == ("0.0.0.0", 9395)
+    assert settings.max_body_bytes == 1024 * 1024  # HAMi's limit
     assert settings.scheduler_name == "hami-scheduler"
     assert (settings.node_policy, settings.gpu_policy) == ("binpack", "spread")
     assert settings.node_lock_timeout == datetime.timedelta(minutes=5)
@@ -42,6 +45,8 @@ def test_env_fills_in_and_flags_win() -> None:
     assert (settings.host, settings.port, settings.node_policy) == ("127.0.0.1", 9000, "spread")
     assert settings.node_lock_timeout == datetime.timedelta(seconds=60)
     assert from_args(_parse(["--listen", "[::1]:81"], env)).port == 81
+    moved = from_args(_parse(["--max-body-bytes", "4096"], {"HAMI_METRICS_LISTEN": "127.0.0.1:9100"}))
+    assert (moved.metrics_host, moved.metrics_port, moved.max_body_bytes) == ("127.0.0.1", 9100, 4096)
 
 
 def test_device_config_and_resource_overrides(tmp_path: Path) -> None:
@@ -57,6 +62,13 @@ def test_device_config_and_resource_overrides(tmp_path: Path) -> None:
     ("argv", "message"),
     [
         (["--listen", "nowhere"], "--listen must be HOST:PORT, got 'nowhere'"),
+        (["--metrics-listen", "9395"], "--metrics-listen must be HOST:PORT, got '9395'"),
+        (
+            ["--listen", "127.0.0.1:9000", "--metrics-listen", "0.0.0.0:9000"],
+            "--listen and --metrics-listen must use different ports, both are 9000",
+        ),
+        (["--max-body-bytes", "1MiB"], "--max-body-bytes must be a whole number of bytes, got '1MiB'"),
+        (["--max-body-bytes", "10"], "--max-body-bytes must be between 1024 and 1073741824 bytes"),
         (["--node-scheduler-policy", "random"], "--node-scheduler-policy must be one of binpack, spread"),
         (["--node-lock-timeout", "soon"], "--node-lock-timeout must be a number of seconds, got 'soon'"),
         (["--node-lock-wait", "60"], "--node-lock-wait must be between 0 and 28 seconds, got '60'"),

@@ -63,8 +63,9 @@ async def test_used_cards_are_a_resolvable_failure(start_extender: StartExtender
         POD_VGPU_NODE: "n1",
         POD_DEVICES_ALLOCATED: "GPU-n1-0,NVIDIA,9500,30:;",
     }
-    ext = await start_extender(nodes=[make_node("n1", cards=1)], pods=[busy])
-    result = await ext.filter(make_pod("p", memory=1000), ["n1"])
+    pending = make_pod("p", memory=1000)  # Events are written only about pods the API server has
+    ext = await start_extender(nodes=[make_node("n1", cards=1)], pods=[busy, pending])
+    result = await ext.filter(pending, ["n1"])
     assert result["NodeNames"] == []
     assert result["FailedNodes"] == {"n1": "1/1 CardInsufficientMemory"}
     await ext.settle()
@@ -147,10 +148,10 @@ async def test_bad_requests_get_http_status_rules(start_extender: StartExtender)
 
 async def test_health_readiness_and_metrics(start_extender: StartExtender) -> None:
     ext = await start_extender(nodes=[make_node("n1", cards=1)])
-    assert (await ext.client.get("/healthz")).status == 200
-    assert (await ext.client.get("/readyz")).status == 200
+    assert (await ext.probes.get("/healthz")).status == 200
+    assert (await ext.probes.get("/readyz")).status == 200
     await ext.filter(make_pod("p"), ["n1"])
-    text = await (await ext.client.get("/metrics")).text()
+    text = await (await ext.probes.get("/metrics")).text()
     assert 'hami_scheduler_requests_total{outcome="ok",verb="filter"} 1.0' in text
     limit = 'hami_gpu_memory_limit_bytes{device_index="0",device_type="NVIDIA-Tesla V100-PCIE-32GB",'
     assert limit + 'device_uuid="GPU-n1-0",node="n1"} 1.048576e+10' in text

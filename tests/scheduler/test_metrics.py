@@ -30,7 +30,7 @@ NODES = kmock.resource("v1/nodes")
 
 async def scrape(ext: Extender) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
     """Every sample of ``GET /metrics``: (name, labels) -> value."""
-    response = await ext.client.get("/metrics")
+    response = await ext.probes.get("/metrics")
     assert response.status == 200
     samples = {}
     for family in text_string_to_metric_families(await response.text()):
@@ -72,6 +72,7 @@ async def test_rejections_are_counted_once_per_reason_per_node(start_extender: S
         pods=[
             busy("a", "mixed", "GPU-mixed-0,NVIDIA,9500,10:;"),
             busy("b", "mixed", "GPU-mixed-1,NVIDIA,100,90:;"),
+            make_pod("q", gpus=2, memory=1000),  # pending; its FilteringFailed Event needs it stored
         ],
     )
     before = await scrape(ext)
@@ -114,6 +115,7 @@ async def test_rejections_are_counted_once_per_reason_per_node(start_extender: S
     assert event["involvedObject"]["name"] == "q"
     assert event["message"].startswith("no available node, 3 nodes do not meet: ")
     assert "1 nodes NodeInsufficientDevice(one-card)" in event["message"]
+    assert "1 nodes node unregistered(+1 unknown)" in event["message"]  # "ghost" is not echoed
     assert event["message"].endswith(". Every node in detail: hami explain default/q")
 
 

@@ -92,8 +92,9 @@ async def test_existing_usage_counts_and_deleting_the_pod_frees_the_quota(
 
 
 async def test_the_filtering_failed_event_names_the_quota(start_extender: StartExtender) -> None:
-    ext = await start_extender(nodes=[make_node("n1")], quotas=[make_quota("gpu", {CORES: "0"})])
-    result = await _filter(ext, make_pod("p", cores=10, namespace="team"))
+    pod = make_pod("p", cores=10, namespace="team")  # stored: Events are only about pods that exist
+    ext = await start_extender(nodes=[make_node("n1")], pods=[pod], quotas=[make_quota("gpu", {CORES: "0"})])
+    result = await _filter(ext, pod)
     # a quota of 0 blocks everything, and no other pod leaving can change that: unresolvable
     assert result["FailedAndUnresolvableNodes"] == {"n1": "2/2 ResourceQuotaNotFit"}
     await ext.settle()
