@@ -17,6 +17,8 @@ INT64_MAX = 2**63 - 1
 
 # Go strconv.ParseInt(s, 10, n): optional sign, ASCII digits only (no spaces, no underscores).
 _GO_INT = re.compile(r"[+-]?[0-9]+")
+#: More significant digits than any 64-bit integer has.
+_MAX_INT_DIGITS = 20
 # Go strconv.ParseBool.
 _GO_BOOLS = {
     "1": True, "t": True, "T": True, "TRUE": True, "true": True, "True": True,
@@ -25,10 +27,20 @@ _GO_BOOLS = {
 
 
 def go_int(text: str, *, bits: int = 64) -> int | None:
-    """``strconv.ParseInt(text, 10, bits)``: the integer, or None when Go would return an error."""
+    """``strconv.ParseInt(text, 10, bits)``: the integer, or None when Go would return an error.
+
+    Significant digits are counted before converting: Go accepts any number of leading zeros, and a
+    number with more digits than the widest integer (``2**63`` has 19) is out of range whatever it says,
+    so a hostile digit string never reaches ``int()`` (which refuses more than 4,300 digits).
+    """
     if _GO_INT.fullmatch(text) is None:
         return None
-    value = int(text)
+    significant = text.lstrip("+-").lstrip("0")
+    if len(significant) > _MAX_INT_DIGITS:
+        return None
+    value = int(significant or "0")
+    if text.startswith("-"):
+        value = -value
     bound = 2 ** (bits - 1)
     return value if -bound <= value < bound else None
 

@@ -20,6 +20,7 @@ from enum import StrEnum
 
 from hami.annotations.errors import AnnotationError
 from hami.annotations.keys import NODE_LOCK
+from hami.annotations.limits import check_length
 
 _RFC3339 = re.compile(
     r"(?P<date>[0-9]{4}-[0-9]{2}-[0-9]{2})T(?P<clock>[0-9]{2}:[0-9]{2}:[0-9]{2})(?:\.(?P<frac>[0-9]+))?"
@@ -93,6 +94,7 @@ def encode_node_lock(value: NodeLockValue) -> str:
 
 
 def decode_node_lock(text: str) -> NodeLockValue:
+    check_length(NODE_LOCK, text)
     parts = text.split(",")
     if len(parts) not in (1, 3):
         raise AnnotationError(

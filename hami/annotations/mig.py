@@ -14,6 +14,7 @@ from typing import NotRequired, TypedDict
 from hami.annotations._text import FieldProblem, get_int, get_list, get_object, get_str
 from hami.annotations.errors import AnnotationError
 from hami.annotations.keys import POD_MIG_ALLOCATIONS
+from hami.annotations.limits import load_json
 from hami.core.model import MigAllocation, MigPlacement
 
 
@@ -64,10 +65,7 @@ def encode_mig_allocations(allocations: Iterable[MigAllocation]) -> str:
 
 def decode_mig_allocations(text: str) -> tuple[MigAllocation, ...]:
     """Strictly decode the annotation; unknown keys are ignored, key case is ignored (like Go)."""
-    try:
-        document = json.loads(text)
-    except ValueError as exc:
-        raise AnnotationError(POD_MIG_ALLOCATIONS, text, f"invalid JSON: {exc}") from exc
+    document = load_json(POD_MIG_ALLOCATIONS, text)
     allocations: list[MigAllocation] = []
     seen: set[tuple[int, int]] = set()
     try:

@@ -17,6 +17,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any, NotRequired, TypedDict
 
 from hami.annotations._text import (
+    INT64_MAX,
+    INT64_MIN,
     FieldProblem,
     get_bool,
     get_int,
@@ -30,6 +32,7 @@ from hami.annotations._text import (
 )
 from hami.annotations.errors import AnnotationError
 from hami.annotations.keys import NODE_DEVICE_CORDON, NODE_PAIR_SCORES, NODE_REGISTER
+from hami.annotations.limits import check_length, load_json
 from hami.core.model import Device, DeviceMode, DeviceState, MigPlacement, MigProfile, NodeState
 
 #: HAMi's errors when reading the registration.
@@ -109,7 +112,11 @@ def _profile_wire(profile: MigProfile) -> MigProfileWire:
 
 
 def decode_node_devices(text: str) -> tuple[Device, ...]:
-    """Read ``hami.io/node-nvidia-register``: JSON (current), or the legacy colon form."""
+    """Read ``hami.io/node-nvidia-register``: JSON (current), or the legacy colon form.
+
+    Both forms refuse a card id listed twice: one card registered twice would be booked twice.
+    """
+    check_length(NODE_REGISTER, text)
     head = text.lstrip()[:1]
     if head in ("[", "{") or text.strip() == "null":
         return _decode_json(text)
@@ -117,10 +124,7 @@ def decode_node_devices(text: str) -> tuple[Device, ...]:
 
 
 def _decode_json(text: str) -> tuple[Device, ...]:
-    try:
-        document = json.loads(text)
-    except ValueError as exc:
-        raise AnnotationError(NODE_REGISTER, text, f"invalid JSON: {exc}") from exc
+    document = load_json(NODE_REGISTER, text)
     try:
         entries = get_list(document, "the registration")
         devices = tuple(_decode_card(position, raw) for position, raw in enumerate(entries))
@@ -128,6 +132,17 @@ def _decode_json(text: str) -> tuple[Device, ...]:
         raise AnnotationError(NODE_REGISTER, text, str(exc)) from exc
     if not devices:
         raise AnnotationError(NODE_REGISTER, text, NO_GPU)
+    return _unique(text, devices)
+
+
+def _unique(text: str, devices: tuple[Device, ...]) -> tuple[Device, ...]:
+    """``devices``, or an AnnotationError naming the first card id listed twice."""
+    first: dict[str, int] = {}
+    for position, device in enumerate(devices):
+        earlier = first.setdefault(device.uuid, position)
+        if earlier != position:
+            reason = f"duplicate card id {device.uuid!r} (cards {earlier} and {position})"
+            raise AnnotationError(NODE_REGISTER, text, reason)
     return devices
 
 
@@ -186,7 +201,9 @@ def encode_node_devices_legacy(devices: Iterable[Device]) -> str:
 
 
 def decode_node_devices_legacy(text: str) -> tuple[Device, ...]:
-    """Read the colon form with HAMi's rules and error texts (spec-scheduler §5.1)."""
+    """Read the colon form with HAMi's rules and error texts (spec-scheduler §5.1); a card id listed
+    twice is refused (HAMi accepts it)."""
+    check_length(NODE_REGISTER, text)
     if ":" not in text:
         raise AnnotationError(NODE_REGISTER, text, "node annotation missing device separator")
     devices: list[Device] = []
@@ -225,7 +242,7 @@ def decode_node_devices_legacy(text: str) -> tuple[Device, ...]:
                 mode=fields[8] if len(fields) == 9 else DeviceMode.HAMI_CORE.value,
             )
         )
-    return tuple(devices)
+    return _unique(text, tuple(devices))
 
 
 def _legacy_int(text: str, name: str, raw: str, bits: int) -> int:
@@ -247,11 +264,8 @@ def encode_pair_scores(scores: Mapping[str, Mapping[str, int]]) -> str:
 
 
 def decode_pair_scores(text: str) -> dict[str, dict[str, int]]:
-    """Read ``hami.io/node-nvidia-score``: card uuid -> (other card uuid -> score)."""
-    try:
-        document = json.loads(text)
-    except ValueError as exc:
-        raise AnnotationError(NODE_PAIR_SCORES, text, f"invalid JSON: {exc}") from exc
+    """Read ``hami.io/node-nvidia-score``: card uuid -> (other card uuid -> score, a Go ``int``)."""
+    document = load_json(NODE_PAIR_SCORES, text)
     scores: dict[str, dict[str, int]] = {}
     try:
         for position, raw in enumerate(get_list(document, "the pair scores")):
@@ -275,6 +289,8 @@ def _score(position: int, other: str, value: Any) -> int:
         raise FieldProblem(
             f"entry {position}: score for {other!r} must be an integer, got {json_kind(value)}"
         )
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise FieldProblem(f"entry {position}: score for {other!r} does not fit in 64 bits")
     return int(value)
 
 

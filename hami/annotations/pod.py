@@ -35,6 +35,7 @@ from hami.annotations.keys import (
     POD_VGPU_NODE,
     POD_VGPU_TIME,
 )
+from hami.annotations.limits import check_length
 from hami.annotations.mig import decode_mig_allocations, encode_mig_allocations
 from hami.core.model import Grant, MigAllocation, PodDevices
 
@@ -76,6 +77,7 @@ def encode_pod_devices(devices: PodDevices) -> str:
 
 def decode_pod_devices(text: str, *, key: str = POD_DEVICES_ALLOCATED) -> PodDevices:
     """Read a device list; ``key`` (allocated or to-allocate) is named in errors."""
+    check_length(key, text)
     containers = text.split(";")
     if text.endswith(";"):
         containers.pop()  # the encoder's terminator after the last container
@@ -129,6 +131,7 @@ def encode_unix_time(moment: datetime.datetime) -> str:
 
 def decode_unix_time(text: str, *, key: str = POD_BIND_TIME) -> datetime.datetime:
     """Unix seconds -> aware UTC datetime."""
+    check_length(key, text)
     seconds = go_int(text)
     if seconds is None:
         raise AnnotationError(key, text, "expected Unix seconds (a decimal integer)")
@@ -139,6 +142,7 @@ def decode_unix_time(text: str, *, key: str = POD_BIND_TIME) -> datetime.datetim
 
 
 def decode_bind_phase(text: str) -> BindPhase:
+    check_length(POD_BIND_PHASE, text)
     try:
         return BindPhase(text)
     except ValueError:

@@ -24,6 +24,7 @@ from hami.annotations.keys import (
     POD_USE_GPUUUID,
     POD_VGPU_MODE,
 )
+from hami.annotations.limits import check_length
 from hami.annotations.pod import pod_annotations
 from hami.core.model import PodRequest, ScoringWeights
 from hami.core.requests import ParsedContainer, parse_container
@@ -47,6 +48,7 @@ def decode_scoring_weights(text: str | None) -> ScoringWeights:
     """``slot=a,core=b,memory=c`` (any order, trimmed) with HAMi's error texts; absent/blank -> 1,1,1."""
     if text is None or not text.strip():
         return ScoringWeights()
+    check_length(POD_SCORING_WEIGHTS, text)
     entries = text.split(",")
     if len(entries) != len(_WEIGHT_KEYS):
         raise AnnotationError(POD_SCORING_WEIGHTS, text, "expected slot, core, and memory weights")

@@ -15,6 +15,14 @@ Grammar (``k8s.io/apimachinery/pkg/api/resource``)::
 digits as written, so ``"1.0"``, ``"1000m"`` and ``"16.0Gi"`` are *not* plain integers although their
 values are whole, while ``"1.5k"`` (= 1500) is. The API server canonicalises quantities (``"1.0"`` is
 stored as ``"1"``), so this only matters for text that did not go through it (tests, dry runs).
+
+Bounds, checked before any arithmetic (``"1e10000000"`` is valid syntax whose exact value has ten
+million digits; a digit string beyond 4,300 digits makes ``int()`` raise a plain ValueError): the text
+is at most :data:`MAX_QUANTITY_LENGTH` characters, the exponent fits in 32 bits (Go's ``Scale``), and
+a value other than 0 lies between :data:`MIN_MAGNITUDE` (1n) and :data:`INT64_MAX` in absolute value,
+judged from the digit count and exponent first. Kubernetes caps larger values at ``2**63 - 1`` and
+rounds smaller ones up to 1n; we refuse both with :class:`QuantityError` (none is a device count, a MiB
+amount or a quota limit anyone means).
 """
 
 from __future__ import annotations
@@ -52,6 +60,14 @@ INT32_MAX: Final = 2**31 - 1
 # Go's fast path keeps at most 18 decimal digits in an int64 (``maxInt64Factors``).
 _MAX_INT64_DIGITS: Final = 18
 
+#: Longest quantity text read; canonical quantities are at most about 20 characters.
+MAX_QUANTITY_LENGTH: Final = 64
+#: Smallest magnitude of a value other than 0: 1n, Kubernetes' smallest unit.
+MIN_MAGNITUDE: Final = Fraction(1, 10**9)
+# 10 ** _MIN_ORDER is 1n, 10 ** _MAX_ORDER exceeds INT64_MAX (19 digits).
+_MIN_ORDER: Final = -9
+_MAX_ORDER: Final = 19
+
 _QUANTITY = re.compile(
     r"(?P<sign>[+-]?)(?:(?P<num>[0-9]+)(?:\.(?P<frac>[0-9]*))?|\.(?P<frac_only>[0-9]+))"
     r"(?P<suffix>[a-zA-Z]*(?:[+-]?[0-9]+)?)"
@@ -81,15 +97,31 @@ class Quantity:
 
 
 def parse_quantity(text: str) -> Quantity:
-    """Parse a Kubernetes quantity strictly: no spaces, known suffixes only."""
+    """Parse a Kubernetes quantity strictly: no spaces, known suffixes only, within the bounds above."""
+    if len(text) > MAX_QUANTITY_LENGTH:
+        raise QuantityError(text, f"longer than {MAX_QUANTITY_LENGTH} characters")
     match = _QUANTITY.fullmatch(text)
     if match is None:
         raise QuantityError(text, "expected a number with an optional suffix such as m, k, Mi or Gi")
     num = match["num"] if match["num"] is not None else ""
     frac = match["frac"] if match["frac"] is not None else (match["frac_only"] or "")
     base, exponent = _suffix(text, match["suffix"])
-    digits = int(num + frac) if num + frac else 0
-    magnitude = Fraction(digits, 10 ** len(frac)) * Fraction(base) ** exponent
+    significant = (num + frac).lstrip("0")
+    if not significant:
+        magnitude = Fraction(0)
+    else:
+        if base == 10:  # the value lies in [10 ** (order - 1), 10 ** order): judge it before computing
+            order = len(significant) + exponent - len(frac)
+            if order > _MAX_ORDER:
+                raise QuantityError(text, f"out of range: larger than {INT64_MAX}")
+            if order <= _MIN_ORDER:
+                raise QuantityError(text, "out of range: smaller than 1n")
+        # at most 64 digits times 2 ** 60 or 10 ** 83: cheap
+        magnitude = Fraction(int(significant), 10 ** len(frac)) * Fraction(base) ** exponent
+        if magnitude > INT64_MAX:
+            raise QuantityError(text, f"out of range: larger than {INT64_MAX}")
+        if magnitude < MIN_MAGNITUDE:
+            raise QuantityError(text, "out of range: smaller than 1n")
     negative = match["sign"] == "-"
     value = -magnitude if negative else magnitude
     return Quantity(text=text, value=value, plain_int=_go_as_int64(num, frac, base, exponent, value))
@@ -109,7 +141,10 @@ def _suffix(text: str, suffix: str) -> tuple[int, int]:
     exp = _EXPONENT.fullmatch(suffix)
     if exp is None:
         raise QuantityError(text, f"unknown suffix {suffix!r}")
-    return 10, int(exp["exp"])
+    exponent = int(exp["exp"])  # at most MAX_QUANTITY_LENGTH digits
+    if not INT32_MIN <= exponent <= INT32_MAX:
+        raise QuantityError(text, f"exponent {exponent} does not fit in 32 bits")
+    return 10, exponent
 
 
 def _go_as_int64(num: str, frac: str, base: int, exponent: int, value: Fraction) -> int | None:

@@ -138,7 +138,7 @@ _device = st.builds(
 )
 
 
-@given(st.lists(_device, min_size=1, max_size=5))
+@given(st.lists(_device, min_size=1, max_size=5, unique_by=lambda d: d.uuid))
 def test_json_round_trip(devices: list[Device]) -> None:
     assert decode_node_devices(encode_node_devices(devices)) == tuple(devices)
 
@@ -249,6 +249,7 @@ _field = st.text(st.characters(blacklist_characters=",:", codec="utf-8"), max_si
         ),
         min_size=1,
         max_size=4,
+        unique_by=lambda d: d.uuid,
     )
 )
 def test_legacy_round_trip(devices: list[Device]) -> None:

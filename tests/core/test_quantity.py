@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import time
 from fractions import Fraction
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hami.core.quantity import SUFFIXES, QuantityError, parse_quantity, plain_int
@@ -63,8 +64,8 @@ def test_exact_values(text: str, value: Fraction) -> None:
         ("1.5", None),
         ("500m", None),
         ("1e-1", None),
-        ("9223372036854775808", None),  # 19 digits: beyond int64
-        ("10E", None),  # 10^19 overflows int64
+        ("-9223372036854775807", None),  # -INT64_MAX: in range, beyond Go's fast path
+        ("9E", 9 * 10**18),  # one digit, scale 18: Go's fast path, and it fits int64
         ("1Ei", None),  # 2^60 fits int64 but Go's binary fast path gives up (precision < 0)
         ("100000Gi", None),  # likewise: 6 digits + Gi exceed the fast path's precision
     ],
@@ -119,3 +120,70 @@ def test_every_plain_decimal_integer_round_trips(number: int) -> None:
 def test_binary_suffixes_are_plain_integers(number: int, suffix: str) -> None:
     base, exponent = SUFFIXES[suffix]
     assert plain_int(f"{number}{suffix}") == number * base**exponent
+
+
+# ------------------------------------------------------------------------------- hostile quantities
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("1e10000000", "larger than"),  # valid syntax: computed exactly it took 32 s
+        ("-1e10000000", "larger than"),
+        ("1e-10000000", "smaller than 1n"),
+        ("9223372036854775808", "larger than"),  # INT64_MAX + 1: Kubernetes caps, we refuse
+        ("10E", "larger than"),
+        ("8Ei", "larger than"),  # 2^63
+        ("0.5n", "smaller than 1n"),  # Kubernetes rounds up to 1n, we refuse
+        ("1e2147483648", "does not fit in 32 bits"),
+        ("1" * 65, "longer than 64 characters"),
+        ("0" * 5000 + "1", "longer than 64 characters"),
+        ("9" * 5000, "longer than 64 characters"),
+        ("1e" + "9" * 5000, "longer than 64 characters"),
+    ],
+)
+def test_out_of_range_quantities_are_refused_before_any_arithmetic(text: str, why: str) -> None:
+    started = time.perf_counter()
+    with pytest.raises(QuantityError, match=why):
+        parse_quantity(text)
+    assert time.perf_counter() - started < 0.5
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("9223372036854775807", Fraction(2**63 - 1)),  # the largest value kept
+        ("-9223372036854775807", Fraction(-(2**63) + 1)),
+        ("1n", Fraction(1, 10**9)),  # the smallest value other than 0 kept
+        ("0.000000001", Fraction(1, 10**9)),
+        ("7Ei", Fraction(7 * 2**60)),
+        ("0e2147483647", Fraction(0)),  # zero whatever the exponent, without computing 10 ** exponent
+        ("0.00000000000000000000000000000000000000000000000000001e44", Fraction(1, 10**9)),
+    ],
+)
+def test_values_at_the_bounds(text: str, value: Fraction) -> None:
+    assert parse_quantity(text).value == value
+
+
+def test_unicode_digits_are_not_digits() -> None:
+    for text in ("١٢", "１２", "१Gi", "1e٣"):
+        with pytest.raises(QuantityError):
+            parse_quantity(text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.one_of(
+        st.text(),
+        st.text(alphabet="0123456789.eE+-kMGTPimnu", max_size=80),
+        st.tuples(st.integers(-(10**12), 10**12), st.integers(-(10**12), 10**12)).map(
+            lambda t: f"{t[0]}e{t[1]}"
+        ),
+    )
+)
+def test_only_quantity_errors_escape(text: str) -> None:
+    try:
+        quantity = parse_quantity(text)
+    except QuantityError:
+        return
+    assert quantity.value == 0 or Fraction(1, 10**9) <= abs(quantity.value) <= 2**63 - 1
