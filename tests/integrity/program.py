@@ -5,11 +5,11 @@ list of requests still parked, so every drawn program is valid, shrinks well, an
 as Python that can be pasted into a regression test::
 
     Program(shapes=(Shape("app", 1, 3000, 30), ...),
-            steps=(Bind(0, 0, (Fault("binding", Mode.LOST),)), Admit(0, 0), Release(0), Kill(), ...))
+            steps=(Bind(0, 0, (Fault("binding", Mode.LOST),)), Admit(0), Release(0), Kill(), ...))
 
 Steps: ``Bind`` (kube-scheduler calls the extender's ``/bind``; faults armed on that bind's requests),
-``Admit`` (kubelet admits a pod bound to the node: GetPreferredAllocation + Allocate per GPU container;
-faults armed on the agent's requests), ``Release`` (a parked request or answer goes through),
+``Admit`` (the kubelet of the pod's node admits it: GetPreferredAllocation + Allocate per GPU
+container; faults armed on the agent's requests), ``Release`` (a parked request or answer goes through),
 ``Delete``, ``Recreate`` (same name, new uid), ``Finish`` (a running pod Succeeded), ``Kill`` (the
 scheduler dies at once and a new one starts from a fresh list), ``Advance`` (the clock moves on).
 """
@@ -61,8 +61,7 @@ class Bind:
 
 @dataclass(frozen=True, slots=True)
 class Admit:
-    node: int
-    pod: int
+    pod: int  # admitted by the kubelet of the node it is bound to (a no-op when unbound or not Pending)
     faults: tuple[Fault, ...] = ()
 
 
@@ -103,19 +102,26 @@ Step = Bind | Admit | Release | Delete | Recreate | Finish | Kill | Advance
 class Program:
     shapes: tuple[Shape, ...]
     steps: tuple[Step, ...]
+    tick: int = 1  # seconds the clock moves with every step (0: all steps within one second)
 
 
 # ------------------------------------------------------------------------------------- strategies
+def fault(kinds: tuple[str, ...]) -> st.SearchStrategy[Fault]:
+    return st.builds(Fault, st.sampled_from(kinds), st.sampled_from(list(Mode)), st.integers(0, 1))
+
+
 def faults(kinds: tuple[str, ...]) -> st.SearchStrategy[tuple[Fault, ...]]:
-    one = st.builds(Fault, st.sampled_from(kinds), st.sampled_from(list(Mode)), st.integers(0, 1))
-    return st.one_of(st.just(()), st.lists(one, min_size=1, max_size=2).map(tuple))
+    """None (a third of the time), or one or two faults."""
+    return st.one_of(
+        st.just(()), st.lists(fault(kinds), min_size=1, max_size=2).map(tuple), st.tuples(fault(kinds))
+    )
 
 
 def shapes() -> st.SearchStrategy[Shape]:
     return st.builds(
         Shape,
         st.sampled_from(LAYOUTS),
-        st.integers(1, 2),
+        st.sampled_from((1, 1, 2)),
         st.sampled_from((2000, 3000, 5000)),
         st.sampled_from((0, 30, 60, 100)),
     )
@@ -125,7 +131,7 @@ def steps(pods: int, nodes: int) -> st.SearchStrategy[Step]:
     pod = st.integers(0, pods - 1)
     node = st.integers(0, nodes - 1)
     bind = st.builds(Bind, pod, node, faults(SCHEDULER_KINDS))
-    admit = st.builds(Admit, node, pod, faults(AGENT_KINDS))
+    admit = st.builds(Admit, pod, faults(AGENT_KINDS))
     release = st.builds(Release, st.integers(0, 3))
     return st.one_of(
         bind,
@@ -135,6 +141,7 @@ def steps(pods: int, nodes: int) -> st.SearchStrategy[Step]:
         admit,
         release,
         bind,
+        bind,
         st.builds(Delete, pod),
         st.builds(Recreate, pod),
         st.builds(Finish, pod),
@@ -143,9 +150,19 @@ def steps(pods: int, nodes: int) -> st.SearchStrategy[Step]:
     )
 
 
-def programs(*, pods: int = 4, nodes: int = 2, max_steps: int = 16) -> st.SearchStrategy[Program]:
+def programs(
+    step: st.SearchStrategy[Step] | None = None,
+    *,
+    pods: int = 4,
+    nodes: int = 2,
+    min_steps: int = 6,
+    max_steps: int = 16,
+) -> st.SearchStrategy[Program]:
+    """Programs over ``pods`` pods and ``nodes`` nodes, steps drawn from ``step`` (default: every kind)."""
     return st.builds(
         Program,
         st.lists(shapes(), min_size=pods, max_size=pods).map(tuple),
-        st.lists(steps(pods, nodes), min_size=1, max_size=max_steps).map(tuple),
+        st.lists(steps(pods, nodes) if step is None else step, min_size=min_steps, max_size=max_steps).map(
+            tuple
+        ),
     )

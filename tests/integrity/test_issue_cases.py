@@ -21,7 +21,7 @@ def test_case1_a_stale_bind_never_rewrites_a_pod_bound_elsewhere() -> None:
     run(
         Program(
             shapes=(APP, APP),
-            steps=(Bind(0, 0, (Fault("pod-get", Mode.HOLD),)), Bind(0, 1), Admit(1, 0), Release(0)),
+            steps=(Bind(0, 0, (Fault("pod-get", Mode.HOLD),)), Bind(0, 1), Admit(0), Release(0)),
         )
     )
 
@@ -29,7 +29,7 @@ def test_case1_a_stale_bind_never_rewrites_a_pod_bound_elsewhere() -> None:
 def test_case1_a_retried_bind_to_another_node_leaves_the_served_pod_alone() -> None:
     """Was: ``[served-match] pod default/p1 admitted on n2 but vgpu-node is 'n1'``."""
     two = Shape("two", 1, 3000, 30)
-    run(Program(shapes=(APP, two), steps=(Bind(1, 1), Admit(1, 1), Bind(1, 0))))
+    run(Program(shapes=(APP, two), steps=(Bind(1, 1), Admit(1), Bind(1, 0))))
 
 
 def test_case2_a_lost_binding_answer_keeps_the_bound_pod_and_its_lock() -> None:
@@ -38,14 +38,14 @@ def test_case2_a_lost_binding_answer_keeps_the_bound_pod_and_its_lock() -> None:
     run(
         Program(
             shapes=(APP, APP),
-            steps=(Bind(0, 0, (Fault("binding", Mode.LOST),)), Bind(1, 0), Admit(0, 0), Admit(0, 1)),
+            steps=(Bind(0, 0, (Fault("binding", Mode.LOST),)), Bind(1, 0), Admit(0), Admit(1)),
         )
     )
 
 
 def test_case2_a_repeated_bind_of_a_bound_pod_writes_nothing() -> None:
     """Was: the second bind got 409 from the Binding, released the lock and marked the pod failed."""
-    run(Program(shapes=(APP,), steps=(Bind(0, 0), Bind(0, 0), Admit(0, 0))))
+    run(Program(shapes=(APP,), steps=(Bind(0, 0), Bind(0, 0), Admit(0))))
 
 
 def test_case3_a_late_allocation_write_leaves_no_phantom_usage() -> None:
@@ -71,7 +71,7 @@ def test_case4_an_init_only_pod_takes_the_lock_and_gets_its_own_grant() -> None:
 def test_case5_a_lock_whose_holder_failed_admission_does_not_block_the_node() -> None:
     """Was: ``[lock] bind of probe-n1 to n1 refused for the node lock, whose holder default/p0 is
     Failed`` (the agent's release failed with the node read)."""
-    run(Program(shapes=(APP,), steps=(Bind(0, 0), Admit(0, 0, (Fault("node-get", Mode.LOST, 1),)))))
+    run(Program(shapes=(APP,), steps=(Bind(0, 0), Admit(0, (Fault("node-get", Mode.LOST, 1),)))))
 
 
 def test_case5_a_lock_whose_holder_is_bound_elsewhere_does_not_block_the_node() -> None:

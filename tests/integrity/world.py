@@ -6,7 +6,8 @@ rules: 409 for a pod already bound or a UID that no longer matches), the fault p
 one scheduler (:class:`~.parts.Extender`, replaced by a fresh one on ``Kill``), and per node the agent
 and a kubelet model (:class:`~.parts.NodeSide`). Cluster: ``n1`` with two cards, ``n2`` with one; each
 card 8,000 MiB, 100 cores, 3 slots; a 5-minute node-lock timeout; the clock starts at
-:data:`START` and moves only on ``Advance``.
+:data:`START` and moves ``Program.tick`` seconds after every step (kube-scheduler's retries are
+seconds apart), and more on ``Advance``.
 
 After every step the world settles (:func:`~.settle.settle`), the scheduler's snapshot catches up
 (its watches deliver), and :func:`~.checker.check` runs on the API server's objects. The world adds
@@ -82,8 +83,8 @@ class Violation(AssertionError):
 
 @dataclass
 class Clock:
-    """The scheduler's wall clock (moves only on ``Advance``) and its monotonic ticker (real seconds
-    plus every ``Advance``, so a bind parked across an ``Advance`` is past its deadline)."""
+    """The scheduler's wall clock (moved by the program) and its monotonic ticker (real seconds plus
+    every move of the clock, so a bind parked across an ``Advance`` is past its deadline)."""
 
     now: datetime.datetime = START
 
@@ -336,8 +337,10 @@ class World:
         match step:
             case Bind(pod=p, node=n, faults=faults):
                 await self._bind(self._pod_name(p), self._node_name(n), faults)
-            case Admit(node=n, pod=p, faults=faults):
-                await self._admit(self._node_name(n), self._pod_name(p), faults)
+            case Admit(pod=p, faults=faults):
+                pod = await self._pod(self._pod_name(p))
+                if pod is not None and bound_to(pod) in self.sides:
+                    await self._admit(str(bound_to(pod)), self._pod_name(p), faults)
             case Release(index=i):
                 if self.proxy.parked:
                     entry = self.proxy.parked[i % len(self.proxy.parked)]
@@ -359,6 +362,7 @@ class World:
             case Advance(seconds=s):
                 self.clock.now += datetime.timedelta(seconds=s)
         await self._after(f"step {number}: {step!r}")
+        self.clock.now += datetime.timedelta(seconds=self.program.tick)
 
     def _actor(self, kind: str, pod: str, node: str, task: asyncio.Task[str]) -> Actor:
         self._numbers += 1
@@ -599,7 +603,7 @@ class World:
                     f"[write] the scheduler released the lock of {node} held by {who}, bound there and "
                     "waiting for Allocate"
                 )
-        else:
+        elif _holder(change.get("value")) != (held.namespace, held.name):  # not a re-entrant refresh
             moment = held.time if held.time.tzinfo else held.time.replace(tzinfo=datetime.UTC)
             fresh = self.clock.now - moment <= LOCK_TIMEOUT
             if fresh and checker.dead_holder(view, node_obj) is None:
@@ -649,6 +653,14 @@ def waiting_for_allocate(pod: Mapping[str, Any], node: str) -> bool:
     except AnnotationError:
         return False
     return remaining is not None and pending_container(remaining) is not None
+
+
+def _holder(value: Any) -> tuple[str | None, str | None] | None:
+    try:
+        lock = decode_node_lock(str(value))
+    except AnnotationError:
+        return None
+    return lock.namespace, lock.name
 
 
 def _outcome(task: asyncio.Task[str]) -> str:

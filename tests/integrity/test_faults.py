@@ -1,0 +1,151 @@
+"""The fault proxy does what each mode promises, seen through the real API client and the emulator."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import kmock
+import pytest
+
+from hami.kube.client import KubeError, load_api_client
+from hami.kube.pods import get_pod, list_pods, patch_pod
+from hami.sim.apiserver import write_kubeconfig
+
+from .faults import FaultProxy, Mode, Rule, classify, stored
+
+PODS = "/api/v1/namespaces/default/pods"
+
+
+@pytest.fixture
+async def proxy(apiserver: kmock.KubernetesEmulator) -> AsyncIterator[FaultProxy]:
+    for name in ("p1", "p2"):
+        body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"}}
+        await apiserver.post(PODS, json=body)
+    fault_proxy = FaultProxy(apiserver)
+    await fault_proxy.start()
+    yield fault_proxy
+    await fault_proxy.stop()
+
+
+@pytest.fixture
+def client(proxy: FaultProxy, tmp_path: Path) -> Any:
+    api = load_api_client(str(write_kubeconfig(tmp_path / "kc", proxy.url)), component="integrity-scheduler")
+    yield api
+    api.close()
+
+
+def annotation(k: kmock.KubernetesEmulator, name: str) -> str | None:
+    pod = stored(k, "pods", "default", name) or {}
+    return ((pod.get("metadata") or {}).get("annotations") or {}).get("a")
+
+
+async def until(predicate: Callable[[], bool]) -> None:
+    for _ in range(2000):
+        if predicate():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("timed out")
+
+
+def arm(proxy: FaultProxy, mode: Mode, *, kind: str = "pod-patch", subject: str = "p1", **kw: Any) -> None:
+    proxy.arm(Rule(owner=1, who=kw.pop("who", "scheduler"), kind=kind, subject=subject, mode=mode, **kw))
+
+
+def test_requests_are_classified_by_what_they_do_and_name() -> None:
+    assert classify("POST", f"{PODS}/p1/binding") == ("binding", "p1")
+    assert classify("PATCH", f"{PODS}/p1") == ("pod-patch", "p1")
+    assert classify("GET", "/api/v1/nodes/n1") == ("node-get", "n1")
+    assert classify("GET", "/api/v1/pods") == ("pod-list", None)
+    assert classify("POST", "/api/v1/namespaces/default/events") == ("event", None)
+
+
+async def test_fail_answers_500_and_applies_nothing(
+    apiserver: kmock.KubernetesEmulator, proxy: FaultProxy, client: Any
+) -> None:
+    arm(proxy, Mode.FAIL)
+    with pytest.raises(KubeError) as caught:
+        await patch_pod(client, "default", "p1", annotations={"a": "1"})
+    assert caught.value.status == 500 and annotation(apiserver, "p1") is None
+    await patch_pod(client, "default", "p1", annotations={"a": "2"})  # one-shot: the next one passes
+    assert annotation(apiserver, "p1") == "2"
+
+
+async def test_lost_applies_then_answers_500(
+    apiserver: kmock.KubernetesEmulator, proxy: FaultProxy, client: Any
+) -> None:
+    arm(proxy, Mode.LOST)
+    with pytest.raises(KubeError) as caught:
+        await patch_pod(client, "default", "p1", annotations={"a": "1"})
+    assert caught.value.status == 500 and annotation(apiserver, "p1") == "1"
+
+
+async def test_late_answers_504_and_applies_only_when_released(
+    apiserver: kmock.KubernetesEmulator, proxy: FaultProxy, client: Any
+) -> None:
+    arm(proxy, Mode.LATE)
+    with pytest.raises(KubeError) as caught:
+        await patch_pod(client, "default", "p1", annotations={"a": "late"})
+    assert caught.value.status == 504 and annotation(apiserver, "p1") is None
+    await patch_pod(client, "default", "p1", annotations={"a": "undo"})
+    (entry,) = proxy.parked
+    assert not entry.waiting and proxy.waiting == 0
+    proxy.release(entry)
+    await until(lambda: annotation(apiserver, "p1") == "late")  # landed after the newer write
+
+
+async def test_hold_parks_the_request_until_released(
+    apiserver: kmock.KubernetesEmulator, proxy: FaultProxy, client: Any
+) -> None:
+    arm(proxy, Mode.HOLD)
+    call = asyncio.create_task(patch_pod(client, "default", "p1", annotations={"a": "1"}))
+    await until(lambda: bool(proxy.parked))
+    assert proxy.waiting == 1 and not call.done() and annotation(apiserver, "p1") is None
+    proxy.release(proxy.parked[0])
+    await call
+    assert annotation(apiserver, "p1") == "1"
+
+
+async def test_slow_applies_at_once_and_parks_the_answer(
+    apiserver: kmock.KubernetesEmulator, proxy: FaultProxy, client: Any
+) -> None:
+    arm(proxy, Mode.SLOW)
+    call = asyncio.create_task(patch_pod(client, "default", "p1", annotations={"a": "1"}))
+    await until(lambda: bool(proxy.parked))
+    assert annotation(apiserver, "p1") == "1" and not call.done()
+    proxy.release(proxy.parked[0])
+    await call
+
+
+async def test_rules_match_caller_kind_and_subject_and_may_skip(
+    apiserver: kmock.KubernetesEmulator, proxy: FaultProxy, client: Any, tmp_path: Path
+) -> None:
+    arm(proxy, Mode.FAIL, skip=1)
+    arm(proxy, Mode.FAIL, who="agent", subject="p2")
+    await patch_pod(client, "default", "p2", annotations={"a": "other pod"})  # neither rule matches
+    await patch_pod(client, "default", "p1", annotations={"a": "skipped"})  # the first match passes
+    with pytest.raises(KubeError):
+        await patch_pod(client, "default", "p1", annotations={"a": "failed"})
+    assert (annotation(apiserver, "p1"), annotation(apiserver, "p2")) == ("skipped", "other pod")
+    assert proxy.fired == ["fail PATCH /api/v1/namespaces/default/pods/p1 (scheduler)"]
+    proxy.disarm(1)
+    agent = load_api_client(str(write_kubeconfig(tmp_path / "agent", proxy.url)), component="integrity-agent")
+    try:
+        await patch_pod(agent, "default", "p2", annotations={"a": "agent"})  # disarmed
+    finally:
+        agent.close()
+    assert annotation(apiserver, "p2") == "agent"
+
+
+async def test_reads_come_from_the_emulators_store(
+    apiserver: kmock.KubernetesEmulator, proxy: FaultProxy, client: Any
+) -> None:
+    await apiserver.patch(f"{PODS}/p1", json={"metadata": {"annotations": {"a": "x"}}})
+    assert (await get_pod(client, "default", "p1"))["metadata"]["annotations"] == {"a": "x"}
+    assert [p["metadata"]["name"] for p in await list_pods(client)] == ["p1", "p2"]
+    await apiserver.delete(f"{PODS}/p2")
+    with pytest.raises(KubeError) as caught:
+        await get_pod(client, "default", "p2")
+    assert caught.value.status == 404
