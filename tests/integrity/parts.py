@@ -53,7 +53,8 @@ class Extender:
         if "ticker" in {f.name for f in dataclasses.fields(ctx)}:
             ctx = dataclasses.replace(ctx, ticker=ticker)  # type: ignore[call-arg]
         self.ctx = ctx
-        self.sent = self.received = 0
+        # extender calls: sent by kube-scheduler, received by a handler, handler returned, answer read
+        self.sent = self.received = self.handled = self.answered = 0
         self.client: TestClient[Any, Any] | None = None
 
     async def start(self, nodes: Sequence[Mapping[str, Any]], pods: Sequence[Mapping[str, Any]]) -> None:
@@ -62,7 +63,10 @@ class Extender:
         @web.middleware
         async def count(request: web.Request, handler: Callable[[web.Request], Awaitable[Any]]) -> Any:
             self.received += 1
-            return await handler(request)
+            try:
+                return await handler(request)
+            finally:
+                self.handled += 1
 
         app.middlewares.append(count)
         self.client = TestClient(TestServer(app, host="127.0.0.1", handler_cancellation=True))
@@ -80,10 +84,18 @@ class Extender:
         assert self.client is not None
         body = {"PodName": name, "PodNamespace": namespace, "PodUID": uid, "Node": node}
         self.sent += 1
-        response = await self.client.post("/bind", json=body)
-        if response.status != 200:
-            return f"HTTP {response.status}: {await response.text()}"
-        return str((await response.json()).get("Error") or "")
+        try:
+            response = await self.client.post("/bind", json=body)
+            if response.status != 200:
+                return f"HTTP {response.status}: {await response.text()}"
+            return str((await response.json()).get("Error") or "")
+        finally:
+            self.answered += 1
+
+    @property
+    def in_transit(self) -> int:
+        """Extender calls on the wire: sent but not yet at a handler, or answered but not yet read."""
+        return (self.sent - self.received) + (self.handled - self.answered)
 
     def metric(self, name: str, **labels: str) -> float:
         """The sum of the scheduler's samples ``name`` with these labels (read from its registry)."""

@@ -224,6 +224,7 @@ class World:
         self.kubeconfig = ""
         self._numbers = 0
         self._fired = 0
+        self.final: View | None = None  # the objects at the end of a clean run
 
     # ------------------------------------------------------------------------------------- lifecycle
     async def run(self) -> list[str]:
@@ -430,7 +431,7 @@ class World:
     # ------------------------------------------------------------------------------------ checking
     async def _settle(self) -> None:
         def quiet() -> bool:
-            in_flight = sum(e.sent - e.received for e in self.extenders)
+            in_flight = sum(e.in_transit for e in self.extenders)
             return self.executor.active == self.proxy.waiting and self.proxy.inflight == 0 and in_flight == 0
 
         def marks() -> tuple[int, ...]:
@@ -439,7 +440,7 @@ class World:
                 self.executor.active,
                 self.proxy.received,
                 self.proxy.released,
-                sum(e.received for e in self.extenders),
+                sum(e.received + e.answered for e in self.extenders),
                 sum(a.task.done() for a in self.actors),
             )
 
@@ -522,6 +523,7 @@ class World:
         problems += self._phantom(fresh, "a restarted scheduler", view)
         if problems:
             raise Violation(self.report("the end", problems))
+        self.final = view
 
     def _phantom(self, extender: Extender, who: str, view: View) -> list[str]:
         counted = extender.usage()
