@@ -237,6 +237,15 @@ POLICIES: dict[str, Callable[[Context], Policy]] = {
     "hami-binpack": lambda ctx: Hami(ctx, BINPACK),
     "hami-spread": lambda ctx: Hami(ctx, SPREAD),
 }
+
+
+def _fragmentation(ctx: Context) -> Policy:
+    from hami.simulate.fragmentation import Fragmentation  # it builds on this module
+
+    return Fragmentation(ctx)
+
+
+POLICIES["fragmentation"] = _fragmentation
 PAPER = ("random", "dotprod", "clustering", "packing", "bestfit", "fgd")
 
 

@@ -8,7 +8,8 @@ it; a pod no node can take is dropped (never retried) but its GPU request still 
 After every pod: ``A`` = arrived GPU milli, ``U`` = allocated GPU milli, ``x = round(100 A / capacity)``;
 the curve at x is the mean over the pods with that x of ``100 - 100 U / capacity`` (unallocated GPU
 %), likewise the fragmentation ``100 ΣF / capacity`` and ``100 ΣF / idle``. An x no pod landed on takes
-the mean of its neighbours' pods (x-1..x+1), as the paper's analysis does.
+the mean of its neighbours' pods (x-1..x+1), as the paper's analysis does. On a live cluster ``U`` starts
+at what its pods already hold (cards that cannot take a pod count as held).
 ``progress(done, total)`` is called every ``PROGRESS_EVERY`` pods. Pure apart from that callback.
 """
 
@@ -93,7 +94,8 @@ def replay(
     chooser = make_policy(policy, Context(cluster=cluster, measure=measure, rank=rank, rng=rng))
     curve = _Curve()
     dropped: Counter[str] = Counter()
-    arrived = allocated = placed = slot_bound = 0
+    arrived = placed = slot_bound = 0
+    allocated = capacity - int(cluster.gpu_free.sum())  # a live cluster's cards already in use
     per_x = capacity / 100
     upto = 0
     for done, index in enumerate(order, 1):

@@ -62,7 +62,7 @@ def test_packing_prefers_used_cards_then_free_cards_of_used_nodes_then_empty_nod
 
 def test_bestfit_takes_the_node_left_with_least() -> None:
     cluster = cluster_with([[0, 0], [500, 0], [0]], cpu=64000)
-    # free GPU 2000 / 1500 / 1000: the 1-card node leaves the least (score 100 (1 - 0.5 c/128000 - 0.5 g/8000))
+    # free GPU 2000 / 1500 / 1000: the 1-card node leaves the least (100 (1 - 0.5 c/128000 - 0.5 g/8000))
     assert choose("bestfit", cluster, pod(1, 500)) == (2, (0,))
     assert choose("bestfit", cluster, pod(1, 1000), rank=[0, 1, 2])[0] == 2
     big = cluster_with([[0, 0], [0]], cpu=64000)

@@ -104,6 +104,7 @@ def test_after_placing_equals_recomputing_the_booked_node(history: list[tuple[tu
         if not rows.size:
             continue
         i = int(rows[salt % rows.size])
+        cards: tuple[int, ...] | None
         if fit is None:
             predicted, cards = measure.after_whole(np.array([i]), 0, p.cpu_milli)[0], None
         elif p.kind == "share":

@@ -1,0 +1,54 @@
+"""How long one ``hami simulate`` run takes: the default openb trace (1,213 nodes, about 10,800 arrivals
+at 130 % of GPU capacity), one seed, per policy. Target: every policy <= 30 s per run on one core.
+
+Baseline, measured in the same run: ``random`` (the node mask and the booking through the core with no
+scoring), so the ratio column shows what each policy's scoring costs on top. The trace is read from
+``../shared/data/openb`` (or ``HAMI_BENCH_OPENB``); ``HAMI_BENCH_SIMULATE_POLICIES`` (comma list) limits
+the policies.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from benchmarks.table import Table
+from hami.simulate.policies import POLICIES
+from hami.simulate.replay import replay
+from hami.simulate.trace import read_nodes, read_pods
+from hami.simulate.workload import target_workload
+
+TARGET_SECONDS = 30.0
+BASELINE = "random"
+
+
+def _openb() -> Path:
+    default = Path(__file__).resolve().parents[2] / "shared" / "data" / "openb"
+    return Path(os.environ.get("HAMI_BENCH_OPENB", default))
+
+
+def run() -> list[Table]:
+    folder = _openb()
+    title = "hami simulate: seconds per run, default openb trace, seed 42"
+    table = Table(title=title, columns=("policy", "pods", "s/run", "us/pod", "x random", "<= 30 s"))
+    if not (folder / "openb_pod_list_default.csv").is_file():
+        table.rows.append(("(openb trace not found at " + str(folder) + ")", "-", "-", "-", "-", "-"))
+        return [table]
+    nodes = read_nodes(folder / "openb_node_list_gpu_node.csv")
+    pods = read_pods(folder / "openb_pod_list_default.csv")
+    classes = target_workload(pods)
+    wanted = os.environ.get("HAMI_BENCH_SIMULATE_POLICIES")
+    names = [n for n in POLICIES if n != BASELINE and (not wanted or n in wanted.split(","))]
+    timings: dict[str, tuple[int, float]] = {}
+    for name in [BASELINE, *names]:
+        started = time.perf_counter()
+        result = replay(nodes, pods, name, 42, classes=classes)
+        timings[name] = (result.pods, time.perf_counter() - started)
+    base = timings[BASELINE][1]
+    for name, (count, seconds) in timings.items():
+        ok = "yes" if seconds <= TARGET_SECONDS else "NO"
+        table.rows.append(
+            (name, str(count), f"{seconds:.1f}", f"{seconds / count * 1e6:.0f}", f"{seconds / base:.2f}", ok)
+        )
+    return [table]

@@ -1,0 +1,55 @@
+"""Faithful replay (slow): on Alibaba's default openb trace our replay of the paper's BestFit, Packing,
+DotProd and FGD lands where the paper's simulator did, and ``fragmentation`` leaves less unallocated than
+FGD on the same seeds.
+
+The full claim (seeds 42..51, every trace, within ±1.0 point of the paper's mean) is measured by the
+closing table in docs/policies.md (``make bench`` / ``hami simulate --seeds 42..51``); CI runs one seed
+per policy to stay within its time. One run's value scatters around our mean with about the paper's
+per-seed sd (same process, other random numbers), so a single seed is held to
+``|ours - paper mean| <= 1.0 + 3 sd``: the ±1.0 claim plus three standard deviations of one draw.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hami.simulate.replay import replay
+from hami.simulate.trace import read_nodes, read_pods
+from hami.simulate.workload import target_workload
+
+OPENB = Path(__file__).resolve().parents[3] / "shared" / "data" / "openb"
+PAPER_DEFAULT = {  # unallocated GPU % at x = 100, mean and sd over seeds 42..51 (fgd.md)
+    "dotprod": (9.38, 0.19),
+    "packing": (8.22, 0.53),
+    "bestfit": (7.14, 0.14),
+    "fgd": (4.77, 0.11),
+}
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not OPENB.is_dir(), reason="shared/data/openb not beside the checkout"),
+    pytest.mark.timeout(300),
+]
+
+
+@pytest.fixture(scope="module")
+def default_trace() -> tuple[object, object, object]:
+    pods = read_pods(OPENB / "openb_pod_list_default.csv")
+    return read_nodes(OPENB / "openb_node_list_gpu_node.csv"), pods, target_workload(pods)
+
+
+@pytest.mark.parametrize("policy", sorted(PAPER_DEFAULT))
+def test_replay_matches_the_paper_on_one_seed(policy: str, default_trace: tuple[object, object, object]) -> None:
+    nodes, pods, classes = default_trace
+    mean, sd = PAPER_DEFAULT[policy]
+    ours = replay(nodes, pods, policy, 42, classes=classes).unallocated[100]  # type: ignore[arg-type]
+    assert abs(ours - mean) <= 1.0 + 3 * sd, f"{policy}: {ours:.2f} vs the paper's {mean} ± {sd}"
+
+
+def test_fragmentation_beats_fgd_on_the_same_seed(default_trace: tuple[object, object, object]) -> None:
+    nodes, pods, classes = default_trace
+    fgd = replay(nodes, pods, "fgd", 43, classes=classes).unallocated[100]  # type: ignore[arg-type]
+    ours = replay(nodes, pods, "fragmentation", 43, classes=classes).unallocated[100]  # type: ignore[arg-type]
+    assert ours < fgd
