@@ -19,7 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "cordon": ("hami.scheduler.cordon", "keep new pods off some of a node's cards (hami.io/device-cordon)"),
     "uncordon": ("hami.scheduler.cordon", "let new pods onto a node's cordoned cards again"),
     "doctor": ("hami.doctor.command", "check an installation: webhook, nodes, locks, GPU pods, card usage"),
-    "simulate": ("hami.simulate.command", "replay a pod trace under placement policies: unallocated GPU %"),
+    "simulate": ("hami.simulate.command", "replay a pod trace per placement policy: GPU left unallocated"),
     "demo": ("hami.sim.demo", "run the whole system on an embedded cluster and place the example pods"),
 }
 

@@ -212,3 +212,10 @@ async def test_a_live_cluster_as_the_node_list(
     # pod (500m) still fits: 6500m held + 1000m + 500m = the 8 cores
     assert result["dropped"] == {"cpu": 0.0, "share": 0.0, "1-gpu": 2.0, "multi-gpu": 0.0}
     assert result["curve"]["150"] == 0.0
+
+
+def test_hami_help_lists_simulate(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as caught:
+        cli.main(["--help"])
+    assert caught.value.code == 0
+    assert "simulate" in capsys.readouterr().out

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from hami.simulate.replay import replay
-from hami.simulate.trace import read_nodes, read_pods
-from hami.simulate.workload import target_workload
+from hami.simulate.trace import TraceNode, TracePod, read_nodes, read_pods
+from hami.simulate.workload import RequestClass, target_workload
 
 OPENB = Path(__file__).resolve().parents[3] / "shared" / "data" / "openb"
 PAPER_DEFAULT = {  # unallocated GPU % at x = 100, mean and sd over seeds 42..51 (fgd.md)
@@ -27,6 +27,8 @@ PAPER_DEFAULT = {  # unallocated GPU % at x = 100, mean and sd over seeds 42..51
     "fgd": (4.77, 0.11),
 }
 
+Trace = tuple[tuple[TraceNode, ...], tuple[TracePod, ...], tuple[RequestClass, ...]]
+
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not OPENB.is_dir(), reason="shared/data/openb not beside the checkout"),
@@ -35,21 +37,21 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def default_trace() -> tuple[object, object, object]:
+def default_trace() -> Trace:
     pods = read_pods(OPENB / "openb_pod_list_default.csv")
     return read_nodes(OPENB / "openb_node_list_gpu_node.csv"), pods, target_workload(pods)
 
 
 @pytest.mark.parametrize("policy", sorted(PAPER_DEFAULT))
-def test_replay_matches_the_paper_on_one_seed(policy: str, default_trace: tuple[object, object, object]) -> None:
+def test_replay_matches_the_paper_on_one_seed(policy: str, default_trace: Trace) -> None:
     nodes, pods, classes = default_trace
     mean, sd = PAPER_DEFAULT[policy]
-    ours = replay(nodes, pods, policy, 42, classes=classes).unallocated[100]  # type: ignore[arg-type]
+    ours = replay(nodes, pods, policy, 42, classes=classes).unallocated[100]
     assert abs(ours - mean) <= 1.0 + 3 * sd, f"{policy}: {ours:.2f} vs the paper's {mean} ± {sd}"
 
 
-def test_fragmentation_beats_fgd_on_the_same_seed(default_trace: tuple[object, object, object]) -> None:
+def test_fragmentation_beats_fgd_on_the_same_seed(default_trace: Trace) -> None:
     nodes, pods, classes = default_trace
-    fgd = replay(nodes, pods, "fgd", 43, classes=classes).unallocated[100]  # type: ignore[arg-type]
-    ours = replay(nodes, pods, "fragmentation", 43, classes=classes).unallocated[100]  # type: ignore[arg-type]
+    fgd = replay(nodes, pods, "fgd", 43, classes=classes).unallocated[100]
+    ours = replay(nodes, pods, "fragmentation", 43, classes=classes).unallocated[100]
     assert ours < fgd
