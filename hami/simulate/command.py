@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TextIO
 
 from hami.simulate.cluster import DEFAULT_SPLIT_COUNT, Cluster
+from hami.simulate.manifests import read_manifest_pods
 from hami.simulate.plot import PlotUnavailable, plot_curves
 from hami.simulate.policies import POLICIES
 from hami.simulate.replay import Progress, RunResult, replay
@@ -145,7 +146,8 @@ def _inputs(args: argparse.Namespace) -> tuple[Sequence[TraceNode] | None, Seque
     if (args.nodes is None) == (args.kubeconfig is None):
         raise TraceError("give exactly one of --nodes CSV or --kubeconfig FILE")
     nodes = read_nodes(args.nodes) if args.nodes is not None else None
-    return nodes, read_pods(args.pods)
+    pods = read_manifest_pods(args.pods) if Path(args.pods).is_dir() else read_pods(args.pods)
+    return nodes, pods
 
 
 def _base(args: argparse.Namespace, nodes: Sequence[TraceNode] | None) -> Sequence[TraceNode] | Cluster:

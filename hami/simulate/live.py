@@ -15,38 +15,12 @@ import asyncio
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from hami.core.quantity import QuantityError, parse_quantity
 from hami.kube import nodes as kube_nodes
 from hami.kube import pods as kube_pods
 from hami.kube.client import load_api_client
 from hami.scheduler.snapshot import Snapshot
 from hami.simulate.cluster import Cluster, NodeCapacity
-
-MIB = 2**20
-
-
-def _amount(text: Any, scale: int, divide: int = 1) -> int:
-    """A quantity in the unit ``scale``/``divide`` (CPU: x1000 -> milli; memory: /2**20 -> MiB); 0 if bad."""
-    try:
-        value = parse_quantity(str(text)).value
-    except QuantityError:
-        return 0
-    return max(0, int(value * scale // divide))
-
-
-def pod_requests(pod: Mapping[str, Any]) -> tuple[int, int]:
-    """(milli-CPU, MiB) the pod holds on its node: app containers summed vs the largest init container."""
-    spec = pod.get("spec") or {}
-
-    def one(container: Mapping[str, Any]) -> tuple[int, int]:
-        requests = (container.get("resources") or {}).get("requests") or {}
-        return _amount(requests.get("cpu", "0"), 1000), _amount(requests.get("memory", "0"), 1, MIB)
-
-    apps = [one(c) for c in spec.get("containers") or []]
-    inits = [one(c) for c in spec.get("initContainers") or []]
-    cpu = max([sum(a[0] for a in apps), *(i[0] for i in inits)])
-    memory = max([sum(a[1] for a in apps), *(i[1] for i in inits)])
-    return cpu, memory
+from hami.simulate.manifests import MIB, amount, pod_requests
 
 
 def cluster_from_objects(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]) -> Cluster:
@@ -79,8 +53,8 @@ def cluster_from_objects(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapp
         states.append(entry.state)
         capacity.append(
             NodeCapacity(
-                cpu_milli=_amount(offered.get("cpu", "0"), 1000),
-                memory_mib=_amount(offered.get("memory", "0"), 1, MIB),
+                cpu_milli=amount(offered.get("cpu", "0"), 1000),
+                memory_mib=amount(offered.get("memory", "0"), 1, MIB),
                 cpu_used=cpu_used,
                 memory_used=memory_used,
             )
