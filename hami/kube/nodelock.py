@@ -9,12 +9,15 @@ time (legacy).
 
 Rules (spec-scheduler §16, plus the takeovers of :func:`orphan_reason`): a lock older than ``expiry``
 is taken over; a lock whose holder pod can never be allocated on this node — deleted, bound to
-another node, Succeeded/Failed (kubelet's admission failures included) — is taken over at once, and
-the reason is reported (:attr:`LockGrant.takeover`, one of :data:`TAKEOVER_REASONS`); the same pod
-re-acquiring succeeds without a write (re-entrant); a fresh legacy lock is busy until it expires; an
-unreadable value is busy. Release removes the key only when this pod owns it (or it is a legacy
-value, which anyone may release), and, given ``value``, only while the lock still carries exactly
-that value. Imports ``hami.kube`` modules and the codec only.
+another node, Succeeded/Failed (kubelet's admission failures included), or unbound with a failed bind
+recorded at or after the lock's time (``bind-phase=failed``, ``bind-time`` >= the lock's time: no
+attempt has taken the lock since) — is taken over at once, and the reason is reported
+(:attr:`LockGrant.takeover`, one of :data:`TAKEOVER_REASONS`); the same pod re-acquiring succeeds
+without a write (re-entrant), or with ``refresh`` rewrites the lock with its new time (a later
+attempt of that pod re-takes it, so that its earlier failure no longer frees it); a fresh legacy lock
+is busy until it expires; an unreadable value is busy. Release removes the key only when this pod
+owns it (or it is a legacy value, which anyone may release), and, given ``value``, only while the
+lock still carries exactly that value. Imports ``hami.kube`` modules and the codec only.
 """
 
 from __future__ import annotations
@@ -25,7 +28,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hami.annotations import NODE_LOCK, AnnotationError, NodeLockValue, decode_node_lock, encode_node_lock
+from hami.annotations import (
+    NODE_LOCK,
+    POD_BIND_PHASE,
+    POD_BIND_TIME,
+    AnnotationError,
+    NodeLockValue,
+    decode_node_lock,
+    decode_unix_time,
+    encode_node_lock,
+)
 from hami.kube.client import KubeError, NotFound
 from hami.kube.nodes import get_node, json_patch_node
 from hami.kube.pods import get_pod
@@ -39,7 +51,14 @@ DEFAULT_EXPIRY = datetime.timedelta(minutes=5)
 CAS_ATTEMPTS = 5
 #: Why a held lock was taken over: it expired; its holder pod is deleted, bound to another node,
 #: finished (Succeeded, or Failed after running), or was rejected by the kubelet's admission.
-TAKEOVER_REASONS = ("expired", "holder_deleted", "holder_elsewhere", "holder_finished", "holder_rejected")
+TAKEOVER_REASONS = (
+    "expired",
+    "holder_deleted",
+    "holder_elsewhere",
+    "holder_finished",
+    "holder_rejected",
+    "holder_failed",
+)
 #: ``status.reason`` of a pod the kubelet refused to admit (phase Failed): ``UnexpectedAdmissionError``
 #: (a device plugin's Allocate failed), ``OutOf<resource>``, and the node-fit predicates.
 _ADMISSION_REASONS = ("UnexpectedAdmissionError", "NodeAffinity", "NodeName", "NodePorts", "Taint")
@@ -83,15 +102,26 @@ def _aware(moment: datetime.datetime) -> datetime.datetime:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=datetime.UTC)
 
 
-def orphan_reason(holder: Mapping[str, Any] | None, node: str) -> str | None:
+def orphan_reason(
+    holder: Mapping[str, Any] | None, node: str, locked_at: datetime.datetime | None = None
+) -> str | None:
     """Why the lock's holder pod can never be allocated on ``node`` (so its lock may be taken over at
-    once), or None while it still can. ``holder`` is the pod as read, None when it does not exist."""
+    once), or None while it still can. ``holder`` is the pod as read, None when it does not exist;
+    ``locked_at`` the lock's time."""
     if holder is None:
         return "holder_deleted"
     spec = holder.get("spec") or {}
     bound = spec.get("nodeName")
     if bound and bound != node:
         return "holder_elsewhere"
+    annotations = (holder.get("metadata") or {}).get("annotations") or {}
+    if not bound and locked_at is not None and annotations.get(POD_BIND_PHASE) == "failed":
+        try:
+            failed_at = decode_unix_time(str(annotations.get(POD_BIND_TIME)))
+        except AnnotationError:
+            failed_at = None
+        if failed_at is not None and failed_at >= _aware(locked_at).replace(microsecond=0):
+            return "holder_failed"  # its bind gave up after taking the lock; none has taken it since
     status = holder.get("status") or {}
     phase = status.get("phase")
     if phase == "Failed":
@@ -143,8 +173,10 @@ async def take_node_lock(
     *,
     now: datetime.datetime,
     expiry: datetime.timedelta = DEFAULT_EXPIRY,
+    refresh: bool = False,
 ) -> LockGrant:
-    """Take the lock on ``node`` for ``namespace/pod``.
+    """Take the lock on ``node`` for ``namespace/pod`` (``refresh``: rewrite it with ``now`` when
+    this pod already holds it under another value).
 
     Raises :class:`NodeLockBusy` when a live holder has it, :class:`~hami.kube.client.NotFound` when
     the node is gone, and :class:`KubeError` for other API failures of the reads.
@@ -164,13 +196,15 @@ async def take_node_lock(
                 raise NodeLockBusy(node, f"node {node} has an unreadable lock {current!r}: {exc}") from exc
             if held.namespace == namespace and held.name == pod:
                 # re-entrant (also: our own earlier patch that timed out but landed)
-                return LockGrant(value=str(current), written=False)
-            if now - _aware(held.time) > expiry:
+                if not refresh or current == value:
+                    return LockGrant(value=str(current), written=current == value and refresh)
+            elif now - _aware(held.time) > expiry:
                 takeover = "expired"
             elif held.namespace is None or held.name is None:
                 raise NodeLockBusy(node, busy)  # a fresh legacy lock has no holder to check
             else:
-                takeover = orphan_reason(await _holder(api, held.namespace, held.name), node)
+                holder = await _holder(api, held.namespace, held.name)
+                takeover = orphan_reason(holder, node, held.time)
                 if takeover is None:
                     raise NodeLockBusy(node, f"{busy} by {held.namespace}/{held.name}")
         try:

@@ -22,7 +22,14 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from hami.annotations import POD_BIND_PHASE, POD_BIND_TIME, POD_DEVICES_ALLOCATED, POD_VGPU_NODE, BindPhase
+from hami.annotations import (
+    POD_BIND_PHASE,
+    POD_BIND_TIME,
+    POD_DEVICES_ALLOCATED,
+    POD_VGPU_NODE,
+    BindPhase,
+    bind_annotations,
+)
 from hami.kube.client import KubeError, NotFound
 from hami.kube.nodelock import CAS_ATTEMPTS, LockGrant, release_node_lock
 from hami.kube.pods import (
@@ -83,6 +90,8 @@ class Attempt:
     uid: str
     deadline: Deadline
     grant: LockGrant | None = None  # the node lock this attempt holds
+    locked_at: datetime.datetime | None = None  # the time of the lock it wrote, or tried to
+    not_before: datetime.datetime | None = None  # an earlier attempt's bind-time on the pod
     booked: bool = False
     written: dict[str, str] | None = None  # the annotations of its allocation patch, once sent
 
@@ -189,14 +198,21 @@ async def release(ctx: Context, att: Attempt) -> None:
         logger.warning("releasing the lock of node %s for %s failed: %s", att.node, att.ref, exc)
 
 
+def failed_at(ctx: Context, att: Attempt) -> datetime.datetime:
+    """The ``bind-time`` that goes with ``bind-phase=failed``: now, and never before the lock this
+    attempt wrote or tried to write (a lock older than its holder's failure is free to take over)."""
+    now = ctx.clock()
+    return max(now, att.locked_at) if att.locked_at is not None else now
+
+
 async def mark_failed(ctx: Context, att: Attempt, pod: Mapping[str, Any]) -> None:
-    """Say ``bind-phase=failed`` on a pending pod of ours that this attempt never wrote to, only if it
-    is still exactly as read (one compare-and-set, best effort) and the deadline has not passed."""
+    """Say ``bind-phase=failed`` (and when: ``bind-time``) on a pending pod of ours that this attempt
+    never wrote to, only if it is still exactly as read (one compare-and-set, best effort) and the
+    deadline has not passed."""
     if att.deadline.remaining() <= 0:
         return
-    operations = unchanged_tests(pod) + write_operations(
-        pod, annotations={POD_BIND_PHASE: BindPhase.FAILED.value}
-    )
+    values = bind_annotations(BindPhase.FAILED, now=failed_at(ctx, att))
+    operations = unchanged_tests(pod) + write_operations(pod, annotations=values)
     try:
         await json_patch_pod(ctx.api, att.namespace, att.name, operations, limit=att.deadline.remaining())
     except KubeError as exc:

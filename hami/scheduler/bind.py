@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -45,6 +46,7 @@ from hami.annotations import (
     BindPhase,
     allocation_annotations,
     bind_annotations,
+    read_bind_time,
     read_pod_request,
 )
 from hami.core.allocate import fit_node
@@ -117,6 +119,7 @@ async def _bind(ctx: Context, att: Attempt) -> ExtenderBindingResult:
         return _already_bound(ctx, att, why)
     if verdict is not Verdict.PROCEED or pod is None:
         return _refused(ctx, att, why, verdict.value)
+    att.not_before = _bind_time(pod)
     try:
         request = read_pod_request(pod, ctx.settings.device_config)
     except AnnotationError as exc:
@@ -158,7 +161,7 @@ async def _allocate(ctx: Context, att: Attempt, request: PodRequest) -> Extender
     att.deadline.check("deciding the cards")
     async with ctx.node_queue(att.node):
         # decide and book with no await in between: the next bind on this loop sees the booking
-        now = ctx.clock()
+        now = max(_after(ctx.clock(), _bind_time(pod)), att.locked_at or ctx.clock())
         decision = _decide(ctx, request, att.node, att.key)
         annotations = allocation_annotations(
             node=att.node, devices=decision.devices, mig=decision.mig, now=now
@@ -174,6 +177,14 @@ async def _allocate(ctx: Context, att: Attempt, request: PodRequest) -> Extender
         ctx.api, att.namespace, att.name, att.node, att.uid or None, limit=att.deadline.remaining()
     )
     return _succeeded(ctx, pod, att.node)
+
+
+def _bind_time(pod: Mapping[str, Any]) -> datetime.datetime | None:
+    """The ``bind-time`` an earlier attempt left on the pod, when readable."""
+    try:
+        return read_bind_time(pod)
+    except AnnotationError:
+        return None
 
 
 async def _patch(ctx: Context, att: Attempt, pod: Mapping[str, Any], annotations: dict[str, str]) -> None:
@@ -240,10 +251,40 @@ def lock_wait(ctx: Context, pod: Mapping[str, Any]) -> float:
 
 
 async def _take(ctx: Context, att: Attempt) -> LockGrant:
+    """One try at the lock. Its time never repeats an earlier lock of this pod here, nor comes before
+    an earlier attempt's bind-time: a lock this pod already holds is re-taken with the new time."""
     att.deadline.check("taking the node lock")
-    return await take_node_lock(
-        ctx.api, att.node, att.namespace, att.name, now=ctx.clock(), expiry=ctx.settings.node_lock_timeout
+    floors = [t for t in (ctx.lock_stamps.get((att.node, *att.key)), att.not_before) if t is not None]
+    now = _after(ctx.clock(), max(floors) if floors else None)
+    att.locked_at = now.replace(microsecond=0)
+    grant = await take_node_lock(
+        ctx.api,
+        att.node,
+        att.namespace,
+        att.name,
+        now=now,
+        expiry=ctx.settings.node_lock_timeout,
+        refresh=True,
     )
+    if grant.written:
+        if len(ctx.lock_stamps) >= 4096:  # bounded: the oldest entries go first
+            ctx.lock_stamps.pop(next(iter(ctx.lock_stamps)))
+        ctx.lock_stamps[(att.node, *att.key)] = now.replace(microsecond=0)
+    return grant
+
+
+_SKEW = datetime.timedelta(minutes=1)
+
+
+def _after(now: datetime.datetime, previous: datetime.datetime | None) -> datetime.datetime:
+    """``now``, or one second after ``previous`` when ``now`` falls in the same second or earlier.
+
+    Lock values and ``bind-time`` have whole seconds; two attempts of one pod within one second would
+    write identical values, and a delayed conditional write of the first (a release, an undo) would
+    then match the second. A value that never repeats cannot be matched by a stale write."""
+    if previous is not None and now.replace(microsecond=0) <= previous <= now + _SKEW:
+        return previous + datetime.timedelta(seconds=1)
+    return now  # (a time further ahead than clocks can drift is not followed)
 
 
 async def _acquire(ctx: Context, att: Attempt, request: PodRequest, *, wait: float) -> LockGrant:
@@ -274,6 +315,7 @@ async def _acquire(ctx: Context, att: Attempt, request: PodRequest, *, wait: flo
             except NodeLockBusy:
                 remaining = end - ctx.ticker()
                 if remaining <= 0:
+                    att.deadline.check("taking the node lock")  # which ran out: the deadline, or the wait
                     raise
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(change, timeout=min(remaining, 1.0))

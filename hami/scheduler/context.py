@@ -88,6 +88,8 @@ class Context:
     node_queue: NodeQueues = field(default_factory=NodeQueues)
     lock_line: NodeQueues = field(default_factory=NodeQueues)
     binding: set[tuple[str, str]] = field(default_factory=set)  # pods with a bind in progress
+    # (node, namespace, pod) -> the time of the last node lock this process wrote for that pod there
+    lock_stamps: dict[tuple[str, str, str], datetime.datetime] = field(default_factory=dict)
 
     def event(self, involved: Mapping[str, Any], reason: str, message: str, *, warning: bool = False) -> None:
         """Record an Event in the background (an Event must never delay or fail an answer)."""

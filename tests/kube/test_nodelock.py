@@ -13,6 +13,7 @@ from kmock._internal.rendering import Response  # a reaction's status from a cal
 from hami.annotations import NODE_LOCK
 from hami.kube.client import NotFound
 from hami.kube.nodelock import (
+    LOCK_POINTER,
     NodeLockBusy,
     acquire_node_lock,
     go_duration,
@@ -254,3 +255,56 @@ async def test_a_release_given_a_value_removes_only_that_value(apiserver: Emulat
     assert await _lock(apiserver) == newer
     assert await release_node_lock(api, "n1", "default", "p1", value=newer) is True
     assert await _lock(apiserver) is None
+
+
+async def _failed_holder(k: Emulator, bind_time: str) -> None:
+    body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "holder",
+            "namespace": "default",
+            "annotations": {"hami.io/bind-phase": "failed", "hami.io/bind-time": bind_time},
+        },
+        "spec": {},
+        "status": {"phase": "Pending"},
+    }
+    await k.post("/api/v1/namespaces/default/pods", json=body)
+
+
+@pytest.mark.parametrize(
+    ("bind_time", "reason"),
+    [
+        (str(int(NOW.timestamp()) - 60), "holder_failed"),  # failed at the lock's very second
+        (str(int(NOW.timestamp()) - 30), "holder_failed"),  # failed after taking the lock
+        (str(int(NOW.timestamp()) - 61), None),  # an attempt took the lock after that failure
+        ("garbled", None),
+    ],
+    ids=["same-second", "after", "lock-is-newer", "garbled"],
+)
+async def test_a_holder_whose_bind_gave_up_after_taking_the_lock_loses_it(
+    apiserver: Emulator, api: Any, bind_time: str, reason: str | None
+) -> None:
+    held = "2026-05-01T09:59:00Z,default,holder"  # NOW - 60 s
+    await _node(apiserver, {NODE_LOCK: held})
+    await _failed_holder(apiserver, bind_time)
+    if reason is None:
+        with pytest.raises(NodeLockBusy, match="by default/holder"):
+            await take_node_lock(api, "n1", "default", "p1", now=NOW)
+        assert await _lock(apiserver) == held
+    else:
+        grant = await take_node_lock(api, "n1", "default", "p1", now=NOW)
+        assert (grant.value, grant.takeover) == (OURS, reason)
+
+
+async def test_refresh_retakes_the_pods_own_lock_with_the_new_time(apiserver: Emulator, api: Any) -> None:
+    older = "2026-05-01T09:59:00Z,default,p1"
+    await _node(apiserver, {NODE_LOCK: older})
+    grant = await take_node_lock(api, "n1", "default", "p1", now=NOW, refresh=True)
+    assert (grant.value, grant.written, grant.previous) == (OURS, True, older)
+    assert await _lock(apiserver) == OURS
+    (patch,) = apiserver["patch", NODES]
+    assert patch.data[0] == {"op": "test", "path": LOCK_POINTER, "value": older}  # compare-and-set
+    same = await take_node_lock(api, "n1", "default", "p1", now=NOW, refresh=True)
+    assert (same.value, same.written) == (OURS, True)  # the value it would write is there already
+    assert len(apiserver["patch", NODES]) == 1

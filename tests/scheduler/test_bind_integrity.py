@@ -188,14 +188,16 @@ async def test_a_bind_whose_deadline_passed_while_waiting_writes_nothing(
     start_extender: StartExtender,
 ) -> None:
     ticker = Ticker()
-    ext = await start_extender(nodes=[locked("n1")], pods=[holder(), group_pod("g")], ticker=ticker)
+    ext = await start_extender(
+        nodes=[locked("n1")], pods=[holder(), group_pod("g")], ticker=ticker, bind_timeout=20.0
+    )  # a PodGroup member would wait 28 s: the 20 s deadline comes first
     waiter = asyncio.create_task(ext.bind("g", "n1"))
     await until(lambda: holder_checks(ext) >= 1, "the member to meet the busy lock")
-    ticker.now = 30.0  # kube-scheduler's 30 s extender timeout is over: it no longer waits for us
+    ticker.now = 21.0  # kube-scheduler's extender timeout is over: it no longer waits for us
     assert await release_node_lock(ext.ctx.api, "n1", "default", "holder")
     result = await asyncio.wait_for(waiter, timeout=30)
     assert result["Error"].startswith(
-        "kube-scheduler's bind timeout (30 s) passed before taking the node lock"
+        "kube-scheduler's bind timeout (20 s) passed before taking the node lock"
     )
     node_writes = [r for r in ext.apiserver["patch", NODES]]
     assert len(node_writes) == 1  # the release above; none of the bind's

@@ -90,7 +90,7 @@ async def test_a_group_member_gives_up_after_the_retry_timeout(start_extender: S
     assert result["Error"] == "node n1 has been locked within 5m0s by default/holder"
     assert _holder_checks(ext) >= 1
     assert await _lock(ext) == HELD
-    assert (await ext.pod("g"))["metadata"]["annotations"] == {POD_BIND_PHASE: "failed"}
+    assert (await ext.pod("g"))["metadata"]["annotations"] == {POD_BIND_PHASE: "failed", "hami.io/bind-time": "1777629600"}
 
 
 async def test_an_init_container_only_pod_takes_the_lock_too(start_extender: StartExtender) -> None:
@@ -103,7 +103,9 @@ async def test_an_init_container_only_pod_takes_the_lock_too(start_extender: Sta
     assert await _lock(ext) == HELD
     assert await release_node_lock(ext.ctx.api, "n1", "default", "holder")  # the agent's release
     assert await ext.bind("warm", "n1") == {"Error": ""}
-    assert await _lock(ext) == "2026-05-01T10:00:00Z,default,warm"
+    # one second after its first attempt's recorded failure (bind-time 10:00:00): a lock that is not
+    # newer than its holder's failure may be taken over
+    assert await _lock(ext) == "2026-05-01T10:00:01Z,default,warm"
     pod = await ext.pod("warm")
     annotations = pod["metadata"]["annotations"]
     assert annotations[POD_BIND_PHASE] == "allocating"
