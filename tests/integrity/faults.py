@@ -17,6 +17,10 @@ Reads (``pod-get``, ``node-get``, ``pod-list``) are answered from the emulator's
 acknowledged without being stored: kmock matches every request against its whole request history
 (its cost grows with every request served), and neither changes any state the invariants look at.
 Writes go to kmock over HTTP, so its merge and JSON-patch semantics (``test`` ops included) apply.
+kmock keeps no ``resourceVersion``; kube-apiserver bumps it on every write and code under test tests it
+in its JSON patches, so :class:`Versions` adds a new one to every write in the same request (a JSON
+patch gets one more ``add`` op, so a failed ``test`` still stores nothing) and answers 409 to a merge
+patch whose ``resourceVersion`` precondition is stale, as kube-apiserver does.
 Nothing here sleeps: parked requests wait on an ``asyncio.Event`` that the program sets (``release``).
 The proxy keeps the counters the settle loop needs (``received``, ``inflight``, ``waiting``,
 ``released``). Events are never faulted. Test code only; imports aiohttp and kmock.
@@ -119,6 +123,51 @@ def _read(k: kmock.KubernetesEmulator, kind: str, path: str, subject: str | None
 READS = ("pod-get", "node-get", "pod-list")
 
 
+class Versions:
+    """The world's ``resourceVersion`` counter (like etcd's revision: one sequence for every object)."""
+
+    def __init__(self) -> None:
+        self._last = 0
+
+    def next(self) -> str:
+        self._last += 1
+        return str(self._last)
+
+    def stamp(self, body: bytes, content_type: str | None) -> bytes:
+        """``body`` (a PATCH) with a new resourceVersion added to what it writes."""
+        patch = json.loads(body) if body else {}
+        version = self.next()
+        if isinstance(patch, list):  # JSON patch: one more op, applied atomically with the rest
+            return json.dumps(
+                [*patch, {"op": "add", "path": "/metadata/resourceVersion", "value": version}]
+            ).encode()
+        if isinstance(patch, dict):
+            patch.setdefault("metadata", {})["resourceVersion"] = version
+            return json.dumps(patch).encode()
+        return body
+
+
+def stale_precondition(k: kmock.KubernetesEmulator, call: Call) -> web.Response | None:
+    """409 for a merge patch that names a resourceVersion other than the stored one."""
+    if call.method != "PATCH" or "json-patch" in (call.content_type or ""):
+        return None
+    try:
+        patch = json.loads(call.body)
+    except ValueError:
+        return None
+    wanted = ((patch.get("metadata") or {}) if isinstance(patch, dict) else {}).get("resourceVersion")
+    if not wanted or call.subject is None:
+        return None
+    match = _NAMESPACE.match(call.target)
+    plural = "pods" if call.kind.startswith("pod") else "nodes"
+    current = stored(k, plural, match.group(1) if match else None, call.subject) or {}
+    if (current.get("metadata") or {}).get("resourceVersion") == wanted:
+        return None
+    return _status(
+        409, "Conflict", "the object has been modified; please apply your changes to the latest version"
+    )
+
+
 @dataclass(eq=False, kw_only=True)
 class Rule:
     """One armed fault: the ``skip``+1-th request of ``who`` doing ``kind`` on ``subject`` gets ``mode``."""
@@ -168,8 +217,9 @@ def _status(code: int, reason: str, message: str) -> web.Response:
 class FaultProxy:
     """Forwards to ``upstream`` (the emulator) on 127.0.0.1 with an OS-chosen port."""
 
-    def __init__(self, upstream: kmock.KubernetesEmulator) -> None:
+    def __init__(self, upstream: kmock.KubernetesEmulator, versions: Versions | None = None) -> None:
         self._upstream = upstream
+        self.versions = versions if versions is not None else Versions()
         self._rules: list[Rule] = []
         self.parked: list[Parked] = []  # not yet released, in arrival order
         self.fired: list[str] = []  # one line per fault applied, for the failure report
@@ -237,9 +287,13 @@ class FaultProxy:
             return _read(self._upstream, call.kind, call.target.partition("?")[0], call.subject)
         if call.kind == "event":
             return web.Response(status=201, body=call.body, content_type="application/json")
+        conflict = stale_precondition(self._upstream, call)
+        if conflict is not None:
+            return conflict
         after = await self.observer(call) if self.observer is not None else None
         headers = {"Content-Type": call.content_type} if call.content_type else {}
-        response = await self._upstream.request(call.method, call.target, data=call.body, headers=headers)
+        body = self.versions.stamp(call.body, call.content_type) if call.method == "PATCH" else call.body
+        response = await self._upstream.request(call.method, call.target, data=body, headers=headers)
         payload = await response.read()
         if after is not None:
             after(response.status)

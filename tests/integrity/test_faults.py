@@ -10,8 +10,8 @@ from typing import Any
 import kmock
 import pytest
 
-from hami.kube.client import KubeError, load_api_client
-from hami.kube.pods import get_pod, list_pods, patch_pod
+from hami.kube.client import KubeError, call_json, core_api, load_api_client
+from hami.kube.pods import MERGE_PATCH, get_pod, list_pods, patch_pod
 from hami.sim.apiserver import write_kubeconfig
 
 from .faults import FaultProxy, Mode, Rule, classify, stored
@@ -149,3 +149,31 @@ async def test_reads_come_from_the_emulators_store(
     with pytest.raises(KubeError) as caught:
         await get_pod(client, "default", "p2")
     assert caught.value.status == 404
+
+
+async def json_patch_pod(api: Any, namespace: str, name: str, operations: list[dict[str, Any]]) -> Any:
+    return await call_json(api, core_api(api).patch_namespaced_pod, name, namespace, operations)
+
+
+async def test_every_write_gets_a_new_resource_version_and_stale_tests_fail(
+    apiserver: kmock.KubernetesEmulator, proxy: FaultProxy, client: Any
+) -> None:
+    read = await patch_pod(client, "default", "p1", annotations={"a": "1"})
+    version = read["metadata"]["resourceVersion"]
+    assert stored(apiserver, "pods", "default", "p1")["metadata"]["resourceVersion"] == version  # type: ignore[index]
+    test = [{"op": "test", "path": "/metadata/resourceVersion", "value": version}]
+    change = [{"op": "add", "path": "/metadata/annotations/a", "value": "2"}]
+    assert (await json_patch_pod(client, "default", "p1", test + change))["metadata"]["annotations"][
+        "a"
+    ] == "2"
+    with pytest.raises(KubeError):  # the version moved on with that write: the same test now fails
+        await json_patch_pod(
+            client, "default", "p1", [*test, {"op": "add", "path": "/metadata/annotations/a", "value": "3"}]
+        )
+    assert annotation(apiserver, "p1") == "2"
+    stale = {"metadata": {"resourceVersion": version, "annotations": {"a": "4"}}}
+    with pytest.raises(KubeError) as caught:  # a merge patch naming an old version: 409, as kube-apiserver
+        await call_json(
+            client, core_api(client).patch_namespaced_pod, "p1", "default", stale, _content_type=MERGE_PATCH
+        )
+    assert caught.value.status == 409 and annotation(apiserver, "p1") == "2"

@@ -2,7 +2,8 @@
 every step.
 
 The world: the embedded API server (kmock with the project's reactions, plus kube-apiserver's Binding
-rules: 409 for a pod already bound or a UID that no longer matches), the fault proxy in front of it,
+rules: 409 for a pod already bound or a UID that no longer matches; every write gets a new
+``resourceVersion``, see :class:`~.faults.Versions`), the fault proxy in front of it,
 one scheduler (:class:`~.parts.Extender`, replaced by a fresh one on ``Kill``), and per node the agent
 and a kubelet model (:class:`~.parts.NodeSide`). Cluster: ``n1`` with two cards, ``n2`` with one; each
 card 8,000 MiB, 100 cores, 3 slots; a 5-minute node-lock timeout; the clock starts at
@@ -63,7 +64,7 @@ from monitor.config import NodeSettings
 
 from . import checker
 from .checker import Served, View, bind_phase, bound_to, key_of, meta, phase_of
-from .faults import Call, FaultProxy, Rule, stored, stored_list
+from .faults import Call, FaultProxy, Rule, Versions, stored, stored_list
 from .parts import Extender, NodeSide, admissible
 from .program import Admit, Advance, Bind, Delete, Finish, Kill, Program, Recreate, Release, Shape, Step
 from .settle import CountingExecutor, settle
@@ -169,7 +170,7 @@ def make_pod(name: str, generation: int, shape: Shape) -> dict[str, Any]:
     }
 
 
-async def strict_binding(k: kmock.KubernetesEmulator) -> None:
+async def strict_binding(k: kmock.KubernetesEmulator, versions: Versions) -> None:
     """kube-apiserver's Binding rules over the project's reaction: 404 for a missing pod, 409 for a UID
     precondition that fails or a pod that already has a node."""
 
@@ -195,7 +196,9 @@ async def strict_binding(k: kmock.KubernetesEmulator) -> None:
                 409, "Conflict", f"pod {request.name} is already assigned to node {bound_to(pod)!r}"
             )
         target = request.data["target"]["name"]
-        await k.patch(path, json={"spec": {"nodeName": target}})
+        await k.patch(
+            path, json={"metadata": {"resourceVersion": versions.next()}, "spec": {"nodeName": target}}
+        )
         return {"apiVersion": "v1", "kind": "Status", "status": "Success", "code": 201}
 
     (k**10)["post", kmock.resource("v1/pods"), kmock.subresource("binding")] << bind
@@ -222,6 +225,7 @@ class World:
         self.k: kmock.KubernetesEmulator
         self.proxy: FaultProxy
         self.kubeconfig = ""
+        self.versions = Versions()
         self._numbers = 0
         self._fired = 0
         self.final: View | None = None  # the objects at the end of a clean run
@@ -233,12 +237,13 @@ class World:
         loop.set_default_executor(self.executor)
         async with embedded_apiserver() as k:
             self.k = k
-            await strict_binding(k)
+            await strict_binding(k, self.versions)
             for node in cluster_nodes():
+                node["metadata"]["resourceVersion"] = self.versions.next()
                 await k.post("/api/v1/nodes", json=node)
             for index in range(len(self.program.shapes)):
                 await self._create(index)
-            self.proxy = FaultProxy(k)
+            self.proxy = FaultProxy(k, self.versions)
             self.proxy.observer = self._observe
             url = await self.proxy.start()
             self.kubeconfig = str(write_kubeconfig(self.workdir / "kubeconfig", url))
@@ -304,7 +309,8 @@ class World:
         return {key_of(p): p for p in pods}
 
     async def _set_status(self, pod: Mapping[str, Any], status: dict[str, Any]) -> None:
-        await self.k.patch(f"{PODS}/{meta(pod).get('name')}", json={"status": status})
+        stamp = {"resourceVersion": self.versions.next()}
+        await self.k.patch(f"{PODS}/{meta(pod).get('name')}", json={"metadata": stamp, "status": status})
 
     async def _create(self, index: int) -> None:
         name = f"p{index}"
@@ -312,6 +318,7 @@ class World:
         self.generation[name] = generation
         pod = make_pod(name, generation, self.program.shapes[index])
         self.uids[name] = str(pod["metadata"]["uid"])
+        pod["metadata"]["resourceVersion"] = self.versions.next()
         await self.k.post(PODS, json=pod)
 
     async def view(self) -> View:
@@ -493,6 +500,10 @@ class World:
             self.log.append(f"end: release #{entry.number}: {entry.summary}")
             self.proxy.release(entry)
             await self._after("releasing everything at the end")
+        live = [a.task for a in self.actors if not a.task.done()]
+        if live:  # nothing is parked: give a timer in the code under test its chance, then settle
+            await asyncio.wait(live, timeout=10.0)
+            await self._after("waiting for the last binds and Allocates")
         hung = [f"{a.kind} {a.pod}->{a.node}" for a in self.actors if not a.task.done()]
         if hung:
             raise Violation(self.report("the end", [f"[hang] still running with nothing parked: {hung}"]))
@@ -510,6 +521,7 @@ class World:
             probe = f"probe-{name}"
             shape = Shape("app", 1, 1, 0)
             body = make_pod(probe, 0, shape)
+            body["metadata"]["resourceVersion"] = self.versions.next()
             await self.k.post(PODS, json=body)
             self.log.append(f"end: probe bind {probe} -> {name}")
             await self._bind(probe, name, (), uid=str(body["metadata"]["uid"]))
