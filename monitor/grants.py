@@ -143,7 +143,8 @@ class GrantBook:
 
     Lists the pods bound to the node (field selector, re-checked client-side) and keeps those the
     scheduler assigned here. The tuple is replaced whole, so the exporter's scrape thread always
-    reads one consistent list.
+    reads one consistent list. A pod that cannot be read (an unreadable annotation, or any error reading
+    it) is left out with a log line naming it; it never ends the loop, nor the agent.
     """
 
     def __init__(self, *, api: Any, node_name: str) -> None:
@@ -162,11 +163,11 @@ class GrantBook:
                 continue
             try:
                 grants = read_pod_grants(pod)
-            except AnnotationError as exc:
+            except Exception as exc:  # one unreadable pod (AnnotationError, or an odd shape) is skipped
                 metadata = pod.get("metadata") or {}
-                log.warning(
-                    "pod %s/%s: not exported: %s", metadata.get("namespace"), metadata.get("name"), exc
-                )
+                reason = str(exc) if isinstance(exc, AnnotationError) else f"{type(exc).__name__}: {exc}"
+                namespace, name = metadata.get("namespace"), metadata.get("name")
+                log.warning("pod %s/%s: not exported: %s", namespace, name, reason[:500])
                 continue
             if grants is not None:
                 tracked.append(grants)

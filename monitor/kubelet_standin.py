@@ -424,12 +424,11 @@ async def serve(args: argparse.Namespace) -> None:
             target.observe(kind, pod)
 
     def resync(pods: list[dict[str, Any]]) -> None:
+        """A pod list is complete (each pod already came through ``dispatch``): free the pods gone."""
         present = {(p["metadata"].get("namespace") or "", p["metadata"]["name"]) for p in pods}
         for kubelet in kubelets.values():
             for key in [k for k in kubelet.assigned if k not in present]:
                 kubelet.release(key)
-        for pod in pods:
-            dispatch("ADDED", pod)
 
     loop = asyncio.get_running_loop()
     watcher = ListWatcher(api, "pods", loop=loop, on_list=resync, on_event=dispatch)

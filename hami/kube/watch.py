@@ -1,7 +1,7 @@
 """List + watch of Nodes, Pods or ResourceQuotas (all namespaces) in a thread that feeds an asyncio loop.
 
-Owns the informer-like loop: list (raw JSON), hand the full list to the loop, then watch from the
-list's resourceVersion and hand every event over; when a watch ends (server timeout, client read
+Owns the informer-like loop: list (raw JSON) and hand it to the loop, then watch from the list's
+resourceVersion and hand every event over; when a watch ends (server timeout, client read
 timeout, dropped connection) watch again from the last resourceVersion seen; on ``410 Gone`` (an
 HTTP 410 or an ``ERROR`` event with code 410) list again; on other errors wait ``backoff`` seconds and
 list again. Callbacks run on the loop (``call_soon_threadsafe``), never in the thread. Some API
@@ -10,6 +10,14 @@ idempotent upserts. Every restart is reported to ``on_restart`` with its cause (
 closed the stream; ``dropped``: a read timeout or a broken connection; ``gone_410``: relist after 410;
 ``error``: another failed list or watch, retried after ``backoff``), so the caller can count them
 without this module knowing about metrics. Stopping is not a restart.
+
+Dispatch, on the loop, one object at a time (like client-go's informer): each listed object goes to
+``on_event("ADDED", obj)``, then ``on_list(applied)`` says the list is complete (``applied``: the listed
+objects that were handled; the consumer forgets every other object and counts itself synced); each
+watch event goes to ``on_event``. An exception from the handler for ONE object never aborts the list or
+the watch: the object is skipped (a listed one is left out of ``applied``), logged with its kind, name
+and reason, counted in ``skipped``, and reported to ``on_skip(kind, obj, error)`` (the caller records
+a Warning Event on it) once per object and reason until the object is handled well again or deleted.
 Imports ``hami.kube.client`` and ``urllib3``; nothing above ``hami.kube``.
 """
 
@@ -34,6 +42,7 @@ ListCallback = Callable[[list[dict[str, Any]]], None]
 EventCallback = Callable[[str, dict[str, Any]], None]
 ErrorCallback = Callable[[KubeError], None]
 RestartCallback = Callable[[str], None]
+SkipCallback = Callable[[str, dict[str, Any], Exception], None]
 
 #: Why a list/watch started over (the values handed to ``on_restart``).
 ENDED = "ended"
@@ -48,6 +57,11 @@ METHODS: dict[str, str] = {
     "pods": "list_pod_for_all_namespaces",
     "resourcequotas": "list_resource_quota_for_all_namespaces",
 }
+#: The object kind of each resource (list items and watch objects may carry none), for logs and Events.
+OBJECT_KINDS: dict[str, str] = {"nodes": "Node", "pods": "Pod", "resourcequotas": "ResourceQuota"}
+ADDED = "ADDED"
+#: Longest error text put in a log line or handed to ``on_skip`` callers' messages.
+MAX_REASON = 500
 
 
 def _lines(response: Any) -> Iterator[bytes]:
@@ -74,6 +88,7 @@ class ListWatcher:
         on_event: EventCallback,
         on_error: ErrorCallback | None = None,
         on_restart: RestartCallback | None = None,
+        on_skip: SkipCallback | None = None,
         watch_seconds: int = 300,
         backoff: float = 1.0,
     ) -> None:
@@ -84,6 +99,7 @@ class ListWatcher:
         self._on_event = on_event
         self._on_error = on_error
         self._on_restart = on_restart
+        self._on_skip = on_skip
         self._watch_seconds = watch_seconds
         self._backoff = backoff
         self._stopping = threading.Event()
@@ -93,6 +109,9 @@ class ListWatcher:
         #: how many watch requests were opened (each reconnect counts); for health and tests
         self.watches_opened = 0
         self.lists_done = 0
+        #: objects whose handler failed (each failure counts); read on the loop
+        self.skipped = 0
+        self._reported: dict[tuple[str, str], str] = {}  # (namespace, name) -> reason last reported
 
     def start(self) -> None:
         self._thread.start()
@@ -107,6 +126,48 @@ class ListWatcher:
             with contextlib.suppress(ValueError, RuntimeError, OSError):
                 response.shutdown()
         self._thread.join(timeout)
+
+    # ------------------------------------------------------------------------- dispatch (on the loop)
+
+    def _dispatch_list(self, items: list[Any]) -> None:
+        applied = [obj for obj in items if isinstance(obj, dict) and self._apply(ADDED, obj)]
+        try:
+            self._on_list(applied)
+        except Exception:
+            logger.exception("list of %s: the list handler failed", self._kind)
+
+    def _dispatch_event(self, kind: str, obj: dict[str, Any]) -> None:
+        self._apply(kind, obj)
+
+    def _apply(self, kind: str, obj: dict[str, Any]) -> bool:
+        """Hand one object to ``on_event``; True when it was handled, False when it was skipped."""
+        metadata = obj.get("metadata")
+        metadata = metadata if isinstance(metadata, dict) else {}
+        key = (str(metadata.get("namespace") or ""), str(metadata.get("name") or ""))
+        try:
+            self._on_event(kind, obj)
+        except Exception as exc:
+            self._skip(key, obj, exc)
+            return False
+        if self._reported:  # handled well (or deleted): a later failure is reported again
+            self._reported.pop(key, None)
+        return True
+
+    def _skip(self, key: tuple[str, str], obj: dict[str, Any], exc: Exception) -> None:
+        self.skipped += 1
+        kind = OBJECT_KINDS[self._kind]
+        reason = f"{type(exc).__name__}: {exc}"[:MAX_REASON]
+        name = "/".join(part for part in key if part)
+        if self._reported.get(key) == reason:
+            logger.debug("%s %s skipped again: %s", kind, name, reason)
+            return
+        self._reported[key] = reason
+        logger.warning("%s %s skipped: %s", kind, name, reason)
+        if self._on_skip is not None:
+            try:
+                self._on_skip(kind, obj, exc)
+            except Exception:
+                logger.exception("%s %s: reporting the skip failed", kind, name)
 
     # ------------------------------------------------------------------------------------- thread
 
@@ -148,7 +209,7 @@ class ListWatcher:
         except Exception as exc:
             raise error_from(exc) from exc
         self.lists_done += 1
-        self._deliver(self._on_list, list(body.get("items") or []))
+        self._deliver(self._dispatch_list, list(body.get("items") or []))
         return str((body.get("metadata") or {}).get("resourceVersion") or "")
 
     def _watch(self, version: str) -> str:
@@ -203,5 +264,5 @@ class ListWatcher:
             return version
         version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
         if kind != "BOOKMARK":
-            self._deliver(self._on_event, kind, obj)
+            self._deliver(self._dispatch_event, kind, obj)
         return version

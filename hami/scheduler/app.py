@@ -58,6 +58,8 @@ RECORDER: web.AppKey[EventRecorder] = web.AppKey("recorder", EventRecorder)
 MAX_BODY: web.AppKey[int] = web.AppKey("max_body", int)
 NO_BODY = "Please send a request body"
 MALFORMED_REGISTRATION = "InvalidNodeRegistration"
+#: The Event reason on an object the watch skipped because handling it failed.
+SKIPPED_OBJECT = "SkippedByGPUScheduler"
 
 
 def build_context(
@@ -241,6 +243,26 @@ async def _registration_pass(ctx: Context, on_handshake: Callable[[str], None] |
                 on_handshake(name)
 
 
+def _skip_reporter(ctx: Context) -> Callable[[str, dict[str, Any], Exception], None]:
+    """A Warning Event on an object the watch skipped because handling it failed (ListWatcher's
+    ``on_skip``: once per object and reason)."""
+
+    def report(kind: str, obj: dict[str, Any], error: Exception) -> None:
+        metadata = obj.get("metadata") or {}
+        event = record_event(
+            ctx.api,
+            involved={"apiVersion": "v1", "kind": kind, "metadata": metadata},
+            reason=SKIPPED_OBJECT,
+            message=f"{ctx.settings.scheduler_name} could not handle this {kind} and skipped it (one "
+            f"skipped while listing is left out of GPU scheduling): {type(error).__name__}: {error}",
+            type="Warning",
+            component=ctx.settings.scheduler_name,
+        )
+        ctx.background.spawn(event, f"{SKIPPED_OBJECT} event on {kind} {metadata.get('name')}")
+
+    return report
+
+
 def _watching(ctx: Context) -> Callable[[web.Application], AsyncIterator[None]]:
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         loop = asyncio.get_running_loop()
@@ -256,9 +278,9 @@ def _watching(ctx: Context) -> Callable[[web.Application], AsyncIterator[None]]:
             return apply
 
         feeds: tuple[tuple[Kind, str, Callable[..., None], Callable[[str, dict[str, Any]], None]], ...] = (
-            ("nodes", "node", snapshot.replace_nodes, snapshot.node_event),
-            ("pods", "pod", snapshot.replace_pods, snapshot.pod_event),
-            ("resourcequotas", "quota", snapshot.replace_quotas, snapshot.quota_event),
+            ("nodes", "node", snapshot.nodes_listed, snapshot.node_event),
+            ("pods", "pod", snapshot.pods_listed, snapshot.pod_event),
+            ("resourcequotas", "quota", snapshot.quotas_listed, snapshot.quota_event),
         )
         watchers = [
             ListWatcher(
@@ -268,6 +290,7 @@ def _watching(ctx: Context) -> Callable[[web.Application], AsyncIterator[None]]:
                 on_list=on_list,
                 on_event=count(kind, on_event),
                 on_restart=ctx.metrics.watch_restarted(resource),
+                on_skip=_skip_reporter(ctx),
             )
             for resource, kind, on_list, on_event in feeds
         ]

@@ -68,7 +68,14 @@ class QuotaBook:
 
     def replace(self, items: Iterable[Mapping[str, Any]]) -> None:
         """A full ResourceQuota list: upsert each, forget the ones that are gone."""
-        seen = {self._upsert(obj) for obj in items}
+        listed = list(items)
+        for obj in listed:
+            self._upsert(obj)
+        self.listed(listed)
+
+    def listed(self, items: Iterable[Mapping[str, Any]]) -> None:
+        """A list is complete and each of ``items`` already came through :meth:`event`: forget the rest."""
+        seen = {_key(obj) for obj in items}
         for key in [k for k in self._limits if k not in seen]:
             self._drop(key)
         self.synced = True

@@ -200,9 +200,15 @@ class Snapshot:
 
     def replace_nodes(self, items: Iterable[Mapping[str, Any]]) -> None:
         """A full node list: upsert each, drop the nodes that are gone."""
-        seen = set()
-        for obj in items:
-            seen.add(self._upsert_node(obj))
+        listed = list(items)
+        for obj in listed:
+            self._upsert_node(obj)
+        self.nodes_listed(listed)
+
+    def nodes_listed(self, items: Iterable[Mapping[str, Any]]) -> None:
+        """A node list is complete and each of ``items`` already came through :meth:`node_event` (the
+        watcher's dispatch; a node it skipped is not among them): drop every other node."""
+        seen = {str((obj.get("metadata") or {}).get("name") or "") for obj in items}
         for name in [n for n in self._nodes if n not in seen]:
             del self._nodes[name]
             self._lock_changed(name, None)
@@ -274,9 +280,15 @@ class Snapshot:
 
     def replace_pods(self, items: Iterable[Mapping[str, Any]]) -> None:
         """A full pod list: recompute every record, forget the pods that are gone."""
-        seen: set[PodKey] = set()
-        for obj in items:
-            seen.add(self._upsert_pod(obj))
+        listed = list(items)
+        for obj in listed:
+            self._upsert_pod(obj)
+        self.pods_listed(listed)
+
+    def pods_listed(self, items: Iterable[Mapping[str, Any]]) -> None:
+        """A pod list is complete and each of ``items`` already came through :meth:`pod_event`: forget
+        every other pod (one the watcher skipped included)."""
+        seen = {_key(obj) for obj in items}
         for key in [k for k in self._observed.keys() | self._bookings.keys() if k not in seen]:
             self._forget(key)
         self.pods_synced = True
@@ -390,6 +402,10 @@ class Snapshot:
     def replace_quotas(self, items: Iterable[Mapping[str, Any]]) -> None:
         """A full ResourceQuota list (the limits; the used amounts come from the tracked pods)."""
         self.quotas.replace(items)
+
+    def quotas_listed(self, items: Iterable[Mapping[str, Any]]) -> None:
+        """A ResourceQuota list is complete, each of ``items`` already applied through :meth:`quota_event`."""
+        self.quotas.listed(items)
 
     def quota_event(self, kind: str, obj: Mapping[str, Any]) -> None:
         self.quotas.event(kind, obj)

@@ -57,7 +57,8 @@ async def test_quotas_are_listed_then_watched(apiserver: kmock.KubernetesEmulato
             pass
 
     try:
-        assert await asyncio.wait_for(seen.get(), timeout=10) == ("LIST", ["a"])
+        assert await asyncio.wait_for(seen.get(), timeout=10) == ("ADDED", "a")  # listed: one by one
+        assert await asyncio.wait_for(seen.get(), timeout=10) == ("LIST", ["a"])  # then the list is complete
         await _create(apiserver, "b", "team")
         await until(("ADDED", "b"))
         await apiserver.delete("/api/v1/namespaces/team/resourcequotas/a")

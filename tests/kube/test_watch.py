@@ -1,4 +1,5 @@
-"""List + watch threads against the embedded API server: events arrive, ended watches resume, 410 relists."""
+"""List + watch threads against the embedded API server: listed objects arrive one by one, then the list;
+events arrive, ended watches resume, 410 relists; an object whose handler fails is skipped and reported."""
 
 from __future__ import annotations
 
@@ -35,6 +36,11 @@ class Feed:
         while await self.next() != wanted:
             pass
 
+    async def listed(self, names: list[str]) -> None:
+        """A list: each object handed over as ADDED (in the list's order), then the list itself."""
+        assert [await self.next() for _ in names] == [("ADDED", name) for name in names]
+        assert await self.next() == ("LIST", names)
+
 
 @pytest.fixture
 async def feed(api: Any) -> AsyncIterator[tuple[Feed, ListWatcher]]:
@@ -59,7 +65,7 @@ async def test_list_then_live_events(apiserver: Emulator, feed: tuple[Feed, List
     events, watcher = feed
     await apiserver.post("/api/v1/nodes", json=_node("n1"))
     watcher.start()
-    assert await events.next() == ("LIST", ["n1"])
+    await events.listed(["n1"])
     await events.until(("ADDED", "n1"))  # the embedded server replays existing objects on connect
     await apiserver.post("/api/v1/nodes", json=_node("n2"))
     assert await events.next() == ("ADDED", "n2")
@@ -89,8 +95,8 @@ async def test_gone_makes_it_list_again(apiserver: Emulator, feed: tuple[Feed, L
     apiserver[kmock.action.WATCH, NODES][:1] << (json.dumps(expired) + "\n").encode()
     await apiserver.post("/api/v1/nodes", json=_node("n1"))
     watcher.start()
-    assert await events.next() == ("LIST", ["n1"])
-    assert await events.next() == ("LIST", ["n1"])
+    await events.listed(["n1"])
+    await events.listed(["n1"])
     assert watcher.lists_done == 2
 
 
@@ -148,3 +154,54 @@ async def test_restarts_are_reported_with_their_cause(apiserver: Emulator, api: 
     # each restart is delivered to the loop before the list it leads to, so all three have arrived
     assert causes == ["ended", "gone_410", "error"]
     assert watcher.lists_done == 3
+
+
+class PoisonFeed(Feed):
+    """A handler that fails on nodes labelled ``poison=yes``, as a decoder bug would."""
+
+    def on_event(self, kind: str, obj: dict[str, Any]) -> None:
+        if (obj["metadata"].get("labels") or {}).get("poison") == "yes":
+            raise RecursionError(f"cannot read {obj['metadata']['name']}")
+        super().on_event(kind, obj)
+
+
+async def test_an_object_whose_handler_fails_is_skipped_and_the_list_goes_on(
+    apiserver: Emulator, api: Any
+) -> None:
+    """One poisoned object neither aborts the list nor stops the watch: it is skipped, counted and
+    reported once per reason (again only after it was handled well in between)."""
+    poisoned = {"metadata": {"name": "bad", "labels": {"poison": "yes"}}}
+    for node in (_node("a"), {**_node("bad"), **poisoned}, _node("c")):
+        await apiserver.post("/api/v1/nodes", json=node)
+    events = PoisonFeed()
+    skips: list[tuple[str, str, str]] = []
+    watcher = ListWatcher(
+        api,
+        "nodes",
+        loop=asyncio.get_running_loop(),
+        on_list=events.on_list,
+        on_event=events.on_event,
+        on_skip=lambda kind, obj, exc: skips.append((kind, obj["metadata"]["name"], repr(exc))),
+        backoff=0.01,
+    )
+    watcher.start()
+    try:
+        assert [await events.next() for _ in range(3)] == [
+            ("ADDED", "a"),
+            ("ADDED", "c"),
+            ("LIST", ["a", "c"]),
+        ]
+        assert skips == [("Node", "bad", "RecursionError('cannot read bad')")]
+        await events.until(("ADDED", "c"))  # the replay on connect: "bad" fails again
+        await apiserver.post("/api/v1/nodes", json=_node("late"))
+        await events.until(("ADDED", "late"))  # the watch goes on
+        assert watcher.skipped >= 2
+        assert len(skips) == 1  # the same reason is reported once
+        await apiserver.patch("/api/v1/nodes/bad", json={"metadata": {"labels": {"poison": "no"}}})
+        await events.until(("MODIFIED", "bad"))  # handled well now
+        await apiserver.patch("/api/v1/nodes/bad", json={"metadata": {"labels": {"poison": "yes"}}})
+        await apiserver.post("/api/v1/nodes", json=_node("later"))
+        await events.until(("ADDED", "later"))
+        assert [name for _, name, _ in skips] == ["bad", "bad"]
+    finally:
+        await asyncio.to_thread(watcher.stop)

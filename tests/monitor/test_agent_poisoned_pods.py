@@ -1,0 +1,70 @@
+"""The node agent's pod list never ends the agent: a pod with a hostile annotation (a number of
+thousands of digits, JSON nested thousands deep) or of a shape nothing expects is skipped with its
+reason, the other pods are tracked, and the refresh loop keeps running (issue 11, finding 4: the same
+annotation used to make ``hami-monitor`` exit)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import kmock
+import pytest
+from exporter_helpers import NODE, create_gpu_pod, grant
+
+from hami.annotations import POD_DEVICES_ALLOCATED, POD_MIG_ALLOCATIONS
+from monitor.grants import GrantBook
+
+HUGE = "9" * 5000
+DEEP = "[" * 50_000 + "]" * 50_000
+
+
+async def test_poisoned_pods_are_skipped_and_the_loop_goes_on(
+    apiserver: kmock.KubernetesEmulator, api: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="monitor.grants")
+    await create_gpu_pod(apiserver, "good", [[grant("GPU-0000", 1000, 10)]], containers=["m"])
+    await create_gpu_pod(
+        apiserver,
+        "huge",
+        [[grant("GPU-0000", 1000, 10)]],
+        containers=["m"],
+        annotations={POD_DEVICES_ALLOCATED: f"GPU-0000,NVIDIA,{HUGE},10:;"},
+    )
+    await create_gpu_pod(
+        apiserver,
+        "deep",
+        [[grant("GPU-0000", 1000, 10)]],
+        containers=["m"],
+        annotations={POD_MIG_ALLOCATIONS: DEEP},
+    )
+    await create_gpu_pod(
+        apiserver,
+        "odd",
+        [[grant("GPU-0000", 1000, 10)]],
+        containers=["m"],
+        init_containers=["i"],
+        init_statuses="not a list",  # type: ignore[arg-type]  # the API server stand-in validates nothing
+    )
+    book = GrantBook(api=api, node_name=NODE)
+    loop = asyncio.create_task(book.run(0.01))
+    try:
+        async with asyncio.timeout(10):
+            while not book.pods:
+                assert not loop.done(), loop
+                await asyncio.sleep(0.01)
+        assert [pod.name for pod in book.pods] == ["good"]
+        await create_gpu_pod(apiserver, "later", [[grant("GPU-0000", 2000, 20)]], containers=["m"])
+        async with asyncio.timeout(10):
+            while len(book.pods) < 2:
+                assert not loop.done(), loop
+                await asyncio.sleep(0.01)
+        assert sorted(pod.name for pod in book.pods) == ["good", "later"]
+    finally:
+        loop.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await loop
+    skipped = " ".join(r.getMessage() for r in caplog.records)
+    for name in ("default/huge", "default/deep", "default/odd"):
+        assert name in skipped, skipped

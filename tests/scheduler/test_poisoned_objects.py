@@ -1,0 +1,144 @@
+"""One hostile object never stops the scheduler: a list holding a poisoned Node, Pod or ResourceQuota
+still makes the snapshot ready, /filter still judges the other nodes, the bad node is excluded with a
+Warning Event, and the watch goes on (issue 11, finding 4; duplicate card ids: finding 5)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import kmock
+
+from hami.annotations import (
+    POD_DEVICES_ALLOCATED,
+    POD_MIG_ALLOCATIONS,
+    POD_VGPU_NODE,
+    POD_VGPU_TIME,
+    encode_node_devices,
+)
+from hami.core.model import NamespaceQuota
+
+from .kit import StartExtender, card, make_node, make_pod, until
+
+EVENTS = kmock.resource("v1/events")
+MEM = "limits.nvidia.com/gpumem"
+CORES = "limits.nvidia.com/gpucores"
+HUGE = "9" * 5000  # beyond Python's int-from-str limit (4,300 digits)
+DEEP = "[" * 50_000 + "]" * 50_000  # beyond the json module's recursion limit
+
+
+def _events(ext: Any, reason: str) -> dict[str, str]:
+    """involved object name -> message of the Events with ``reason`` the extender created."""
+    return {
+        r.data["involvedObject"]["name"]: r.data["message"]
+        for r in ext.apiserver["post", EVENTS]
+        if r.data["reason"] == reason
+    }
+
+
+def _quota(name: str, namespace: str, hard: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"hard": hard},
+    }
+
+
+def _tracked(name: str, node: str, allocated: str, **more: str) -> dict[str, Any]:
+    annotations = {POD_VGPU_NODE: node, POD_VGPU_TIME: "1700000000", POD_DEVICES_ALLOCATED: allocated, **more}
+    pod = make_pod(name, annotations=annotations)
+    pod["spec"]["nodeName"] = node
+    pod["status"] = {"phase": "Running"}
+    return pod
+
+
+async def test_poisoned_objects_in_the_lists_leave_the_scheduler_ready_and_filtering(
+    start_extender: StartExtender,
+) -> None:
+    legacy = f"GPU-x-0,{HUGE},1000,100,NVIDIA,0,true:"
+    twice = card("twice", 0)
+    duplicated = encode_node_devices([twice, card("twice", 1), twice])  # one card registered twice
+    started = time.perf_counter()
+    ext = await start_extender(
+        nodes=[
+            make_node("good"),
+            make_node("huge-number", register=legacy),
+            make_node("deep-json", register=DEEP),
+            make_node("twice", register=duplicated),
+        ],
+        pods=[
+            _tracked("uses-good", "good", "GPU-good-0,NVIDIA,1000,30:;"),
+            _tracked("huge", "good", f"GPU-good-1,NVIDIA,{HUGE},30:;"),
+            _tracked("deep-mig", "good", "GPU-good-1,NVIDIA,1000,30:;", **{POD_MIG_ALLOCATIONS: DEEP}),
+        ],
+        quotas=[
+            _quota("huge", "team", {MEM: "1" * 5000, CORES: "20"}),
+            _quota("exponent", "lab", {MEM: "1e10000000"}),  # valid syntax; computed exactly: 32 s
+            _quota("fine", "capped", {MEM: "500"}),
+        ],
+    )
+    # the fixture waited for readiness: every list completed, in well under the exact 1e10000000
+    assert time.perf_counter() - started < 10
+
+    result = await ext.filter(make_pod("p", memory=1000), ["good", "huge-number", "deep-json", "twice"])
+    assert result["Error"] == ""
+    assert result["NodeNames"] == ["good"]
+    failed = result["FailedAndUnresolvableNodes"]
+    assert set(failed) == {"huge-number", "deep-json", "twice"}
+    assert "count" in failed["huge-number"]
+    assert "nested deeper than" in failed["deep-json"]
+    assert f"duplicate card id '{twice.uuid}'" in failed["twice"]
+
+    # the readable pod counts; the unreadable ones are not counted (and logged), the MIG one fails closed
+    tracked = ext.ctx.snapshot.tracked()
+    assert ("default", "uses-good") in tracked
+    assert ("default", "huge") not in tracked
+    # quotas: the unreadable values are ignored, the readable ones still apply
+    assert ext.ctx.snapshot.quotas.quota("team") == NamespaceQuota(cores_limit=20)
+    assert ext.ctx.snapshot.quotas.quota("lab") is None
+    capped = await ext.filter(make_pod("q", memory=1000, namespace="capped"), ["good"])
+    assert capped["NodeNames"] == [] and "quota" in str(capped).lower()
+
+    # each bad node has a Warning Event naming the problem
+    await ext.settle()
+    events = _events(ext, "InvalidNodeRegistration")
+    assert set(events) == {"huge-number", "deep-json", "twice"}
+    assert twice.uuid in events["twice"]
+
+    # the watches go on: a new node after all that is seen and used
+    await ext.apiserver.post("/api/v1/nodes", json=make_node("late"))
+    await until(lambda: ext.ctx.snapshot.problem("late", ext.ctx.clock()) is None, "the late node")
+    again = await ext.filter(make_pod("r", memory=1000), ["late", "deep-json"])
+    assert again["NodeNames"] == ["late"]
+
+
+async def test_an_object_that_makes_its_handler_fail_is_skipped_with_an_event(
+    start_extender: StartExtender,
+) -> None:
+    """Not only unreadable annotations: an object of a shape no handler expects (the embedded API
+    server validates nothing) is skipped by the watch's dispatch, with a Warning Event, and the rest of
+    the list is applied."""
+    odd_node = make_node("odd")
+    odd_node["status"] = {"allocatable": "not a map"}
+    odd_pod = _tracked("odd-pod", "good", "GPU-good-0,NVIDIA,1000,30:;")
+    odd_pod["status"] = {"phase": "Running", "initContainerStatuses": "not a list"}
+    odd_pod["spec"]["initContainers"] = [{"name": "init"}]
+    ext = await start_extender(
+        nodes=[make_node("good"), odd_node, make_node("other")],
+        pods=[odd_pod, _tracked("counted", "other", "GPU-other-0,NVIDIA,1000,30:;")],
+    )
+    result = await ext.filter(make_pod("p", memory=1000), ["good", "odd", "other"])
+    assert result["NodeNames"] == ["good", "other"]
+    assert "odd" in result["FailedAndUnresolvableNodes"]
+    assert set(ext.ctx.snapshot.tracked()) == {("default", "counted")}
+    await ext.settle()
+    skipped = _events(ext, "SkippedByGPUScheduler")
+    assert set(skipped) == {"odd", "odd-pod"}
+    assert "AttributeError" in skipped["odd"]
+    kinds = {
+        r.data["involvedObject"]["name"]: r.data["involvedObject"]["kind"]
+        for r in ext.apiserver["post", EVENTS]
+        if r.data["reason"] == "SkippedByGPUScheduler"
+    }
+    assert kinds == {"odd": "Node", "odd-pod": "Pod"}
