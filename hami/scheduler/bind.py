@@ -7,7 +7,8 @@ to this node with our grant for it is a success without a write (kube-scheduler 
 answer). A second bind of a pod while one is in progress in this process is refused.
 
 Order for a GPU pod: read the pod; fail fast when it cannot fit (no lock taken); take the node lock
-(compare-and-set, ``hami.kube.nodelock``; every pod with a GPU request, init-only ones included) —
+(``hami.scheduler.bindlock``, compare-and-set in ``hami.kube.nodelock``; every pod with a GPU
+request, init-only ones included) —
 waiting for a busy lock happens outside the node's decision queue, in a per-node line of waiters of
 which only the head polls, up to ``--node-lock-wait`` (PodGroup members ``--node-lock-retry-timeout``)
 and never past the deadline; re-read the pod and judge it again; inside the node's queue decide the
@@ -30,17 +31,15 @@ every acquired lock is handed to the hold-time metric. Must not import the Kuber
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import datetime
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from hami.annotations import (
     POD_BIND_PHASE,
     POD_DEVICES_ALLOCATED,
-    POD_GROUP_LABEL,
     POD_VGPU_NODE,
     AnnotationError,
     BindPhase,
@@ -53,7 +52,7 @@ from hami.core.allocate import fit_node
 from hami.core.model import Allocation, PodRequest
 from hami.core.usage import pod_usage
 from hami.kube.client import KubeError, NotFound
-from hami.kube.nodelock import LockGrant, NodeLockBusy, take_node_lock
+from hami.kube.nodelock import NodeLockBusy
 from hami.kube.pods import bind_pod, get_pod, json_patch_pod, unchanged_tests, write_operations
 from hami.scheduler.attempt import (
     Attempt,
@@ -68,6 +67,7 @@ from hami.scheduler.attempt import (
     release,
     undo,
 )
+from hami.scheduler.bindlock import acquire, after, count_grant, lock_wait, locks_node
 from hami.scheduler.context import Context
 from hami.scheduler.snapshot import PodRecord, local_time
 from hami.scheduler.wire import ExtenderBindingArgs, ExtenderBindingResult
@@ -124,15 +124,17 @@ async def _bind(ctx: Context, att: Attempt) -> ExtenderBindingResult:
         request = read_pod_request(pod, ctx.settings.device_config)
     except AnnotationError as exc:
         return _failed(ctx, pod, att.node, str(exc), "invalid")
-    if not request.has_devices:
+    if not locks_node(request):  # no GPU request: only the Binding
         return await _bind_plain(ctx, att, pod)
     try:
         _decide(ctx, request, att.node, att.key)  # fail fast, without locking, when it cannot fit anyway
-        att.grant = await _acquire(ctx, att, request, wait=lock_wait(ctx, pod))
+        att.grant = await acquire(
+            ctx, att, lambda: _decide(ctx, request, att.node, att.key), wait=lock_wait(ctx, pod)
+        )
     except (KubeError, BindFailure) as exc:
         await abandon(ctx, att, pod, mark=True)
         return _failed(ctx, pod, att.node, str(exc), _result_of(exc))
-    _count_grant(ctx, att.node, att.grant)
+    count_grant(ctx, att.node, att.grant)
     try:
         return await _allocate(ctx, att, request)
     except (KubeError, BindFailure) as exc:
@@ -161,7 +163,7 @@ async def _allocate(ctx: Context, att: Attempt, request: PodRequest) -> Extender
     att.deadline.check("deciding the cards")
     async with ctx.node_queue(att.node):
         # decide and book with no await in between: the next bind on this loop sees the booking
-        now = max(_after(ctx.clock(), _bind_time(pod)), att.locked_at or ctx.clock())
+        now = max(after(ctx.clock(), _bind_time(pod)), att.locked_at or ctx.clock())
         decision = _decide(ctx, request, att.node, att.key)
         annotations = allocation_annotations(
             node=att.node, devices=decision.devices, mig=decision.mig, now=now
@@ -228,128 +230,6 @@ async def _bind_plain(ctx: Context, att: Attempt, pod: dict[str, Any]) -> Extend
                 return _succeeded(ctx, pod, att.node)  # applied; only the answer was lost
         return _failed(ctx, pod, att.node, f"binding {att.ref} to {att.node}: {exc}", "api_error")
     return _succeeded(ctx, pod, att.node)
-
-
-def locks_node(request: PodRequest) -> bool:
-    """Every pod with a GPU request takes the node lock, init-only ones included (HAMi skips the lock
-    when only init containers ask for cards; the node agent then cannot pair its grant safely)."""
-    return request.has_devices
-
-
-def is_group_member(pod: Mapping[str, Any]) -> bool:
-    """A PodGroup member: label ``scheduling.x-k8s.io/pod-group`` with a non-empty value."""
-    labels = (pod.get("metadata") or {}).get("labels") or {}
-    return bool(labels.get(POD_GROUP_LABEL))
-
-
-def lock_wait(ctx: Context, pod: Mapping[str, Any]) -> float:
-    """Seconds this pod's bind waits for a busy node lock: ``--node-lock-wait``, or for a PodGroup
-    member the longer of that and ``--node-lock-retry-timeout`` (a group waits for its siblings)."""
-    if is_group_member(pod):
-        return max(ctx.settings.node_lock_wait, ctx.settings.node_lock_retry_timeout)
-    return ctx.settings.node_lock_wait
-
-
-async def _take(ctx: Context, att: Attempt) -> LockGrant:
-    """One try at the lock. Its time never repeats an earlier lock of this pod here, nor comes before
-    an earlier attempt's bind-time: a lock this pod already holds is re-taken with the new time."""
-    att.deadline.check("taking the node lock")
-    floors = [t for t in (ctx.lock_stamps.get((att.node, *att.key)), att.not_before) if t is not None]
-    now = _after(ctx.clock(), max(floors) if floors else None)
-    att.locked_at = now.replace(microsecond=0)
-    grant = await take_node_lock(
-        ctx.api,
-        att.node,
-        att.namespace,
-        att.name,
-        now=now,
-        expiry=ctx.settings.node_lock_timeout,
-        refresh=True,
-    )
-    if grant.written:
-        if len(ctx.lock_stamps) >= 4096:  # bounded: the oldest entries go first
-            ctx.lock_stamps.pop(next(iter(ctx.lock_stamps)))
-        ctx.lock_stamps[(att.node, *att.key)] = now.replace(microsecond=0)
-    return grant
-
-
-_SKEW = datetime.timedelta(minutes=1)
-
-
-def _after(now: datetime.datetime, previous: datetime.datetime | None) -> datetime.datetime:
-    """``now``, or one second after ``previous`` when ``now`` falls in the same second or earlier.
-
-    Lock values and ``bind-time`` have whole seconds; two attempts of one pod within one second would
-    write identical values, and a delayed conditional write of the first (a release, an undo) would
-    then match the second. A value that never repeats cannot be matched by a stale write."""
-    if previous is not None and now.replace(microsecond=0) <= previous <= now + _SKEW:
-        return previous + datetime.timedelta(seconds=1)
-    return now  # (a time further ahead than clocks can drift is not followed)
-
-
-async def _acquire(ctx: Context, att: Attempt, request: PodRequest, *, wait: float) -> LockGrant:
-    """Take the node lock; while another pod holds it, wait up to ``wait`` seconds (never past the
-    deadline), outside the node's decision queue.
-
-    One try at once (a re-entrant or free lock never waits behind others); then the bind joins the
-    node's line of waiters. The head of the line tries again whenever the node watch shows the lock
-    annotation change, and at least every second (a holder pod that was deleted or moved does not
-    change the annotation), each time first checking that the pod still fits (a full node fails the
-    waiters without taking the lock); 0 fails at once, as HAMi does for pods outside a PodGroup.
-    """
-    try:
-        return await _take(ctx, att)
-    except NodeLockBusy:
-        if wait <= 0:
-            raise
-    end = min(ctx.ticker() + wait, att.deadline.end)
-    line = ctx.lock_line(att.node)
-    if not await _join(line, lambda: end - ctx.ticker()):
-        return await _take(ctx, att)  # a last try: the answer names the holder
-    try:
-        while True:
-            change = ctx.snapshot.lock_change(att.node)  # registered before reading: no change is missed
-            try:
-                _decide(ctx, request, att.node, att.key)
-                return await _take(ctx, att)
-            except NodeLockBusy:
-                remaining = end - ctx.ticker()
-                if remaining <= 0:
-                    att.deadline.check("taking the node lock")  # which ran out: the deadline, or the wait
-                    raise
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(change, timeout=min(remaining, 1.0))
-            finally:
-                change.cancel()
-    finally:
-        line.release()
-
-
-async def _join(line: asyncio.Lock, remaining: Callable[[], float]) -> bool:
-    """Wait for the head of ``line`` while ``remaining()`` (seconds, on the context's ticker) is
-    positive; True once it is ours (the caller releases it)."""
-    turn = asyncio.ensure_future(line.acquire())
-    ours = False
-    try:
-        while not turn.done():
-            left = remaining()
-            if left <= 0:
-                break
-            await asyncio.wait({turn}, timeout=min(left, 1.0))
-        ours = turn.done() and not turn.cancelled()
-        return ours
-    finally:
-        if not ours:
-            if turn.done() and not turn.cancelled():
-                line.release()  # granted while we were being cancelled
-            else:
-                turn.cancel()
-
-
-def _count_grant(ctx: Context, node: str, grant: LockGrant) -> None:
-    ctx.metrics.lock_holds.acquired(node, grant.value, ctx.snapshot.lock_of(node))
-    if grant.takeover is not None:
-        ctx.metrics.lock_takeovers.labels(grant.takeover).inc()
 
 
 def _decide(ctx: Context, request: PodRequest, node: str, key: tuple[str, str]) -> Allocation:
