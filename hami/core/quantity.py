@@ -20,9 +20,10 @@ Bounds, checked before any arithmetic (``"1e10000000"`` is valid syntax whose ex
 million digits; a digit string beyond 4,300 digits makes ``int()`` raise a plain ValueError): the text
 is at most :data:`MAX_QUANTITY_LENGTH` characters, the exponent fits in 32 bits (Go's ``Scale``), and
 a value other than 0 lies between :data:`MIN_MAGNITUDE` (1n) and :data:`INT64_MAX` in absolute value,
-judged from the digit count and exponent first. Kubernetes caps larger values at ``2**63 - 1`` and
-rounds smaller ones up to 1n; we refuse both with :class:`QuantityError` (none is a device count, a MiB
-amount or a quota limit anyone means).
+judged from the digit count and exponent first. Kubernetes keeps a decimal value of any size (as a
+scaled decimal: ``1e10000000`` costs it nothing), caps binary-suffix values at ``2**63 - 1`` and rounds
+values below 1n up to 1n; we refuse all of these with :class:`QuantityError` (none is a device count, a
+MiB amount or a quota limit anyone means).
 """
 
 from __future__ import annotations

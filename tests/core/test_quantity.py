@@ -131,9 +131,9 @@ def test_binary_suffixes_are_plain_integers(number: int, suffix: str) -> None:
         ("1e10000000", "larger than"),  # valid syntax: computed exactly it took 32 s
         ("-1e10000000", "larger than"),
         ("1e-10000000", "smaller than 1n"),
-        ("9223372036854775808", "larger than"),  # INT64_MAX + 1: Kubernetes caps, we refuse
+        ("9223372036854775808", "larger than"),  # INT64_MAX + 1
         ("10E", "larger than"),
-        ("8Ei", "larger than"),  # 2^63
+        ("8Ei", "larger than"),  # 2^63: Kubernetes caps it at 2^63 - 1, we refuse
         ("0.5n", "smaller than 1n"),  # Kubernetes rounds up to 1n, we refuse
         ("1e2147483648", "does not fit in 32 bits"),
         ("1" * 65, "longer than 64 characters"),
