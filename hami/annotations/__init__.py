@@ -4,7 +4,9 @@ Owns key constants (``keys``) and encode/decode of node registration (JSON, and 
 read) with pair scores and the cordon list (``node``), pod device lists, bind phase and times
 (``pod``), node lock value and handshake (``lock``), MIG allocations (``mig``) and the steering
 annotations users set on pods (``podrequest``). Nothing else in the project splits annotation strings.
-Decoders are strict and raise :class:`AnnotationError` naming the key and the offending text.
+Decoders are strict and raise :class:`AnnotationError` naming the key and the offending text, and no
+other error whatever the text: the bounds in ``limits`` (value length, JSON depth, digit counts) are
+checked before any decoding work.
 Pure: imports ``hami.core``, ``hami.settings`` and the stdlib only (no ``os``/``time``/``logging``).
 The user-visible contract is ``docs/annotations.md``.
 """

@@ -3,7 +3,8 @@
 ``hami.io/node-nvidia-register`` is a JSON array of cards, keys ``id index count devmem devcore type
 numa mode migProfiles health``, each omitted when zero/false/empty; unknown keys are ignored and key
 case is ignored (Go's decoder). The legacy colon form (``id,count,devmem,devcore,type,numa,health
-[,index,mode]:`` per card) is still read, with HAMi's error texts. ``read_node`` turns a node's
+[,index,mode]:`` per card) is still read, with HAMi's error texts. In either form a card id listed
+twice refuses the registration (HAMi would book that card twice). ``read_node`` turns a node's
 annotations into the core's :class:`~hami.core.model.NodeState` with zero usage.
 
 Pure: ``hami.core.model`` and the stdlib.
