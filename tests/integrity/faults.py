@@ -13,6 +13,9 @@ A matching rule applies its :class:`Mode`:
 * ``hold``  parked: applied and answered when released (a slow API server);
 * ``slow``  applied at once, the answer parked until released (a lost-in-transit answer that arrives).
 
+A parked request has a time limit (``limit``, on the world's ``clock``), as kube-apiserver times a request
+out: released after it, a held or late request is never applied and a held answer becomes a 504.
+
 Reads (``pod-get``, ``node-get``, ``pod-list``) are answered from the emulator's own store and Events are
 acknowledged without being stored: kmock matches every request against its whole request history
 (its cost grows with every request served), and neither changes any state the invariants look at.
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import datetime
 import json
 import re
 from collections.abc import Awaitable, Callable
@@ -205,7 +209,9 @@ class Parked:
     summary: str
     mode: Mode
     waiting: bool  # a caller is blocked on the answer
+    expires: datetime.datetime | None  # released after this (world clock), it times out instead
     release: asyncio.Event = field(default_factory=asyncio.Event)
+    expired: bool = False
 
 
 def _status(code: int, reason: str, message: str) -> web.Response:
@@ -217,9 +223,17 @@ def _status(code: int, reason: str, message: str) -> web.Response:
 class FaultProxy:
     """Forwards to ``upstream`` (the emulator) on 127.0.0.1 with an OS-chosen port."""
 
-    def __init__(self, upstream: kmock.KubernetesEmulator, versions: Versions | None = None) -> None:
+    def __init__(
+        self,
+        upstream: kmock.KubernetesEmulator,
+        versions: Versions | None = None,
+        *,
+        clock: Callable[[], datetime.datetime] | None = None,
+        limit: datetime.timedelta = datetime.timedelta(seconds=30),
+    ) -> None:
         self._upstream = upstream
         self.versions = versions if versions is not None else Versions()
+        self._clock, self._limit = clock, limit
         self._rules: list[Rule] = []
         self.parked: list[Parked] = []  # not yet released, in arrival order
         self.fired: list[str] = []  # one line per fault applied, for the failure report
@@ -266,6 +280,9 @@ class FaultProxy:
     def release(self, entry: Parked) -> None:
         self.parked.remove(entry)
         self.released += 1
+        entry.expired = (
+            entry.expires is not None and self._clock is not None and self._clock() > entry.expires
+        )
         entry.release.set()
 
     def _match(self, who: str, kind: str, subject: str | None) -> Rule | None:
@@ -301,7 +318,8 @@ class FaultProxy:
 
     def _park(self, summary: str, mode: Mode, *, waiting: bool) -> Parked:
         self._numbers += 1
-        entry = Parked(number=self._numbers, summary=summary, mode=mode, waiting=waiting)
+        expires = self._clock() + self._limit if self._clock is not None else None
+        entry = Parked(number=self._numbers, summary=summary, mode=mode, waiting=waiting, expires=expires)
         self.parked.append(entry)
         return entry
 
@@ -344,10 +362,16 @@ class FaultProxy:
             task.add_done_callback(self._late.discard)
             return _status(504, "Timeout", f"injected: timed out (the write lands later): {summary}")
         if rule.mode is Mode.HOLD:
-            await self._wait(self._park(summary, rule.mode, waiting=True))
+            entry = self._park(summary, rule.mode, waiting=True)
+            await self._wait(entry)
+            if entry.expired:
+                return _status(504, "Timeout", f"injected: timed out, never applied: {summary}")
             return await self._forward(call)
         response = await self._forward(call)  # SLOW: applied now, answered on release
-        await self._wait(self._park(summary, rule.mode, waiting=True))
+        entry = self._park(summary, rule.mode, waiting=True)
+        await self._wait(entry)
+        if entry.expired:
+            return _status(504, "Timeout", f"injected: timed out (it was applied): {summary}")
         return response
 
     async def _wait(self, entry: Parked) -> None:
@@ -359,6 +383,8 @@ class FaultProxy:
 
     async def _late_write(self, entry: Parked, call: Call) -> None:
         await entry.release.wait()
+        if entry.expired:
+            return
         self.inflight += 1
         try:
             await self._forward(call)

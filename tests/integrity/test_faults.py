@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -177,3 +178,29 @@ async def test_every_write_gets_a_new_resource_version_and_stale_tests_fail(
             client, core_api(client).patch_namespaced_pod, "p1", "default", stale, _content_type=MERGE_PATCH
         )
     assert caught.value.status == 409 and annotation(apiserver, "p1") == "2"
+
+
+async def test_a_request_parked_past_its_limit_times_out_unapplied(
+    apiserver: kmock.KubernetesEmulator, proxy: FaultProxy, tmp_path: Path
+) -> None:
+    now = [datetime.datetime(2026, 5, 1, tzinfo=datetime.UTC)]
+    limited = FaultProxy(apiserver, clock=lambda: now[0], limit=datetime.timedelta(seconds=30))
+    await limited.start()
+    api = load_api_client(
+        str(write_kubeconfig(tmp_path / "limited", limited.url)), component="integrity-scheduler"
+    )
+    try:
+        for name in ("p1", "p2"):
+            limited.arm(Rule(owner=1, who="scheduler", kind="pod-patch", subject=name, mode=Mode.LATE))
+            with pytest.raises(KubeError):
+                await patch_pod(api, "default", name, annotations={"a": "late"})
+        early, late = limited.parked
+        now[0] += datetime.timedelta(seconds=30)
+        limited.release(early)  # within the limit: lands
+        now[0] += datetime.timedelta(seconds=1)
+        limited.release(late)  # past it: dropped
+        assert (early.expired, late.expired) == (False, True)
+    finally:
+        api.close()
+        await limited.stop()  # waits for the late writes that were let through
+    assert (annotation(apiserver, "p1"), annotation(apiserver, "p2")) == ("late", None)

@@ -8,7 +8,8 @@ one scheduler (:class:`~.parts.Extender`, replaced by a fresh one on ``Kill``), 
 and a kubelet model (:class:`~.parts.NodeSide`). Cluster: ``n1`` with two cards, ``n2`` with one; each
 card 8,000 MiB, 100 cores, 3 slots; a 5-minute node-lock timeout; the clock starts at
 :data:`START` and moves ``Program.tick`` seconds after every step (kube-scheduler's retries are
-seconds apart), and more on ``Advance``.
+seconds apart), and more on ``Advance``. A request parked longer than :data:`WRITE_LIMIT` of that
+clock times out unapplied when released (kube-apiserver's request timeout).
 
 After every step the world settles (:func:`~.settle.settle`), the scheduler's snapshot catches up
 (its watches deliver), and :func:`~.checker.check` runs on the API server's objects. The world adds
@@ -75,6 +76,9 @@ MEMORY, SLOTS = 8000, 3
 NAMESPACE = "default"
 LOCK_TIMEOUT = datetime.timedelta(minutes=5)
 FINAL_ADVANCE = datetime.timedelta(hours=1)
+#: How long a parked request may wait before the API server times it out unapplied (kube-scheduler's
+#: bind deadline: the scheduler's horizon for unbound allocations assumes no write lands later).
+WRITE_LIMIT = datetime.timedelta(seconds=30)
 PODS = "/api/v1/namespaces/default/pods"
 
 
@@ -243,7 +247,7 @@ class World:
                 await k.post("/api/v1/nodes", json=node)
             for index in range(len(self.program.shapes)):
                 await self._create(index)
-            self.proxy = FaultProxy(k, self.versions)
+            self.proxy = FaultProxy(k, self.versions, clock=self.clock, limit=WRITE_LIMIT)
             self.proxy.observer = self._observe
             url = await self.proxy.start()
             self.kubeconfig = str(write_kubeconfig(self.workdir / "kubeconfig", url))
@@ -352,8 +356,9 @@ class World:
             case Release(index=i):
                 if self.proxy.parked:
                     entry = self.proxy.parked[i % len(self.proxy.parked)]
-                    self.log.append(f"   release #{entry.number}: {entry.summary}")
                     self.proxy.release(entry)
+                    late = " (timed out)" if entry.expired else ""
+                    self.log.append(f"   release #{entry.number}{late}: {entry.summary}")
             case Delete(pod=p):
                 if await self._pod(self._pod_name(p)) is not None:
                     await self.k.delete(f"{PODS}/{self._pod_name(p)}")
@@ -497,8 +502,9 @@ class World:
     async def _finish(self) -> None:
         while self.proxy.parked:
             entry = self.proxy.parked[0]
-            self.log.append(f"end: release #{entry.number}: {entry.summary}")
             self.proxy.release(entry)
+            late = " (timed out)" if entry.expired else ""
+            self.log.append(f"end: release #{entry.number}{late}: {entry.summary}")
             await self._after("releasing everything at the end")
         live = [a.task for a in self.actors if not a.task.done()]
         if live:  # nothing is parked: give a timer in the code under test its chance, then settle
