@@ -41,7 +41,7 @@ from hami.kube.pods import (
     write_operations,
 )
 from hami.scheduler.context import Context
-from hami.scheduler.snapshot import allocating_until
+from hami.scheduler.podrecords import allocating_until
 
 logger = logging.getLogger(__name__)
 

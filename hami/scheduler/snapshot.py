@@ -6,17 +6,17 @@ O(cards of that pod): the pod's previous usage is removed from its node and the 
 core's ``apply_usage``; nothing walks the cluster per request. A node's usage is rebuilt from its own
 pods only when its registration text changes.
 
-Usage accounting (spec-scheduler §6): a pod counts iff it carries ``hami.io/vgpu-node`` and a readable
-``hami.io/vgpu-devices-allocated``, and is not Succeeded/Failed; init containers drop out once all of
-them exited 0 (sticky). Deviations, each about a pod that can hold no card on its ``vgpu-node``:
-a pod whose bind failed (``bind-phase=failed``) and that is not bound to a node does not count, so a
-failed bind frees its cards at once; an unbound pod whose ``bind-phase=allocating`` began
-(``hami.io/bind-time``) longer than the *allocating horizon* ago (twice kube-scheduler's bind timeout,
-60 s) does not count — no bind is still in flight for it, so it is a leftover of a crash or a write
-that landed after its bind gave up (:func:`allocating_until`); a pod bound to a node other than its
-``vgpu-node`` does not count. The horizon needs the time: the snapshot reads its ``clock`` (given by
-the service; without one the horizon is off) when a pod event arrives and before every query, and
-drops the pods whose horizon has passed (a heap: O(log n) per expiry, nothing walks the pods).
+Usage accounting (spec-scheduler §6; the rules are ``hami.scheduler.podrecords``): a pod counts iff
+it carries ``hami.io/vgpu-node`` and a readable ``hami.io/vgpu-devices-allocated`` and is not
+Succeeded/Failed; init containers drop out once all of them exited 0 (sticky). Deviations, each about
+a pod that can hold no card on its ``vgpu-node``: an unbound pod whose bind failed
+(``bind-phase=failed``); a pod bound to another node; an unbound pod whose ``bind-phase=allocating``
+began (``hami.io/bind-time``) longer than the *allocating horizon* ago (twice kube-scheduler's bind
+timeout, 60 s: no bind is still in flight for it, so it is a leftover of a crash or a write that
+landed after its bind gave up; ``allocating_until``). The horizon needs the time: the snapshot reads
+its ``clock`` (given by the service; without one the horizon is off) when a pod event arrives and
+before every query, and drops the pods whose horizon has passed (a heap: O(log n) per expiry, nothing
+walks the pods).
 
 Bookings: bind decides on this state and books the allocation at once (before any API write), so a
 racing bind sees it. A booking wins over what the watch says about that pod until the watch shows the
@@ -56,38 +56,26 @@ from hami.annotations import (
     NODE_LOCK,
     NODE_PAIR_SCORES,
     NODE_REGISTER,
-    POD_BIND_PHASE,
-    POD_BIND_TIME,
-    POD_DEVICES_ALLOCATED,
-    POD_VGPU_NODE,
     AnnotationError,
     HandshakeKind,
     decode_handshake,
-    decode_pod_devices,
-    decode_unix_time,
     read_node,
-    read_pod_mig_allocations,
 )
 from hami.core.model import NamespaceQuota, NodeState
-from hami.core.usage import PodUsage, apply_usage, pod_usage
+from hami.core.usage import apply_usage
+from hami.scheduler.podrecords import (
+    ALLOCATING_HORIZON,
+    PodKey,
+    allocating_until,
+    init_containers_done,
+    pod_record,
+)
+from hami.scheduler.podrecords import PodRecord as PodRecord
 from hami.scheduler.quotas import QuotaBook
 
 logger = logging.getLogger(__name__)
 
-PodKey = tuple[str, str]  # (namespace, name): uids are not guaranteed by every API server
 UNREGISTERED = "node unregistered"
-#: How long an unbound ``bind-phase=allocating`` counts by default: 2 x kube-scheduler's 30 s bind timeout.
-ALLOCATING_HORIZON = datetime.timedelta(seconds=60)
-_LONG_AGO = datetime.datetime.min.replace(tzinfo=datetime.UTC)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PodRecord:
-    """What one pod holds on one node, and the annotation text it came from."""
-
-    node: str
-    usage: PodUsage
-    allocated: str
 
 
 @dataclass(slots=True, kw_only=True)
@@ -113,37 +101,9 @@ def _key(obj: Mapping[str, Any]) -> PodKey:
     return str(metadata.get("namespace") or ""), str(metadata.get("name") or "")
 
 
-def _init_done(pod: Mapping[str, Any]) -> bool:
-    statuses = (pod.get("status") or {}).get("initContainerStatuses") or []
-    return bool(statuses) and all(
-        ((s.get("state") or {}).get("terminated") or {}).get("exitCode", -1) == 0 for s in statuses
-    )
-
-
 def local_time(now: datetime.datetime) -> datetime.datetime:
     """``now`` as naive local wall-clock time: the handshake stamps are written and compared so."""
     return now.astimezone().replace(tzinfo=None)
-
-
-def allocating_until(
-    pod: Mapping[str, Any], horizon: datetime.timedelta = ALLOCATING_HORIZON
-) -> datetime.datetime | None:
-    """When an unbound pod's in-flight bind stops counting: ``hami.io/bind-time`` + ``horizon`` for a
-    pod with no ``spec.nodeName`` and ``bind-phase=allocating`` (a time long past when the bind time
-    is missing or unreadable: a bind always writes both); None when the rule does not apply (bound
-    pods, other phases). Pure: the caller compares it with its own ``now``."""
-    if (pod.get("spec") or {}).get("nodeName"):
-        return None
-    annotations = _annotations(pod)
-    if annotations.get(POD_BIND_PHASE) != "allocating":
-        return None
-    text = annotations.get(POD_BIND_TIME)
-    if text is None:
-        return _LONG_AGO
-    try:
-        return decode_unix_time(text) + horizon
-    except (AnnotationError, OverflowError):
-        return _LONG_AGO
 
 
 def _count(text: Any) -> int:
@@ -329,37 +289,9 @@ class Snapshot:
         return key
 
     def _record(self, key: PodKey, pod: Mapping[str, Any]) -> PodRecord | None:
-        annotations = _annotations(pod)
-        node = annotations.get(POD_VGPU_NODE)
-        text = annotations.get(POD_DEVICES_ALLOCATED)
-        if not node or text is None:
-            return None
-        status = pod.get("status") or {}
-        spec = pod.get("spec") or {}
-        if status.get("phase") in ("Succeeded", "Failed"):
-            return None
-        if annotations.get(POD_BIND_PHASE) == "failed" and not spec.get("nodeName"):
-            return None
-        if spec.get("nodeName") and spec["nodeName"] != node:
-            logger.warning(
-                "pod %s/%s not counted: bound to %s, but its grant names %s", *key, spec["nodeName"], node
-            )
-            return None
-        try:
-            devices = decode_pod_devices(text)
-        except AnnotationError as exc:
-            logger.warning("pod %s/%s not counted: %s", key[0], key[1], exc)
-            return None
-        try:
-            mig = read_pod_mig_allocations(pod)
-        except AnnotationError as exc:
-            logger.warning("pod %s/%s: %s (its MIG cards fail closed)", key[0], key[1], exc)
-            mig = ()
-        if key not in self._init_done and _init_done(pod):
-            self._init_done.add(key)
-        init_count = len(spec.get("initContainers") or [])
-        usage = pod_usage(devices, init_count, init_done=key in self._init_done, mig=mig)
-        return PodRecord(node=node, usage=usage, allocated=text)
+        if key not in self._init_done and init_containers_done(pod):
+            self._init_done.add(key)  # sticky: it never re-inflates
+        return pod_record(key, pod, init_done=key in self._init_done)
 
     def _settle(self, key: PodKey) -> None:
         """Make the applied usage of ``key`` equal its booking, else what the watch says."""

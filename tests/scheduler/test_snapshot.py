@@ -15,7 +15,8 @@ from hami.annotations import (
 )
 from hami.core.model import NodeState
 from hami.core.usage import pod_usage
-from hami.scheduler.snapshot import PodRecord, Snapshot, allocating_until, local_time
+from hami.scheduler.podrecords import allocating_until
+from hami.scheduler.snapshot import PodRecord, Snapshot, local_time
 
 from .kit import NOW, make_node, make_pod
 
