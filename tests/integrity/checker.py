@@ -11,6 +11,11 @@ Rules checked by :func:`check` (each violation is one line naming its rule):
   ``bind-phase=failed`` (the agent never serves those): per card, memory <= registered memory,
   cores <= registered cores, slots <= split count, and a card granted with all its cores (exclusive)
   carries no other pod. Every card a bound pod holds must be a card of that node.
+* ``counted``  the scheduler's documented rule (docs/scheduler.md): pods whose ``vgpu-node`` is the node,
+  with a readable allocation, not Succeeded/Failed, not ``bind-phase=failed``, and either bound to it
+  or unbound with a ``bind-time`` within the allocating horizon (a bind in flight): the same limits.
+  Bound pods marked failed are left out here too: a Binding that lands after its bind was undone
+  (answer lost, kube-apiserver applied it late) binds such a pod, which the agent then refuses.
 * ``served``   what Allocate actually handed out (kubelet's record) for admitted pods that still exist
   and are not Succeeded/Failed: the same per-card limits.
 * ``served-match``  an admitted pod got exactly its own ``vgpu-devices-allocated`` entries (uuids,
@@ -40,6 +45,7 @@ from hami.annotations import (
     allocation_done,
     decode_node_devices,
     decode_node_lock,
+    read_bind_time,
     read_pod_devices,
     read_pod_to_allocate,
     read_vgpu_node,
@@ -71,6 +77,7 @@ class View:
     now: datetime.datetime
     lock_timeout: datetime.timedelta
     busy: frozenset[PodKey] = frozenset()  # pods with a bind or an Allocate still in flight
+    horizon: datetime.timedelta = datetime.timedelta(seconds=60)  # how long an unbound allocation counts
 
 
 @dataclass(slots=True)
@@ -212,6 +219,28 @@ def bound_usage(pods: Iterable[Mapping[str, Any]], node: str) -> tuple[dict[str,
     return holders, problems
 
 
+def counted_usage(view: View, node: str) -> tuple[dict[str, dict[str, Use]], list[str]]:
+    """Per pod label, the use of the pods the scheduler's rule counts on ``node`` (rule ``counted``)."""
+    holders: dict[str, dict[str, Use]] = {}
+    problems: list[str] = []
+    for pod in view.pods:
+        if read_vgpu_node(pod) != node or phase_of(pod) in TERMINAL or bind_phase(pod) == "failed":
+            continue
+        label = "/".join(key_of(pod))
+        try:
+            containers = allocated_containers(pod)
+            since = read_bind_time(pod)
+        except AnnotationError as exc:
+            problems.append(f"[counted] pod {label}: unreadable allocation: {exc}")
+            continue
+        if containers is None or bound_to(pod) not in (None, node):
+            continue
+        if bound_to(pod) is None and (since is None or view.now - since > view.horizon):
+            continue
+        holders[label] = pod_cards(containers, skip_init=init_done(pod))
+    return holders, problems
+
+
 # -------------------------------------------------------------------------------------------- locks
 def dead_holder(view: View, node: Mapping[str, Any]) -> str | None:
     """Why the holder of ``node``'s fresh lock can never be allocated there; None when it still can (or
@@ -329,6 +358,9 @@ def check(view: View) -> list[str]:
         holders, unreadable = bound_usage(view.pods, name)
         problems += unreadable
         problems += _over("bound", name, card_usage(holders.items(), cards), cards)
+        holders, unreadable = counted_usage(view, name)
+        problems += unreadable
+        problems += _over("counted", name, card_usage(holders.items(), cards), cards)
         problems += _lock_problems(view, node)
     problems += _served_problems(view, pods)
     return problems

@@ -69,6 +69,10 @@ def view(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], **kw: Any) -> 
     return View(nodes=nodes, pods=pods, now=NOW, lock_timeout=TIMEOUT, **kw)
 
 
+def rule(name: str, problems: list[str]) -> list[str]:
+    return [p for p in problems if p.startswith(f"[{name}]")]
+
+
 def lock(name: str, at: datetime.datetime = NOW) -> str:
     return encode_node_lock(NodeLockValue(time=at, namespace="default", name=name))
 
@@ -84,15 +88,19 @@ def test_a_consistent_cluster_has_no_violation() -> None:
 
 def test_memory_cores_slots_and_exclusivity_over_a_card_are_each_flagged() -> None:
     memory = check(view([node()], [pod("a", g("GPU-n1-0", 5000)), pod("b", g("GPU-n1-0", 3001))]))
-    assert memory == ["[bound] node n1 card GPU-n1-0 (default/a, default/b): memory 8001 > 8000 MiB"]
-    cores = check(view([node()], [pod("a", g("GPU-n1-0", 1, 60)), pod("b", g("GPU-n1-0", 1, 41))]))
-    assert cores == ["[bound] node n1 card GPU-n1-0 (default/a, default/b): cores 101 > 100"]
-    slots = check(view([node()], [pod(x, g("GPU-n1-1", 1)) for x in "abc"]))
-    assert slots == ["[bound] node n1 card GPU-n1-1 (default/a, default/b, default/c): slots 3 > 2"]
-    shared = check(view([node()], [pod("a", g("GPU-n1-0", 1, 100)), pod("b", g("GPU-n1-0", 1, 0))]))
-    assert shared == [
-        "[bound] node n1 card GPU-n1-0 (default/a, default/b): a pod holding all cores shares the card"
+    where = "node n1 card GPU-n1-0 (default/a, default/b)"
+    assert memory == [
+        f"[bound] {where}: memory 8001 > 8000 MiB",
+        f"[counted] {where}: memory 8001 > 8000 MiB",
     ]
+    cores = check(view([node()], [pod("a", g("GPU-n1-0", 1, 60)), pod("b", g("GPU-n1-0", 1, 41))]))
+    assert rule("bound", cores) == [f"[bound] {where}: cores 101 > 100"]
+    slots = check(view([node()], [pod(x, g("GPU-n1-1", 1)) for x in "abc"]))
+    assert rule("bound", slots) == [
+        "[bound] node n1 card GPU-n1-1 (default/a, default/b, default/c): slots 3 > 2"
+    ]
+    shared = check(view([node()], [pod("a", g("GPU-n1-0", 1, 100)), pod("b", g("GPU-n1-0", 1, 0))]))
+    assert rule("bound", shared) == [f"[bound] {where}: a pod holding all cores shares the card"]
 
 
 def test_only_pods_that_will_run_on_the_node_count_as_bound() -> None:
@@ -102,7 +110,11 @@ def test_only_pods_that_will_run_on_the_node_count_as_bound() -> None:
         pod("unbound", g("GPU-n1-0", 8000), node_name=None),
         pod("elsewhere", g("GPU-n2-0", 8000), node_name="n2", vgpu_node="n2"),
     ]
-    assert check(view([node(), node("n2")], [pod("a", g("GPU-n1-0", 8000)), *others])) == []
+    problems = check(view([node(), node("n2")], [pod("a", g("GPU-n1-0", 8000)), *others]))
+    assert rule("bound", problems) == []
+    assert problems == [  # the scheduler's rule still counts the unbound allocation (a bind in flight)
+        "[counted] node n1 card GPU-n1-0 (default/a, default/unbound): memory 16000 > 8000 MiB"
+    ]
 
 
 def test_a_bound_pod_holding_another_nodes_card_is_flagged() -> None:
@@ -199,3 +211,20 @@ def test_init_containers_count_once_and_not_after_they_finished() -> None:
     holders, _ = bound_usage([p], "n1")
     use = card_usage(holders.items(), {})["GPU-n1-0"]
     assert (use.memory, use.cores, use.slots) == (6000, 10, 1)
+
+
+def test_the_scheduler_rule_counts_binds_in_flight_until_the_horizon() -> None:
+    bound = pod("a", g("GPU-n1-0", 5000))
+    in_flight = pod("b", g("GPU-n1-0", 5000), node_name=None)  # bind-time NOW: a bind in flight
+    assert check(view([node()], [bound, in_flight])) == [
+        "[counted] node n1 card GPU-n1-0 (default/a, default/b): memory 10000 > 8000 MiB"
+    ]
+    later = View(
+        nodes=[node()],
+        pods=[bound, in_flight],
+        now=NOW + datetime.timedelta(seconds=61),
+        lock_timeout=TIMEOUT,
+    )
+    assert check(later) == []  # past the horizon an unbound allocation no longer counts
+    undone = pod("b", g("GPU-n1-0", 5000), node_name=None, bind_phase=BindPhase.FAILED)
+    assert check(view([node()], [bound, undone])) == []

@@ -76,6 +76,9 @@ MEMORY, SLOTS = 8000, 3
 NAMESPACE = "default"
 LOCK_TIMEOUT = datetime.timedelta(minutes=5)
 FINAL_ADVANCE = datetime.timedelta(hours=1)
+#: How long an unbound pod with ``bind-phase=allocating`` counts (the scheduler's allocating horizon:
+#: twice kube-scheduler's 30 s bind timeout).
+HORIZON = datetime.timedelta(seconds=60)
 #: How long a parked request may wait before the API server times it out unapplied (kube-scheduler's
 #: bind deadline: the scheduler's horizon for unbound allocations assumes no write lands later).
 WRITE_LIMIT = datetime.timedelta(seconds=30)
