@@ -84,7 +84,12 @@ async def explain(
         cores_resource=config.resources.cores,
         memory_factor=config.effective_memory_factor,
     )
-    snapshot = Snapshot(count_resource=config.resources.count, quotas=book)
+    # the live view's rules, the allocating horizon included (a leftover unbound allocation is free)
+    snapshot = Snapshot(
+        count_resource=config.resources.count,
+        quotas=book,
+        clock=lambda: datetime.datetime.now(datetime.UTC),
+    )
     snapshot.replace_nodes(nodes)
     snapshot.replace_quotas(await kube_quotas.list_resource_quotas(api, namespace))
     snapshot.replace_pods(pods)

@@ -142,3 +142,20 @@ async def test_the_namespace_quota_is_explained(cluster: kmock.KubernetesEmulato
     assert code == 1
     assert "gpu-a  2/2 ResourceQuotaNotFit" in text
     assert "gpu-b  1/1 ResourceQuotaNotFit" in text
+
+
+async def test_an_unbound_allocation_past_the_horizon_is_free(
+    cluster: kmock.KubernetesEmulator, kubeconfig: Path
+) -> None:
+    # a bind wrote this grant on gpu-b in 2000 and never bound the pod: no bind is in flight for it
+    long_ago = datetime.datetime(2000, 1, 1, tzinfo=datetime.UTC)
+    left = allocation_annotations(
+        node="gpu-b", devices=((Grant(uuid="GPU-b0", memory_mib=16000, cores=100),),), now=long_ago
+    )
+    left |= {"hami.io/bind-phase": "allocating", "hami.io/bind-time": str(int(long_ago.timestamp()))}
+    await cluster.post("/api/v1/namespaces/default/pods", json=pod("leftover", {"nvidia.com/gpu": "1"}, left))
+    limits = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "10000", "nvidia.com/gpucores": "50"}
+    await cluster.post("/api/v1/namespaces/default/pods", json=pod("next", limits))
+    code, text = await run_explain("next", kubeconfig)
+    assert code == 0, text
+    assert "3 nodes, 1 fit: gpu-b" in text, text
