@@ -92,3 +92,15 @@ def test_bad_values_are_named(argv: list[str], message: str) -> None:
 def test_run_refuses_bad_flags_with_exit_code_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert run(_parse(["--listen", "nowhere"])) == 2
     assert "--listen must be HOST:PORT" in capsys.readouterr().err
+
+
+def test_bind_timeout_sets_the_deadline_and_the_allocating_horizon() -> None:
+    default = from_args(_parse([]))
+    # kube-scheduler's extender httpTimeout (its default and the chart's): 30 s; the horizon is twice it
+    assert default.bind_timeout == 30.0
+    assert default.allocating_horizon == datetime.timedelta(seconds=60)
+    longer = from_args(_parse(["--bind-timeout", "45"], {"HAMI_BIND_TIMEOUT": "10"}))
+    assert (longer.bind_timeout, longer.allocating_horizon) == (45.0, datetime.timedelta(seconds=90))
+    assert from_args(_parse([], {"HAMI_BIND_TIMEOUT": "10"})).bind_timeout == 10.0
+    with pytest.raises(SettingsError, match="--bind-timeout must be positive, got '0'"):
+        from_args(_parse(["--bind-timeout", "0"]))
