@@ -1,6 +1,7 @@
-"""A fault layer in front of the embedded API server: an HTTP proxy whose faults are data.
+"""The API server the components under test talk to, with faults as data.
 
-Components under test (the scheduler, the node agent) reach kmock through :class:`FaultProxy`. Each
+The scheduler and the node agent reach the store (:class:`~.store.Store`: kmock's objects served with
+kube-apiserver's rules) over HTTP through :class:`FaultProxy`, on 127.0.0.1 with an OS-chosen port. Each
 request is classified (``pod-get``, ``pod-patch``, ``binding``, ``node-get``, ``node-patch``,
 ``pod-list``, ``event``, ``other``), attributed to a caller by its User-Agent (``integrity-scheduler``
 or ``integrity-agent``, see :data:`WHO`) and checked against the armed one-shot :class:`Rule` list.
@@ -16,33 +17,24 @@ A matching rule applies its :class:`Mode`:
 A parked request has a time limit (``limit``, on the world's ``clock``), as kube-apiserver times a request
 out: released after it, a held or late request is never applied and a held answer becomes a 504.
 
-Reads (``pod-get``, ``node-get``, ``pod-list``) are answered from the emulator's own store and Events are
-acknowledged without being stored: kmock matches every request against its whole request history
-(its cost grows with every request served), and neither changes any state the invariants look at.
-Writes go to kmock over HTTP, so its merge and JSON-patch semantics (``test`` ops included) apply.
-kmock keeps no ``resourceVersion``; kube-apiserver bumps it on every write and code under test tests it
-in its JSON patches, so :class:`Versions` adds a new one to every write in the same request (a JSON
-patch gets one more ``add`` op, so a failed ``test`` still stores nothing) and answers 409 to a merge
-patch whose ``resourceVersion`` precondition is stale, as kube-apiserver does.
 Nothing here sleeps: parked requests wait on an ``asyncio.Event`` that the program sets (``release``).
 The proxy keeps the counters the settle loop needs (``received``, ``inflight``, ``waiting``,
-``released``). Events are never faulted. Test code only; imports aiohttp and kmock.
+``released``). Events are never faulted. Test code only; imports aiohttp.
 """
 
 from __future__ import annotations
 
 import asyncio
-import copy
 import datetime
 import json
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
 
-import kmock
 from aiohttp import web
+
+from .store import Store, serve
 
 #: User-Agent prefix -> caller name used in rules (``load_api_client(component=...)``).
 WHO = {"integrity-scheduler": "scheduler", "integrity-agent": "agent"}
@@ -78,98 +70,6 @@ def classify(method: str, path: str) -> tuple[str, str | None]:
     if _PODS.match(path) and method == "GET":
         return "pod-list", None
     return "other", None
-
-
-def stored(
-    k: kmock.KubernetesEmulator, plural: str, namespace: str | None, name: str
-) -> dict[str, Any] | None:
-    """A core-group object as the emulator stores it now (a copy), None when absent or deleted."""
-    for (resource, ns, key), obj in list(k.objects.items()):
-        if resource.group == "" and resource.plural == plural and ns == namespace and key == name:
-            return None if obj.deleted else copy.deepcopy(dict(obj.raw))
-    return None
-
-
-def stored_list(
-    k: kmock.KubernetesEmulator, plural: str, namespace: str | None = None
-) -> list[dict[str, Any]]:
-    """Every stored core-group object of ``plural`` (in ``namespace`` when given), copies, creation order."""
-    return [
-        copy.deepcopy(dict(obj.raw))
-        for (resource, ns, _), obj in list(k.objects.items())
-        if resource.group == ""
-        and resource.plural == plural
-        and not obj.deleted
-        and (namespace is None or ns == namespace)
-    ]
-
-
-_NAMESPACE = re.compile(r"^/api/v1/namespaces/([^/]+)/")
-
-
-def _read(k: kmock.KubernetesEmulator, kind: str, path: str, subject: str | None) -> web.Response:
-    match = _NAMESPACE.match(path)
-    namespace = match.group(1) if match else None
-    if kind == "pod-list":
-        body: dict[str, Any] | None = {
-            "apiVersion": "v1",
-            "kind": "PodList",
-            "metadata": {"resourceVersion": ""},
-            "items": stored_list(k, "pods", namespace),
-        }
-    else:
-        body = stored(k, "pods" if kind == "pod-get" else "nodes", namespace, subject or "")
-    if body is None:
-        return _status(404, "NotFound", f"{path} not found")
-    return web.Response(body=json.dumps(body).encode(), content_type="application/json")
-
-
-READS = ("pod-get", "node-get", "pod-list")
-
-
-class Versions:
-    """The world's ``resourceVersion`` counter (like etcd's revision: one sequence for every object)."""
-
-    def __init__(self) -> None:
-        self._last = 0
-
-    def next(self) -> str:
-        self._last += 1
-        return str(self._last)
-
-    def stamp(self, body: bytes, content_type: str | None) -> bytes:
-        """``body`` (a PATCH) with a new resourceVersion added to what it writes."""
-        patch = json.loads(body) if body else {}
-        version = self.next()
-        if isinstance(patch, list):  # JSON patch: one more op, applied atomically with the rest
-            return json.dumps(
-                [*patch, {"op": "add", "path": "/metadata/resourceVersion", "value": version}]
-            ).encode()
-        if isinstance(patch, dict):
-            patch.setdefault("metadata", {})["resourceVersion"] = version
-            return json.dumps(patch).encode()
-        return body
-
-
-def stale_precondition(k: kmock.KubernetesEmulator, call: Call) -> web.Response | None:
-    """409 for a merge patch that names a resourceVersion other than the stored one."""
-    if call.method != "PATCH" or "json-patch" in (call.content_type or ""):
-        return None
-    try:
-        patch = json.loads(call.body)
-    except ValueError:
-        return None
-    wanted = ((patch.get("metadata") or {}) if isinstance(patch, dict) else {}).get("resourceVersion")
-    if not wanted or call.subject is None:
-        return None
-    match = _NAMESPACE.match(call.target)
-    plural = "pods" if call.kind.startswith("pod") else "nodes"
-    current = stored(k, plural, match.group(1) if match else None, call.subject) or {}
-    if (current.get("metadata") or {}).get("resourceVersion") == wanted:
-        return None
-    return _status(
-        409, "Conflict", "the object has been modified; please apply your changes to the latest version"
-    )
 
 
 @dataclass(eq=False, kw_only=True)
@@ -221,18 +121,16 @@ def _status(code: int, reason: str, message: str) -> web.Response:
 
 
 class FaultProxy:
-    """Forwards to ``upstream`` (the emulator) on 127.0.0.1 with an OS-chosen port."""
+    """Serves ``store`` on 127.0.0.1 with an OS-chosen port, applying the armed faults."""
 
     def __init__(
         self,
-        upstream: kmock.KubernetesEmulator,
-        versions: Versions | None = None,
+        store: Store,
         *,
         clock: Callable[[], datetime.datetime] | None = None,
         limit: datetime.timedelta = datetime.timedelta(seconds=30),
     ) -> None:
-        self._upstream = upstream
-        self.versions = versions if versions is not None else Versions()
+        self.store = store
         self._clock, self._limit = clock, limit
         self._rules: list[Rule] = []
         self.parked: list[Parked] = []  # not yet released, in arrival order
@@ -300,21 +198,14 @@ class FaultProxy:
 
     # -------------------------------------------------------------------------------------- serving
     async def _forward(self, call: Call) -> web.Response:
-        if call.method == "GET" and call.kind in READS:
-            return _read(self._upstream, call.kind, call.target.partition("?")[0], call.subject)
-        if call.kind == "event":
-            return web.Response(status=201, body=call.body, content_type="application/json")
-        conflict = stale_precondition(self._upstream, call)
-        if conflict is not None:
-            return conflict
-        after = await self.observer(call) if self.observer is not None else None
-        headers = {"Content-Type": call.content_type} if call.content_type else {}
-        body = self.versions.stamp(call.body, call.content_type) if call.method == "PATCH" else call.body
-        response = await self._upstream.request(call.method, call.target, data=body, headers=headers)
-        payload = await response.read()
+        """Apply the call to the store (the observer sees writes first) and answer it."""
+        after = None
+        if self.observer is not None and call.method != "GET" and call.kind != "event":
+            after = await self.observer(call)
+        status, payload = serve(self.store, call.method, call.target.partition("?")[0], call.body)
         if after is not None:
-            after(response.status)
-        return web.Response(status=response.status, body=payload, content_type=response.content_type)
+            after(status)
+        return web.Response(status=status, body=json.dumps(payload).encode(), content_type="application/json")
 
     def _park(self, summary: str, mode: Mode, *, waiting: bool) -> Parked:
         self._numbers += 1

@@ -1,4 +1,5 @@
-"""The fault proxy does what each mode promises, seen through the real API client and the emulator."""
+"""The API server behind the fault proxy keeps kube-apiserver's rules, and each fault mode does what it
+promises, seen through the project's API client (``hami.kube``) over HTTP."""
 
 from __future__ import annotations
 
@@ -12,20 +13,32 @@ import kmock
 import pytest
 
 from hami.kube.client import KubeError, call_json, core_api, load_api_client
-from hami.kube.pods import MERGE_PATCH, get_pod, list_pods, patch_pod
+from hami.kube.pods import MERGE_PATCH, bind_pod, get_pod, list_pods, patch_pod
 from hami.sim.apiserver import write_kubeconfig
 
-from .faults import FaultProxy, Mode, Rule, classify, stored
+from .faults import FaultProxy, Mode, Rule, classify
+from .store import Store
 
 PODS = "/api/v1/namespaces/default/pods"
 
 
 @pytest.fixture
-async def proxy(apiserver: kmock.KubernetesEmulator) -> AsyncIterator[FaultProxy]:
-    for name in ("p1", "p2"):
-        body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"}}
-        await apiserver.post(PODS, json=body)
-    fault_proxy = FaultProxy(apiserver)
+async def store() -> AsyncIterator[Store]:
+    async with kmock.KubernetesEmulator() as k:
+        objects = Store(k)
+        for name in ("p1", "p2"):
+            body = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name, "namespace": "default", "uid": name},
+            }
+            objects.create("pods", body)
+        yield objects
+
+
+@pytest.fixture
+async def proxy(store: Store) -> AsyncIterator[FaultProxy]:
+    fault_proxy = FaultProxy(store)
     await fault_proxy.start()
     yield fault_proxy
     await fault_proxy.stop()
@@ -38,8 +51,8 @@ def client(proxy: FaultProxy, tmp_path: Path) -> Any:
     api.close()
 
 
-def annotation(k: kmock.KubernetesEmulator, name: str) -> str | None:
-    pod = stored(k, "pods", "default", name) or {}
+def annotation(store: Store, name: str) -> str | None:
+    pod = store.get("pods", "default", name) or {}
     return ((pod.get("metadata") or {}).get("annotations") or {}).get("a")
 
 
@@ -63,65 +76,59 @@ def test_requests_are_classified_by_what_they_do_and_name() -> None:
     assert classify("POST", "/api/v1/namespaces/default/events") == ("event", None)
 
 
-async def test_fail_answers_500_and_applies_nothing(
-    apiserver: kmock.KubernetesEmulator, proxy: FaultProxy, client: Any
-) -> None:
+async def test_fail_answers_500_and_applies_nothing(store: Store, proxy: FaultProxy, client: Any) -> None:
     arm(proxy, Mode.FAIL)
     with pytest.raises(KubeError) as caught:
         await patch_pod(client, "default", "p1", annotations={"a": "1"})
-    assert caught.value.status == 500 and annotation(apiserver, "p1") is None
+    assert caught.value.status == 500 and annotation(store, "p1") is None
     await patch_pod(client, "default", "p1", annotations={"a": "2"})  # one-shot: the next one passes
-    assert annotation(apiserver, "p1") == "2"
+    assert annotation(store, "p1") == "2"
 
 
-async def test_lost_applies_then_answers_500(
-    apiserver: kmock.KubernetesEmulator, proxy: FaultProxy, client: Any
-) -> None:
+async def test_lost_applies_then_answers_500(store: Store, proxy: FaultProxy, client: Any) -> None:
     arm(proxy, Mode.LOST)
     with pytest.raises(KubeError) as caught:
         await patch_pod(client, "default", "p1", annotations={"a": "1"})
-    assert caught.value.status == 500 and annotation(apiserver, "p1") == "1"
+    assert caught.value.status == 500 and annotation(store, "p1") == "1"
 
 
 async def test_late_answers_504_and_applies_only_when_released(
-    apiserver: kmock.KubernetesEmulator, proxy: FaultProxy, client: Any
+    store: Store, proxy: FaultProxy, client: Any
 ) -> None:
     arm(proxy, Mode.LATE)
     with pytest.raises(KubeError) as caught:
         await patch_pod(client, "default", "p1", annotations={"a": "late"})
-    assert caught.value.status == 504 and annotation(apiserver, "p1") is None
+    assert caught.value.status == 504 and annotation(store, "p1") is None
     await patch_pod(client, "default", "p1", annotations={"a": "undo"})
     (entry,) = proxy.parked
     assert not entry.waiting and proxy.waiting == 0
     proxy.release(entry)
-    await until(lambda: annotation(apiserver, "p1") == "late")  # landed after the newer write
+    await until(lambda: annotation(store, "p1") == "late")  # landed after the newer write
 
 
-async def test_hold_parks_the_request_until_released(
-    apiserver: kmock.KubernetesEmulator, proxy: FaultProxy, client: Any
-) -> None:
+async def test_hold_parks_the_request_until_released(store: Store, proxy: FaultProxy, client: Any) -> None:
     arm(proxy, Mode.HOLD)
     call = asyncio.create_task(patch_pod(client, "default", "p1", annotations={"a": "1"}))
     await until(lambda: bool(proxy.parked))
-    assert proxy.waiting == 1 and not call.done() and annotation(apiserver, "p1") is None
+    assert proxy.waiting == 1 and not call.done() and annotation(store, "p1") is None
     proxy.release(proxy.parked[0])
     await call
-    assert annotation(apiserver, "p1") == "1"
+    assert annotation(store, "p1") == "1"
 
 
 async def test_slow_applies_at_once_and_parks_the_answer(
-    apiserver: kmock.KubernetesEmulator, proxy: FaultProxy, client: Any
+    store: Store, proxy: FaultProxy, client: Any
 ) -> None:
     arm(proxy, Mode.SLOW)
     call = asyncio.create_task(patch_pod(client, "default", "p1", annotations={"a": "1"}))
     await until(lambda: bool(proxy.parked))
-    assert annotation(apiserver, "p1") == "1" and not call.done()
+    assert annotation(store, "p1") == "1" and not call.done()
     proxy.release(proxy.parked[0])
     await call
 
 
 async def test_rules_match_caller_kind_and_subject_and_may_skip(
-    apiserver: kmock.KubernetesEmulator, proxy: FaultProxy, client: Any, tmp_path: Path
+    store: Store, proxy: FaultProxy, client: Any, tmp_path: Path
 ) -> None:
     arm(proxy, Mode.FAIL, skip=1)
     arm(proxy, Mode.FAIL, who="agent", subject="p2")
@@ -129,7 +136,7 @@ async def test_rules_match_caller_kind_and_subject_and_may_skip(
     await patch_pod(client, "default", "p1", annotations={"a": "skipped"})  # the first match passes
     with pytest.raises(KubeError):
         await patch_pod(client, "default", "p1", annotations={"a": "failed"})
-    assert (annotation(apiserver, "p1"), annotation(apiserver, "p2")) == ("skipped", "other pod")
+    assert (annotation(store, "p1"), annotation(store, "p2")) == ("skipped", "other pod")
     assert proxy.fired == ["fail PATCH /api/v1/namespaces/default/pods/p1 (scheduler)"]
     proxy.disarm(1)
     agent = load_api_client(str(write_kubeconfig(tmp_path / "agent", proxy.url)), component="integrity-agent")
@@ -137,16 +144,16 @@ async def test_rules_match_caller_kind_and_subject_and_may_skip(
         await patch_pod(agent, "default", "p2", annotations={"a": "agent"})  # disarmed
     finally:
         agent.close()
-    assert annotation(apiserver, "p2") == "agent"
+    assert annotation(store, "p2") == "agent"
 
 
-async def test_reads_come_from_the_emulators_store(
-    apiserver: kmock.KubernetesEmulator, proxy: FaultProxy, client: Any
+async def test_reads_and_writes_go_to_the_emulators_store(
+    store: Store, proxy: FaultProxy, client: Any
 ) -> None:
-    await apiserver.patch(f"{PODS}/p1", json={"metadata": {"annotations": {"a": "x"}}})
+    store.patch("pods", "default", "p1", {"metadata": {"annotations": {"a": "x"}}})
     assert (await get_pod(client, "default", "p1"))["metadata"]["annotations"] == {"a": "x"}
     assert [p["metadata"]["name"] for p in await list_pods(client)] == ["p1", "p2"]
-    await apiserver.delete(f"{PODS}/p2")
+    store.delete("pods", "default", "p2")
     with pytest.raises(KubeError) as caught:
         await get_pod(client, "default", "p2")
     assert caught.value.status == 404
@@ -157,11 +164,11 @@ async def json_patch_pod(api: Any, namespace: str, name: str, operations: list[d
 
 
 async def test_every_write_gets_a_new_resource_version_and_stale_tests_fail(
-    apiserver: kmock.KubernetesEmulator, proxy: FaultProxy, client: Any
+    store: Store, proxy: FaultProxy, client: Any
 ) -> None:
     read = await patch_pod(client, "default", "p1", annotations={"a": "1"})
     version = read["metadata"]["resourceVersion"]
-    assert stored(apiserver, "pods", "default", "p1")["metadata"]["resourceVersion"] == version  # type: ignore[index]
+    assert store.get("pods", "default", "p1")["metadata"]["resourceVersion"] == version  # type: ignore[index]
     test = [{"op": "test", "path": "/metadata/resourceVersion", "value": version}]
     change = [{"op": "add", "path": "/metadata/annotations/a", "value": "2"}]
     assert (await json_patch_pod(client, "default", "p1", test + change))["metadata"]["annotations"][
@@ -171,20 +178,20 @@ async def test_every_write_gets_a_new_resource_version_and_stale_tests_fail(
         await json_patch_pod(
             client, "default", "p1", [*test, {"op": "add", "path": "/metadata/annotations/a", "value": "3"}]
         )
-    assert annotation(apiserver, "p1") == "2"
+    assert annotation(store, "p1") == "2"
     stale = {"metadata": {"resourceVersion": version, "annotations": {"a": "4"}}}
     with pytest.raises(KubeError) as caught:  # a merge patch naming an old version: 409, as kube-apiserver
         await call_json(
             client, core_api(client).patch_namespaced_pod, "p1", "default", stale, _content_type=MERGE_PATCH
         )
-    assert caught.value.status == 409 and annotation(apiserver, "p1") == "2"
+    assert caught.value.status == 409 and annotation(store, "p1") == "2"
 
 
 async def test_a_request_parked_past_its_limit_times_out_unapplied(
-    apiserver: kmock.KubernetesEmulator, proxy: FaultProxy, tmp_path: Path
+    store: Store, proxy: FaultProxy, tmp_path: Path
 ) -> None:
     now = [datetime.datetime(2026, 5, 1, tzinfo=datetime.UTC)]
-    limited = FaultProxy(apiserver, clock=lambda: now[0], limit=datetime.timedelta(seconds=30))
+    limited = FaultProxy(store, clock=lambda: now[0], limit=datetime.timedelta(seconds=30))
     await limited.start()
     api = load_api_client(
         str(write_kubeconfig(tmp_path / "limited", limited.url)), component="integrity-scheduler"
@@ -203,4 +210,33 @@ async def test_a_request_parked_past_its_limit_times_out_unapplied(
     finally:
         api.close()
         await limited.stop()  # waits for the late writes that were let through
-    assert (annotation(apiserver, "p1"), annotation(apiserver, "p2")) == ("late", None)
+    assert (annotation(store, "p1"), annotation(store, "p2")) == ("late", None)
+
+
+async def test_bindings_follow_kube_apiservers_rules(store: Store, proxy: FaultProxy, client: Any) -> None:
+    with pytest.raises(KubeError) as caught:  # the pod was recreated: its UID is not the one bound
+        await bind_pod(client, "default", "p1", "n1", "an-older-uid")
+    assert caught.value.status == 409
+    await bind_pod(client, "default", "p1", "n1", "p1")
+    assert (store.get("pods", "default", "p1") or {})["spec"]["nodeName"] == "n1"
+    with pytest.raises(KubeError) as caught:  # already bound, to any node
+        await bind_pod(client, "default", "p1", "n2", "p1")
+    assert (
+        caught.value.status == 409 and (store.get("pods", "default", "p1") or {})["spec"]["nodeName"] == "n1"
+    )
+    with pytest.raises(KubeError) as caught:
+        await bind_pod(client, "default", "gone", "n1")
+    assert caught.value.status == 404
+
+
+async def test_a_failed_json_patch_test_is_422_and_stores_nothing(
+    store: Store, proxy: FaultProxy, client: Any
+) -> None:
+    before = store.get("pods", "default", "p1")
+    operations = [
+        {"op": "add", "path": "/metadata/annotations", "value": {"a": "1"}},
+        {"op": "test", "path": "/metadata/uid", "value": "not-p1"},
+    ]
+    with pytest.raises(KubeError) as caught:
+        await json_patch_pod(client, "default", "p1", operations)
+    assert caught.value.status == 422 and store.get("pods", "default", "p1") == before

@@ -1,9 +1,8 @@
 """Run one stress :class:`~.program.Program` against the real scheduler and node agent, checking after
 every step.
 
-The world: the embedded API server (kmock with the project's reactions, plus kube-apiserver's Binding
-rules: 409 for a pod already bound or a UID that no longer matches; every write gets a new
-``resourceVersion``, see :class:`~.faults.Versions`), the fault proxy in front of it,
+The world: the API server (:class:`~.store.Store`: kmock's object store with kube-apiserver's rules)
+behind the fault proxy,
 one scheduler (:class:`~.parts.Extender`, replaced by a fresh one on ``Kill``), and per node the agent
 and a kubelet model (:class:`~.parts.NodeSide`). Cluster: ``n1`` with two cards, ``n2`` with one; each
 card 8,000 MiB, 100 cores, 3 slots; a 5-minute node-lock timeout; the clock starts at
@@ -30,6 +29,7 @@ A violation raises :class:`Violation` with the program, the step, and the log of
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import json
 import time
@@ -60,15 +60,16 @@ from hami.kube.client import load_api_client
 from hami.kube.nodelock import LOCK_POINTER
 from hami.scheduler.config import SchedulerSettings
 from hami.scheduler.snapshot import local_time
-from hami.sim.apiserver import embedded_apiserver, write_kubeconfig
+from hami.sim.apiserver import write_kubeconfig
 from monitor.config import NodeSettings
 
 from . import checker
 from .checker import Served, View, bind_phase, bound_to, key_of, meta, phase_of
-from .faults import Call, FaultProxy, Rule, Versions, stored, stored_list
+from .faults import Call, FaultProxy, Rule
 from .parts import Extender, NodeSide, admissible
 from .program import Admit, Advance, Bind, Delete, Finish, Kill, Program, Recreate, Release, Shape, Step
 from .settle import CountingExecutor, settle
+from .store import ApiError, Store
 
 START = datetime.datetime(2026, 5, 1, 10, 0, 0, tzinfo=datetime.UTC)
 NODES: tuple[tuple[str, int], ...] = (("n1", 2), ("n2", 1))
@@ -82,7 +83,6 @@ HORIZON = datetime.timedelta(seconds=60)
 #: How long a parked request may wait before the API server times it out unapplied (kube-scheduler's
 #: bind deadline: the scheduler's horizon for unbound allocations assumes no write lands later).
 WRITE_LIMIT = datetime.timedelta(seconds=30)
-PODS = "/api/v1/namespaces/default/pods"
 
 
 class Violation(AssertionError):
@@ -177,40 +177,6 @@ def make_pod(name: str, generation: int, shape: Shape) -> dict[str, Any]:
     }
 
 
-async def strict_binding(k: kmock.KubernetesEmulator, versions: Versions) -> None:
-    """kube-apiserver's Binding rules over the project's reaction: 404 for a missing pod, 409 for a UID
-    precondition that fails or a pod that already has a node."""
-
-    def status(code: int, reason: str, message: str) -> kmock.Response:
-        body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason}
-        return kmock.Response(status=code, payload={**body, "message": message, "code": code})  # type: ignore[attr-defined]
-
-    async def bind(request: kmock.Request) -> Any:
-        path = f"/api/v1/namespaces/{request.namespace}/pods/{request.name}"
-        pod = stored(k, "pods", request.namespace, str(request.name))
-        if pod is None:
-            return status(404, "NotFound", f'pods "{request.name}" not found')
-        uid = ((request.data or {}).get("metadata") or {}).get("uid")
-        if uid and uid != meta(pod).get("uid"):
-            return status(
-                409,
-                "Conflict",
-                f"Precondition failed: UID in precondition: {uid}, UID in object meta: "
-                f"{meta(pod).get('uid')}",
-            )
-        if bound_to(pod):
-            return status(
-                409, "Conflict", f"pod {request.name} is already assigned to node {bound_to(pod)!r}"
-            )
-        target = request.data["target"]["name"]
-        await k.patch(
-            path, json={"metadata": {"resourceVersion": versions.next()}, "spec": {"nodeName": target}}
-        )
-        return {"apiVersion": "v1", "kind": "Status", "status": "Success", "code": 201}
-
-    (k**10)["post", kmock.resource("v1/pods"), kmock.subresource("binding")] << bind
-
-
 @dataclass
 class World:
     program: Program
@@ -229,10 +195,9 @@ class World:
         self.uids: dict[str, str] = {}
         self.extenders: list[Extender] = []
         self.sides: dict[str, NodeSide] = {}
-        self.k: kmock.KubernetesEmulator
+        self.store: Store
         self.proxy: FaultProxy
         self.kubeconfig = ""
-        self.versions = Versions()
         self._numbers = 0
         self._fired = 0
         self.final: View | None = None  # the objects at the end of a clean run
@@ -242,15 +207,13 @@ class World:
         loop = asyncio.get_running_loop()
         self.executor = CountingExecutor(loop)
         loop.set_default_executor(self.executor)
-        async with embedded_apiserver() as k:
-            self.k = k
-            await strict_binding(k, self.versions)
+        async with kmock.KubernetesEmulator() as k:
+            self.store = Store(k)
             for node in cluster_nodes():
-                node["metadata"]["resourceVersion"] = self.versions.next()
-                await k.post("/api/v1/nodes", json=node)
+                self.store.create("nodes", node)
             for index in range(len(self.program.shapes)):
                 await self._create(index)
-            self.proxy = FaultProxy(k, self.versions, clock=self.clock, limit=WRITE_LIMIT)
+            self.proxy = FaultProxy(self.store, clock=self.clock, limit=WRITE_LIMIT)
             self.proxy.observer = self._observe
             url = await self.proxy.start()
             self.kubeconfig = str(write_kubeconfig(self.workdir / "kubeconfig", url))
@@ -306,18 +269,18 @@ class World:
 
     # ------------------------------------------------------------------------------------ objects
     async def _objects(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        return stored_list(self.k, "nodes"), stored_list(self.k, "pods")
+        return self.store.list("nodes"), self.store.list("pods")
 
     async def _pod(self, name: str) -> dict[str, Any] | None:
-        return stored(self.k, "pods", NAMESPACE, name)
+        return self.store.get("pods", NAMESPACE, name)
 
     async def _pods_by_key(self) -> dict[tuple[str, str], dict[str, Any]]:
         _, pods = await self._objects()
         return {key_of(p): p for p in pods}
 
     async def _set_status(self, pod: Mapping[str, Any], status: dict[str, Any]) -> None:
-        stamp = {"resourceVersion": self.versions.next()}
-        await self.k.patch(f"{PODS}/{meta(pod).get('name')}", json={"metadata": stamp, "status": status})
+        with contextlib.suppress(ApiError):  # deleted meanwhile
+            self.store.patch("pods", NAMESPACE, str(meta(pod).get("name")), {"status": status})
 
     async def _create(self, index: int) -> None:
         name = f"p{index}"
@@ -325,8 +288,7 @@ class World:
         self.generation[name] = generation
         pod = make_pod(name, generation, self.program.shapes[index])
         self.uids[name] = str(pod["metadata"]["uid"])
-        pod["metadata"]["resourceVersion"] = self.versions.next()
-        await self.k.post(PODS, json=pod)
+        self.store.create("pods", pod)
 
     async def view(self) -> View:
         nodes, pods = await self._objects()
@@ -364,10 +326,10 @@ class World:
                     self.log.append(f"   release #{entry.number}{late}: {entry.summary}")
             case Delete(pod=p):
                 if await self._pod(self._pod_name(p)) is not None:
-                    await self.k.delete(f"{PODS}/{self._pod_name(p)}")
+                    self.store.delete("pods", NAMESPACE, self._pod_name(p))
             case Recreate(pod=p):
                 if await self._pod(self._pod_name(p)) is not None:
-                    await self.k.delete(f"{PODS}/{self._pod_name(p)}")
+                    self.store.delete("pods", NAMESPACE, self._pod_name(p))
                 await self._create(p % len(self.program.shapes))
             case Finish(pod=p):
                 pod = await self._pod(self._pod_name(p))
@@ -530,8 +492,7 @@ class World:
             probe = f"probe-{name}"
             shape = Shape("app", 1, 1, 0)
             body = make_pod(probe, 0, shape)
-            body["metadata"]["resourceVersion"] = self.versions.next()
-            await self.k.post(PODS, json=body)
+            self.store.create("pods", body)
             self.log.append(f"end: probe bind {probe} -> {name}")
             await self._bind(probe, name, (), uid=str(body["metadata"]["uid"]))
             await self._after(f"the lock probe on {name}")
