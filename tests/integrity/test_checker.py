@@ -66,7 +66,7 @@ def pod(
 
 
 def view(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], **kw: Any) -> View:
-    return View(nodes=nodes, pods=pods, now=NOW, lock_timeout=TIMEOUT, **kw)
+    return View(nodes=nodes, pods=pods, lock_timeout=TIMEOUT, **{"now": NOW, **kw})
 
 
 def rule(name: str, problems: list[str]) -> list[str]:

@@ -2,13 +2,11 @@
 every step.
 
 The world: the API server (:class:`~.store.Store`: kmock's object store with kube-apiserver's rules)
-behind the fault proxy,
-one scheduler (:class:`~.parts.Extender`, replaced by a fresh one on ``Kill``), and per node the agent
-and a kubelet model (:class:`~.parts.NodeSide`). Cluster: ``n1`` with two cards, ``n2`` with one; each
-card 8,000 MiB, 100 cores, 3 slots; a 5-minute node-lock timeout; the clock starts at
-:data:`START` and moves ``Program.tick`` seconds after every step (kube-scheduler's retries are
-seconds apart), and more on ``Advance``. A request parked longer than :data:`WRITE_LIMIT` of that
-clock times out unapplied when released (kube-apiserver's request timeout).
+behind the fault proxy, one scheduler (:class:`~.parts.Extender`, replaced by a fresh one on ``Kill``),
+and per node the agent and a kubelet model (:class:`~.parts.NodeSide`), on the cluster of
+:mod:`~.cluster`. The clock moves ``Program.tick`` seconds after every step (kube-scheduler's retries
+are seconds apart) and more on ``Advance``; a request parked longer than ``WRITE_LIMIT`` of it times
+out unapplied when released (kube-apiserver's request timeout).
 
 After every step the world settles (:func:`~.settle.settle`), the scheduler's snapshot catches up
 (its watches deliver), and :func:`~.checker.check` runs on the API server's objects. The world adds
@@ -16,9 +14,7 @@ the rules only it can see:
 
 * ``lock``   a bind refused for the node lock (``hami_scheduler_binds_total{result="lock_busy"}`` rose)
   while the lock's holder was dead (:func:`~.checker.dead_holder`, judged when the bind started);
-* ``write``  the scheduler's writes, judged when they land: marking a pod failed that was already bound;
-  rewriting the allocation of a pod already bound; releasing the lock of a pod bound to that node and
-  still waiting for Allocate; taking over a fresh lock whose holder is alive;
+* ``write``  the scheduler's writes that land and break a rule of :mod:`~.writes`;
 * ``phantom`` at the end (everything released, kubelet caught up, the clock an hour on): per card the
   scheduler counts exactly what the running pods hold, in the running scheduler and in a fresh one;
 * ``hang``   every bind and Allocate finished once nothing is parked.
@@ -31,8 +27,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
-import json
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,66 +35,36 @@ from typing import Any
 import kmock
 import yaml
 
-from hami.annotations import (
-    NODE_HANDSHAKE,
-    NODE_REGISTER,
-    POD_BIND_PHASE,
-    POD_DEVICES_ALLOCATED,
-    POD_VGPU_NODE,
-    AnnotationError,
-    HandshakeKind,
-    decode_node_lock,
-    encode_handshake,
-    encode_node_devices,
-    pending_container,
-    read_pod_to_allocate,
-)
-from hami.core.model import Device
 from hami.kube.client import load_api_client
-from hami.kube.nodelock import LOCK_POINTER
 from hami.scheduler.config import SchedulerSettings
-from hami.scheduler.snapshot import local_time
 from hami.sim.apiserver import write_kubeconfig
 from monitor.config import NodeSettings
 
 from . import checker
-from .checker import Served, View, bind_phase, bound_to, key_of, meta, phase_of
+from .checker import Served, View, bound_to, key_of, meta, phase_of
+from .cluster import (
+    FINAL_ADVANCE,
+    HORIZON,
+    LOCK_TIMEOUT,
+    NAMESPACE,
+    NODES,
+    SLOTS,
+    WRITE_LIMIT,
+    Clock,
+    cards_document,
+    cluster_nodes,
+    make_pod,
+)
 from .faults import Call, FaultProxy, Rule
 from .parts import Extender, NodeSide, admissible
 from .program import Admit, Advance, Bind, Delete, Finish, Kill, Program, Recreate, Release, Shape, Step
 from .settle import CountingExecutor, settle
 from .store import ApiError, Store
-
-START = datetime.datetime(2026, 5, 1, 10, 0, 0, tzinfo=datetime.UTC)
-NODES: tuple[tuple[str, int], ...] = (("n1", 2), ("n2", 1))
-MEMORY, SLOTS = 8000, 3
-NAMESPACE = "default"
-LOCK_TIMEOUT = datetime.timedelta(minutes=5)
-FINAL_ADVANCE = datetime.timedelta(hours=1)
-#: How long an unbound pod with ``bind-phase=allocating`` counts (the scheduler's allocating horizon:
-#: twice kube-scheduler's 30 s bind timeout).
-HORIZON = datetime.timedelta(seconds=60)
-#: How long a parked request may wait before the API server times it out unapplied (kube-scheduler's
-#: bind deadline: the scheduler's horizon for unbound allocations assumes no write lands later).
-WRITE_LIMIT = datetime.timedelta(seconds=30)
+from .writes import problems_of_write
 
 
 class Violation(AssertionError):
     """An invariant broke; the message carries the program and what happened."""
-
-
-@dataclass
-class Clock:
-    """The scheduler's wall clock (moved by the program) and its monotonic ticker (real seconds plus
-    every move of the clock, so a bind parked across an ``Advance`` is past its deadline)."""
-
-    now: datetime.datetime = START
-
-    def __call__(self) -> datetime.datetime:
-        return self.now
-
-    def ticker(self) -> float:
-        return time.monotonic() + (self.now - START).total_seconds()
 
 
 @dataclass(eq=False)
@@ -114,67 +78,6 @@ class Actor:
     lock_busy: float = 0.0  # the extender's lock_busy count when the bind started
     dead_lock: str | None = None  # why the node's lock holder was dead when the bind started
     done: bool = False
-
-
-def cluster_nodes() -> list[dict[str, Any]]:
-    handshake = encode_handshake(HandshakeKind.REQUESTING, local_time(START))
-    out = []
-    for name, cards in NODES:
-        devices = [
-            Device(
-                uuid=f"GPU-{name}-{i}",
-                index=i,
-                count=SLOTS,
-                memory_mib=MEMORY,
-                cores=100,
-                type="NVIDIA-Tesla V100-PCIE-32GB",
-                mode="hami-core",
-                health=True,
-            )
-            for i in range(cards)
-        ]
-        annotations = {NODE_REGISTER: encode_node_devices(devices), NODE_HANDSHAKE: handshake}
-        out.append(
-            {
-                "apiVersion": "v1",
-                "kind": "Node",
-                "metadata": {"name": name, "annotations": annotations},
-                "status": {"allocatable": {"nvidia.com/gpu": str(cards * SLOTS)}},
-            }
-        )
-    return out
-
-
-def make_pod(name: str, generation: int, shape: Shape) -> dict[str, Any]:
-    limits = {
-        "nvidia.com/gpu": str(shape.gpus),
-        "nvidia.com/gpumem": str(shape.memory),
-        "nvidia.com/gpucores": str(shape.cores),
-    }
-
-    def container(cname: str, gpu: bool) -> dict[str, Any]:
-        return {"name": cname, "image": "cuda", **({"resources": {"limits": dict(limits)}} if gpu else {})}
-
-    spec: dict[str, Any] = {"schedulerName": "hami-scheduler"}
-    if shape.layout == "two":
-        spec["containers"] = [container("a", True), container("b", True)]
-    elif shape.layout in ("init", "mixed"):
-        spec["initContainers"] = [container("init", True)]
-        spec["containers"] = [container("main", shape.layout == "mixed")]
-    else:
-        spec["containers"] = [container("main", True)]
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": NAMESPACE,
-            "uid": f"uid-{name}-{generation}",
-            "annotations": {},
-        },
-        "spec": spec,
-        "status": {"phase": "Pending"},
-    }
 
 
 @dataclass
@@ -237,21 +140,9 @@ class World:
 
     async def _start_nodes(self, agent_api: Any) -> None:
         settings = NodeSettings(split_count=SLOTS)
-        for name, cards in NODES:
+        for name, _ in NODES:
             path = self.workdir / f"{name}-cards.yaml"
-            document = {
-                "cards": [
-                    {
-                        "uuid": f"GPU-{name}-{i}",
-                        "model": "Tesla V100-PCIE-32GB",
-                        "memory_mib": MEMORY,
-                        "numa": 0,
-                        "healthy": True,
-                    }
-                    for i in range(cards)
-                ]
-            }
-            path.write_text(yaml.safe_dump(document))
+            path.write_text(yaml.safe_dump(cards_document(name)))
             side = NodeSide(name, path, agent_api, settings)
             await side.start()
             self.sides[name] = side
@@ -300,6 +191,7 @@ class World:
             now=self.clock.now,
             lock_timeout=LOCK_TIMEOUT,
             busy=busy,
+            horizon=HORIZON,
         )
 
     # -------------------------------------------------------------------------------------- steps
@@ -528,75 +420,10 @@ class World:
 
     # ------------------------------------------------------------------------------ write checks
     async def _observe(self, call: Call) -> Callable[[int], None] | None:
-        if call.who != "scheduler":
+        """The proxy shows each scheduler write before applying it; problems count if it lands."""
+        if call.who != "scheduler" or call.subject is None:
             return None
-        if call.kind == "pod-patch" and call.subject is not None:
-            return await self._observe_pod_write(call.subject, call)
-        if call.kind == "node-patch" and call.subject is not None:
-            return await self._observe_lock_write(call.subject, call)
-        return None
-
-    async def _observe_pod_write(self, name: str, call: Call) -> Callable[[int], None] | None:
-        sets = annotations_set(call.body)
-        pod = await self._pod(name)
-        if pod is None or not bound_to(pod):
-            return None
-        current = meta(pod).get("annotations") or {}
-        problems = []
-        if sets.get(POD_BIND_PHASE) == "failed" and phase_of(pod) not in checker.TERMINAL:
-            problems.append(f"[write] the scheduler marked {name} failed, already bound to {bound_to(pod)}")
-        rewrite = {k: sets[k] for k in (POD_DEVICES_ALLOCATED, POD_VGPU_NODE) if k in sets}
-        if any(current.get(k) != v for k, v in rewrite.items()):
-            problems.append(
-                f"[write] the scheduler rewrote the allocation of {name}, already bound to {bound_to(pod)}: "
-                f"{ {k: current.get(k) for k in rewrite} } -> {rewrite}"
-            )
-        return self._if_landed(problems)
-
-    async def _observe_lock_write(self, node: str, call: Call) -> Callable[[int], None] | None:
-        try:
-            ops = json.loads(call.body)
-        except ValueError:
-            return None
-        if not isinstance(ops, list):
-            return None
-        tested = next(
-            (o.get("value") for o in ops if o.get("op") == "test" and o.get("path") == LOCK_POINTER), None
-        )
-        change = next(
-            (o for o in ops if o.get("op") in ("remove", "replace") and o.get("path") == LOCK_POINTER), None
-        )
-        if not tested or change is None:
-            return None
-        try:
-            held = decode_node_lock(str(tested))
-        except AnnotationError:
-            return None
-        if held.name is None:
-            return None
-        view = await self.view()
-        node_obj = next((n for n in view.nodes if meta(n).get("name") == node), None)
-        holder = next((p for p in view.pods if key_of(p) == (held.namespace, held.name)), None)
-        if node_obj is None or holder is None:
-            return None
-        who = f"{held.namespace}/{held.name}"
-        problems = []
-        if change["op"] == "remove":
-            if waiting_for_allocate(holder, node):
-                problems.append(
-                    f"[write] the scheduler released the lock of {node} held by {who}, bound there and "
-                    "waiting for Allocate"
-                )
-        elif _holder(change.get("value")) != (held.namespace, held.name):  # not a re-entrant refresh
-            moment = held.time if held.time.tzinfo else held.time.replace(tzinfo=datetime.UTC)
-            fresh = self.clock.now - moment <= LOCK_TIMEOUT
-            if fresh and checker.dead_holder(view, node_obj) is None:
-                problems.append(
-                    f"[write] the scheduler took over the fresh lock of {node} from live holder {who}"
-                )
-        return self._if_landed(problems)
-
-    def _if_landed(self, problems: list[str]) -> Callable[[int], None] | None:
+        problems = problems_of_write(await self.view(), call.kind, call.subject, call.body)
         if not problems:
             return None
 
@@ -605,46 +432,6 @@ class World:
                 self.write_problems.extend(problems)
 
         return after
-
-
-def annotations_set(body: bytes) -> dict[str, Any]:
-    """The annotation values a merge patch or JSON patch of a pod sets."""
-    try:
-        patch = json.loads(body)
-    except ValueError:
-        return {}
-    if isinstance(patch, dict):
-        return dict((patch.get("metadata") or {}).get("annotations") or {})
-    out: dict[str, Any] = {}
-    prefix = "/metadata/annotations/"
-    for op in patch if isinstance(patch, list) else ():
-        if op.get("op") not in ("add", "replace"):
-            continue
-        path = str(op.get("path") or "")
-        if path == "/metadata/annotations" and isinstance(op.get("value"), dict):
-            out.update(op["value"])
-        elif path.startswith(prefix):
-            out[path[len(prefix) :].replace("~1", "/").replace("~0", "~")] = op.get("value")
-    return out
-
-
-def waiting_for_allocate(pod: Mapping[str, Any], node: str) -> bool:
-    """Bound to ``node``, Pending, not failed, and some container's cards not handed out yet."""
-    if bound_to(pod) != node or phase_of(pod) != "Pending" or bind_phase(pod) == "failed":
-        return False
-    try:
-        remaining = read_pod_to_allocate(pod)
-    except AnnotationError:
-        return False
-    return remaining is not None and pending_container(remaining) is not None
-
-
-def _holder(value: Any) -> tuple[str | None, str | None] | None:
-    try:
-        lock = decode_node_lock(str(value))
-    except AnnotationError:
-        return None
-    return lock.namespace, lock.name
 
 
 def _outcome(task: asyncio.Task[str]) -> str:
