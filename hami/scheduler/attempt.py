@@ -162,9 +162,12 @@ def judge(
     phase = str((pod.get("status") or {}).get("phase") or "")
     if phase not in ("", "Pending"):  # the API server sets Pending at creation; "" only in simulations
         return Verdict.REFUSE, f"pod {att.ref} is {phase}, not Pending: refused"
+    # another attempt's allocation for another node may still be bound there: wait for the horizon.
+    # One for this node is re-done under this node's lock (a crashed attempt, kube-scheduler's retry):
+    # whichever Binding lands first, the pod ends on this node with the grant its annotations name.
     until = allocating_until(pod, horizon)
-    if until is not None and until > now and not (att.written and carries(pod, ownership(att.written))):
-        where = annotations.get(POD_VGPU_NODE) or "?"
+    where = annotations.get(POD_VGPU_NODE) or "?"
+    if until is not None and until > now and where != att.node:
         return Verdict.REFUSE, (
             f"pod {att.ref} has a bind to node {where} in progress (bind-phase allocating until "
             f"{until.isoformat()}): refused"

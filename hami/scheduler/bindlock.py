@@ -18,7 +18,7 @@ import datetime
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from hami.annotations import POD_GROUP_LABEL
+from hami.annotations import POD_GROUP_LABEL, AnnotationError, decode_node_lock
 from hami.core.model import PodRequest
 from hami.kube.nodelock import LockGrant, NodeLockBusy, take_node_lock
 from hami.scheduler.attempt import Attempt
@@ -86,17 +86,19 @@ async def acquire(ctx: Context, att: Attempt, fits: Callable[[], object], *, wai
     """Take the node lock; while another pod holds it, wait up to ``wait`` seconds (never past the
     deadline), outside the node's decision queue.
 
-    One try at once (a re-entrant or free lock never waits behind others); then the bind joins the
-    node's line of waiters. The head of the line tries again whenever the node watch shows the lock
-    annotation change, and at least every second (a holder pod that was deleted or moved does not
-    change the annotation), each time first checking that the pod still fits (a full node fails the
-    waiters without taking the lock); 0 fails at once, as HAMi does for pods outside a PodGroup.
+    One try at once (a re-entrant or free lock never waits behind others; a bind that may wait skips
+    it when the node watch already shows another pod's lock); then the bind joins the node's line of
+    waiters. The head of the line tries again whenever the node watch shows the lock annotation
+    change, and at least every second (a holder pod that was deleted or moved does not change the
+    annotation), each time first checking that the pod still fits (a full node fails the waiters
+    without taking the lock); 0 fails at once, as HAMi does for pods outside a PodGroup.
     """
-    try:
-        return await take(ctx, att)
-    except NodeLockBusy:
-        if wait <= 0:
-            raise
+    if wait <= 0 or not _held_by_another(ctx.snapshot.lock_of(att.node), att):
+        try:
+            return await take(ctx, att)
+        except NodeLockBusy:
+            if wait <= 0:
+                raise
     end = min(ctx.ticker() + wait, att.deadline.end)
     line = ctx.lock_line(att.node)
     if not await _join(line, lambda: end - ctx.ticker()):
@@ -118,6 +120,17 @@ async def acquire(ctx: Context, att: Attempt, fits: Callable[[], object], *, wai
                 change.cancel()
     finally:
         line.release()
+
+
+def _held_by_another(shown: str | None, att: Attempt) -> bool:
+    """The node watch shows a readable lock of another pod (an unreadable one is left to the API)."""
+    if not shown:
+        return False
+    try:
+        owner = decode_node_lock(shown)
+    except AnnotationError:
+        return False
+    return owner.namespace is not None and (owner.namespace, owner.name) != att.key
 
 
 async def _join(line: asyncio.Lock, remaining: Callable[[], float]) -> bool:

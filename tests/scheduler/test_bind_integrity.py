@@ -463,3 +463,34 @@ async def test_sixty_concurrent_binds_get_exactly_the_capacity_and_a_restart_agr
     assert used(ext) == [(10, 10000, 50), (10, 10000, 50)]
     restarted = await start_extender()
     assert used(restarted) == used(ext)
+
+
+# ------------------------------------------------------------------- a crash in the middle of a bind
+
+
+@pytest.mark.parametrize(
+    ("retry_to", "bound"), [("n1", True), ("n2", False)], ids=["same-node", "other-node"]
+)
+async def test_a_bind_left_half_done_by_a_crash_is_redone_on_its_node(
+    start_extender: StartExtender, retry_to: str, bound: bool
+) -> None:
+    # the crashed scheduler took n1's lock and wrote the grant, but never created the Binding
+    crashed = leftover("p", "n1", seconds_ago=5, memory=1000)
+    lock = "2026-05-01T09:59:55Z,default,p"
+    ext = await start_extender(
+        nodes=[make_node("n1", cards=1, annotations={NODE_LOCK: lock}), make_node("n2", cards=1)],
+        pods=[crashed],
+    )
+    result = await ext.bind("p", retry_to)
+    if bound:  # redone under n1's lock, which it re-takes with its new time
+        assert result == {"Error": ""}
+        pod = await ext.pod("p")
+        assert pod["spec"]["nodeName"] == "n1" and pod["metadata"]["annotations"][POD_VGPU_NODE] == "n1"
+        assert await lock_of(ext) == "2026-05-01T10:00:00Z,default,p"
+    else:  # its Binding to n1 could still land until the allocating horizon: nothing written
+        assert result["Error"].startswith("pod default/p has a bind to node n1 in progress")
+        pod = await ext.pod("p")
+        assert "nodeName" not in pod["spec"]
+        assert pod["metadata"]["annotations"] == crashed["metadata"]["annotations"]
+        assert len(ext.apiserver["patch", PODS]) == 0
+        assert await lock_of(ext) == lock
