@@ -77,7 +77,10 @@ async def test_a_lock_held_by_a_live_pod_blocks(start_extender: StartExtender) -
     result = await ext.bind("q", "n1")
     assert result["Error"] == "node n1 has been locked within 5m0s by default/p"
     assert await _lock(ext) == LOCK  # not ours: left alone
-    assert (await ext.pod("q"))["metadata"]["annotations"] == {POD_BIND_PHASE: "failed", "hami.io/bind-time": STAMP}
+    assert (await ext.pod("q"))["metadata"]["annotations"] == {
+        POD_BIND_PHASE: "failed",
+        "hami.io/bind-time": STAMP,
+    }
     assert ext.ctx.snapshot.record(("default", "q")) is None
     await ext.settle()
     (event,) = _events(ext, "BindingFailed")

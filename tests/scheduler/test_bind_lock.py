@@ -90,7 +90,10 @@ async def test_a_group_member_gives_up_after_the_retry_timeout(start_extender: S
     assert result["Error"] == "node n1 has been locked within 5m0s by default/holder"
     assert _holder_checks(ext) >= 1
     assert await _lock(ext) == HELD
-    assert (await ext.pod("g"))["metadata"]["annotations"] == {POD_BIND_PHASE: "failed", "hami.io/bind-time": "1777629600"}
+    assert (await ext.pod("g"))["metadata"]["annotations"] == {
+        POD_BIND_PHASE: "failed",
+        "hami.io/bind-time": "1777629600",
+    }
 
 
 async def test_an_init_container_only_pod_takes_the_lock_too(start_extender: StartExtender) -> None:
