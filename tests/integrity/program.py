@@ -10,8 +10,9 @@ as Python that can be pasted into a regression test::
 Steps: ``Bind`` (kube-scheduler calls the extender's ``/bind``; faults armed on that bind's requests),
 ``Admit`` (the kubelet of the pod's node admits it: GetPreferredAllocation + Allocate per GPU
 container; faults armed on the agent's requests), ``Release`` (a parked request or answer goes through),
-``Delete``, ``Recreate`` (same name, new uid), ``Finish`` (a running pod Succeeded), ``Kill`` (the
-scheduler dies at once and a new one starts from a fresh list), ``Advance`` (the clock moves on).
+``Delete``, ``Recreate`` (same name, new uid), ``Finish`` (a running pod Succeeded), ``Kill`` (a
+scheduler replica dies at once and a new one starts from a fresh list), ``Advance`` (the clock moves on).
+With ``Program.replicas`` = 2 two scheduler replicas serve binds side by side (``Bind.replica``).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class Bind:
     pod: int
     node: int
     faults: tuple[Fault, ...] = ()
+    replica: int = 0  # which scheduler replica kube-scheduler calls (modulo ``Program.replicas``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +89,7 @@ class Finish:
 
 @dataclass(frozen=True, slots=True)
 class Kill:
-    pass
+    replica: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +105,7 @@ class Program:
     shapes: tuple[Shape, ...]
     steps: tuple[Step, ...]
     tick: int = 1  # seconds the clock moves with every step (0: all steps within one second)
+    replicas: int = 1  # scheduler replicas running side by side, each with its own snapshot
 
 
 # ------------------------------------------------------------------------------------- strategies
@@ -127,10 +130,11 @@ def shapes() -> st.SearchStrategy[Shape]:
     )
 
 
-def steps(pods: int, nodes: int) -> st.SearchStrategy[Step]:
+def steps(pods: int, nodes: int, replicas: int = 1) -> st.SearchStrategy[Step]:
     pod = st.integers(0, pods - 1)
     node = st.integers(0, nodes - 1)
-    bind = st.builds(Bind, pod, node, faults(SCHEDULER_KINDS))
+    replica = st.integers(0, replicas - 1)
+    bind = st.builds(Bind, pod, node, faults(SCHEDULER_KINDS), replica)
     admit = st.builds(Admit, pod, faults(AGENT_KINDS))
     release = st.builds(Release, st.integers(0, 3))
     return st.one_of(
@@ -145,7 +149,7 @@ def steps(pods: int, nodes: int) -> st.SearchStrategy[Step]:
         st.builds(Delete, pod),
         st.builds(Recreate, pod),
         st.builds(Finish, pod),
-        st.just(Kill()),
+        st.builds(Kill, replica),
         st.builds(Advance, st.sampled_from((5, 60, 400))),
     )
 
@@ -157,6 +161,7 @@ def programs(
     nodes: int = 2,
     min_steps: int = 6,
     max_steps: int = 16,
+    replicas: int = 1,
 ) -> st.SearchStrategy[Program]:
     """Programs over ``pods`` pods and ``nodes`` nodes, steps drawn from ``step`` (default: every kind)."""
     return st.builds(

@@ -3,7 +3,7 @@ deletes and recreations against the real scheduler and node agent on the embedde
 every step the invariants of ``checker`` and ``world`` must hold (no card over memory, cores or slots;
 Allocate hands every pod its own grant; no lock outlives its holder; no phantom usage at the end).
 
-Four profiles, 50 programs each (200 interleavings per run), derandomized so CI draws the same programs
+Five profiles, 40 programs each (200 interleavings per run), derandomized so CI draws the same programs
 every time; a failing program is printed as pasteable Python (``program = Program(...)``) with the log
 of what happened (``INTEGRITY_SHRINK=1`` shrinks it first).
 """
@@ -37,8 +37,8 @@ from .program import (
 )
 from .world import World
 
-#: Programs per profile (four profiles: 200 per run); ``INTEGRITY_EXAMPLES`` runs more (or fewer).
-EXAMPLES = int(os.environ.get("INTEGRITY_EXAMPLES", "50"))
+#: Programs per profile (five profiles: 200 per run); ``INTEGRITY_EXAMPLES`` runs more (or fewer).
+EXAMPLES = int(os.environ.get("INTEGRITY_EXAMPLES", "40"))
 #: A failure is reported at once with its whole program (deterministic: the draw is derandomized);
 #: ``INTEGRITY_SHRINK=1`` lets hypothesis shrink it first, which can take minutes.
 PHASES = (Phase.explicit, Phase.generate, *((Phase.shrink,) if os.environ.get("INTEGRITY_SHRINK") else ()))
@@ -115,4 +115,10 @@ def test_kills_and_lock_expiry_never_overcommit(program: Program) -> None:
     )
 )
 def test_deletes_recreations_and_completions_never_overcommit(program: Program) -> None:
+    stressed(program)
+
+
+@STRESS
+@given(programs(replicas=2))
+def test_two_scheduler_replicas_never_overcommit(program: Program) -> None:
     stressed(program)

@@ -2,7 +2,8 @@
 every step.
 
 The world: the API server (:class:`~.store.Store`: kmock's object store with kube-apiserver's rules)
-behind the fault proxy, one scheduler (:class:`~.parts.Extender`, replaced by a fresh one on ``Kill``),
+behind the fault proxy, one scheduler per replica (:class:`~.parts.Extender`, replaced by a fresh one
+on ``Kill``),
 and per node the agent and a kubelet model (:class:`~.parts.NodeSide`), on the cluster of
 :mod:`~.cluster`. The clock moves ``Program.tick`` seconds after every step (kube-scheduler's retries
 are seconds apart) and more on ``Advance``; a request parked longer than ``WRITE_LIMIT`` of it times
@@ -96,7 +97,8 @@ class World:
         self.write_problems: list[str] = []
         self.generation: dict[str, int] = {}
         self.uids: dict[str, str] = {}
-        self.extenders: list[Extender] = []
+        self.extenders: list[Extender] = []  # every scheduler started, dead ones included
+        self.replicas: list[Extender] = []  # the live one of each replica
         self.sides: dict[str, NodeSide] = {}
         self.store: Store
         self.proxy: FaultProxy
@@ -123,7 +125,8 @@ class World:
             agent_api = load_api_client(self.kubeconfig, request_timeout=120.0, component="integrity-agent")
             try:
                 await self._start_nodes(agent_api)
-                await self._start_extender()
+                for _ in range(max(self.program.replicas, 1)):
+                    self.replicas.append(await self._start_extender())
                 for number, step in enumerate(self.program.steps):
                     await self._step(number, step)
                 await self._finish()
@@ -154,9 +157,8 @@ class World:
         self.extenders.append(extender)
         return extender
 
-    @property
-    def extender(self) -> Extender:
-        return self.extenders[-1]
+    def _replica(self, index: int) -> int:
+        return index % len(self.replicas)
 
     # ------------------------------------------------------------------------------------ objects
     async def _objects(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -204,8 +206,8 @@ class World:
     async def _step(self, number: int, step: Step) -> None:
         self.log.append(f"{number}: {step!r}")
         match step:
-            case Bind(pod=p, node=n, faults=faults):
-                await self._bind(self._pod_name(p), self._node_name(n), faults)
+            case Bind(pod=p, node=n, faults=faults, replica=r):
+                await self._bind(self._pod_name(p), self._node_name(n), faults, replica=self._replica(r))
             case Admit(pod=p, faults=faults):
                 pod = await self._pod(self._pod_name(p))
                 if pod is not None and bound_to(pod) in self.sides:
@@ -227,8 +229,8 @@ class World:
                 pod = await self._pod(self._pod_name(p))
                 if pod is not None and phase_of(pod) == "Running":
                     await self._set_status(pod, {"phase": "Succeeded"})
-            case Kill():
-                await self._kill()
+            case Kill(replica=r):
+                await self._kill(self._replica(r))
             case Advance(seconds=s):
                 self.clock.now += datetime.timedelta(seconds=s)
         await self._after(f"step {number}: {step!r}")
@@ -240,12 +242,14 @@ class World:
         self.actors.append(actor)
         return actor
 
-    async def _bind(self, name: str, node: str, faults: tuple[Any, ...], *, uid: str | None = None) -> Actor:
+    async def _bind(
+        self, name: str, node: str, faults: tuple[Any, ...], *, uid: str | None = None, replica: int = 0
+    ) -> Actor:
         pod = await self._pod(name)
         uid = uid or (str(meta(pod).get("uid")) if pod is not None else self.uids.get(name, ""))
         nodes, _ = await self._objects()
         dead = checker.dead_holder(await self.view(), next(n for n in nodes if meta(n).get("name") == node))
-        extender = self.extender
+        extender = self.replicas[replica]
         lock_busy = extender.metric("hami_scheduler_binds_total", result="lock_busy")
         task = asyncio.get_running_loop().create_task(extender.bind(name, node, uid))
         actor = self._actor("bind", name, node, task)
@@ -288,14 +292,14 @@ class World:
                 )
             )
 
-    async def _kill(self) -> None:
-        old = self.extender
+    async def _kill(self, replica: int) -> None:
+        old = self.replicas[replica]
         for actor in self.actors:
             if actor.extender is old and not actor.task.done():
                 actor.task.cancel()
         await self._settle()
         await old.stop()
-        await self._start_extender()
+        self.replicas[replica] = await self._start_extender()
 
     # ------------------------------------------------------------------------------------ checking
     async def _settle(self) -> None:
@@ -343,7 +347,8 @@ class World:
                         f"{actor.dead_lock}: {outcome}"
                     )
         view = await self.view()
-        self.extender.sync(view.nodes, view.pods)
+        for extender in self.replicas:
+            extender.sync(view.nodes, view.pods)
         problems += self.write_problems + checker.check(view)
         self.write_problems = []
         if problems:
@@ -393,7 +398,10 @@ class World:
         self.clock.now += FINAL_ADVANCE
         await self._after("the clock moving an hour on")
         fresh = await self._start_extender()
-        problems = self._phantom(self.extenders[-2], "the running scheduler", view := await self.view())
+        view = await self.view()
+        problems = [
+            p for i, e in enumerate(self.replicas) for p in self._phantom(e, f"scheduler replica {i}", view)
+        ]
         problems += self._phantom(fresh, "a restarted scheduler", view)
         if problems:
             raise Violation(self.report("the end", problems))
