@@ -41,7 +41,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     chosen = next((a for a in argv if not a.startswith("-")), None)
     args = build_parser(chosen if chosen in SUBCOMMANDS else None).parse_args(argv)
     module = importlib.import_module(args.module)
-    result: int = module.run(args)
+    try:
+        result: int = module.run(args)
+    except Exception as exc:
+        # A cluster a subcommand could not use (no or bad kubeconfig, a server that refuses): one line,
+        # exit 2, whatever the subcommand. Imported here: only a subcommand that loaded it can raise it.
+        from hami.kube.client import KubeError
+
+        if not isinstance(exc, KubeError):
+            raise
+        print(f"hami {args.command}: {exc}", file=sys.stderr)
+        return 2
     return result
 
 

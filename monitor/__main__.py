@@ -3,7 +3,9 @@
 Builds every collaborator at the top (settings, API client, backend, inventory, allocator, device
 plugin service, kubelet runner, registrar) and runs each loop as a named task. A node whose backend
 cannot start (no NVIDIA driver with ``--backend nvml``/``auto``, a bad sim file) logs one clear error
-and retries every minute instead of exiting, so the DaemonSet does not crash-loop. The exporter
+and retries every minute instead of exiting, so the DaemonSet does not crash-loop; an unusable kubeconfig
+or an API server that cannot be reached at start-up is one line and exit 2 (a wrong flag, not a wait
+for hardware). The exporter
 (``monitor.exporter``) is two more tasks: the pod list behind its grant metrics and the ``/metrics``
 server, whose collector reads the same inventory through a registry built here.
 """
@@ -19,7 +21,7 @@ from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry
 
-from hami.kube.client import load_api_client
+from hami.kube.client import KubeError, check_reachable, load_api_client
 from monitor.allocator import Allocator
 from monitor.backends import Backend, BackendUnavailable, open_backend
 from monitor.config import AgentConfig, ConfigError, load_node_settings, parse_agent_config
@@ -57,6 +59,11 @@ async def run(config: AgentConfig) -> None:
     parse_listen(config.metrics_listen)  # a bad address is a start-up error (exit 2), not a retry loop
     settings = load_node_settings(config)
     api = load_api_client(config.kubeconfig, component="hami-monitor")
+    try:
+        await asyncio.to_thread(check_reachable, api)  # a wrong server is a start-up error (exit 2)
+    except KubeError:
+        api.close()
+        raise
     backend = await open_backend_patiently(config)
     log.info(
         "node %s: using the %s backend, resource %s", config.node_name, backend.name, settings.resource_name
@@ -135,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         asyncio.run(guarded())
-    except ConfigError as exc:
+    except (ConfigError, KubeError) as exc:  # bad flags or files, an unusable kubeconfig, no API server
         print(f"hami-monitor: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -5,7 +5,10 @@ service account, the request timeout every call carries, running calls off the e
 (``asyncio.to_thread``: the sync client must never block the loop, which may also be serving a local
 test API server), decoding raw JSON responses (``_preload_content=False``: objects travel as plain
 dicts, never as client model classes) and the error hierarchy (:class:`KubeError`, :class:`NotFound`,
-:class:`Conflict`). Imports: ``kubernetes``, ``urllib3``; nothing from ``hami.scheduler`` or above.
+:class:`Conflict`). Errors a person sees read as one line saying what to do: an unusable or absent
+kubeconfig is ``Config: ...``, a connection never made (refused, unknown host, TLS) ``Unreachable: ...``
+naming the server (:func:`check_reachable` asks once at a service's start-up). Imports: ``kubernetes``,
+``urllib3``; nothing from ``hami.scheduler`` or above.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import importlib.metadata
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -69,18 +73,51 @@ def load_api_client(
     configuration = client.Configuration()
     if kubeconfig:
         if not Path(kubeconfig).is_file():
-            raise KubeError(0, "Config", f"kubeconfig file not found: {kubeconfig!r}")
-        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)  # type: ignore[no-untyped-call]
+            raise KubeError(
+                0,
+                "Config",
+                f"kubeconfig file {kubeconfig!r} does not exist; pass an existing file to --kubeconfig",
+            )
+        _load_kubeconfig(configuration, kubeconfig)
     else:
         try:
             config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
         except config.ConfigException:
-            config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+            default = config.KUBE_CONFIG_DEFAULT_LOCATION
+            if not any(Path(p).expanduser().is_file() for p in default.split(os.pathsep) if p):
+                raise KubeError(
+                    0,
+                    "Config",
+                    f"no kubeconfig: not running in a cluster and {default} does not exist; "
+                    "pass --kubeconfig FILE (or set KUBECONFIG)",
+                ) from None
+            _load_kubeconfig(configuration, None)
     configuration.retries = urllib3.Retry(total=2, connect=2, read=0, status=0, other=0, redirect=2)
     configuration.connection_pool_maxsize = 64
     api = HamiApiClient(configuration, request_timeout=request_timeout)
     api.user_agent = f"{component}/{_version()}"
     return api
+
+
+def _load_kubeconfig(configuration: Any, path: str | None) -> None:
+    """Load a kubeconfig file into ``configuration``; any failure is one :class:`KubeError` line.
+
+    The file is hostile input parsed by third-party code (YAML, then the client's own checks), which
+    fails in many shapes (``yaml.YAMLError``, ``ConfigException``, ``TypeError`` on a list, ``ValueError``
+    on bytes that are not UTF-8, ...): every one of them means "this kubeconfig is unusable".
+    """
+    shown = path or config.KUBE_CONFIG_DEFAULT_LOCATION
+    try:
+        config.load_kube_config(config_file=path, client_configuration=configuration)  # type: ignore[no-untyped-call]
+    except Exception as exc:  # see the docstring: all of them mean a bad file
+        detail = " ".join(str(exc).split()) or type(exc).__name__
+        if isinstance(exc, TypeError | AttributeError | KeyError):  # YAML, but not a kubeconfig's shape
+            detail = f"not a kubeconfig document: {detail}"
+        raise KubeError(
+            0,
+            "Config",
+            f"kubeconfig {shown!r} is not usable ({detail}); fix it or pass another with --kubeconfig",
+        ) from None
 
 
 def _version() -> str:
@@ -118,13 +155,72 @@ def error_from(exc: BaseException) -> KubeError:
         kind = {404: NotFound, 409: Conflict, 410: Gone}.get(status, KubeError)
         return kind(status, reason, message)
     if isinstance(exc, urllib3.exceptions.MaxRetryError) and exc.reason is not None:
+        unreachable = _unreachable(exc.reason, exc.pool)
+        if unreachable is not None:
+            return unreachable
         cause = error_from(exc.reason)
         return KubeError(cause.status, cause.reason, str(exc))
+    unreachable = _unreachable(exc, None)
+    if unreachable is not None:
+        return unreachable
     if isinstance(exc, urllib3.exceptions.TimeoutError):
         return KubeError(0, "Timeout", str(exc))
     if isinstance(exc, urllib3.exceptions.HTTPError | OSError):
         return KubeError(0, "Transport", str(exc))
     raise exc
+
+
+def _unreachable(exc: BaseException, pool: Any) -> KubeError | None:
+    """A connection that was never made (refused, unknown host, TLS failure), said as such in one line.
+
+    Checked before the timeout mapping: urllib3's ``NewConnectionError`` is a ``ConnectTimeoutError``, so a
+    refused connection would otherwise read ``Timeout``. ``None`` for anything else.
+    """
+    if pool is not None:
+        server = f"{pool.scheme}://{pool.host}:{pool.port}"
+    else:
+        conn = getattr(exc, "conn", None)
+        server = f"{getattr(conn, 'host', '?')}:{getattr(conn, 'port', '?')}" if conn is not None else "?"
+    detail = " ".join(str(exc).split())
+    if isinstance(exc, urllib3.exceptions.NameResolutionError):
+        why = "its host name does not resolve"
+    elif isinstance(exc, urllib3.exceptions.NewConnectionError):
+        cause = exc.__cause__ or exc.__context__
+        refused = isinstance(cause, ConnectionRefusedError) or "Connection refused" in detail
+        why = "connection refused" if refused else f"cannot connect ({detail})"
+    elif isinstance(exc, urllib3.exceptions.SSLError):
+        why = f"the TLS handshake failed ({detail})"
+    else:
+        return None
+    return KubeError(
+        0,
+        "Unreachable",
+        f"cannot reach the API server at {server}: {why}; check that the cluster is running and that "
+        "--kubeconfig names its server",
+    )
+
+
+def check_reachable(api: Any) -> None:
+    """Ask the server for ``/version`` once (start-up of the services): raise :class:`KubeError` when no
+    connection can be made or it does not answer in time. Any HTTP answer, even an error, counts as
+    reachable (credentials and rights are the callers' business, with their own messages). One attempt,
+    no urllib3 retries: their warnings would bury the one line the caller prints."""
+    url = f"{str(api.configuration.host).rstrip('/')}/version"
+    headers = {**api.default_headers, "User-Agent": str(api.user_agent)}
+    for setting in api.configuration.auth_settings().values():  # the caller's identity, as on any call
+        if setting.get("in") == "header" and setting.get("value"):
+            headers[str(setting["key"])] = str(setting["value"])
+    try:
+        api.rest_client.pool_manager.request(
+            "GET",
+            url,
+            headers=headers,
+            retries=urllib3.Retry(total=0, redirect=False),
+            timeout=urllib3.Timeout(total=timeout_of(api)),
+            preload_content=True,
+        )
+    except Exception as exc:  # mapped below; anything unknown re-raises from error_from
+        raise error_from(exc) from exc
 
 
 def _call_json_sync(method: Callable[..., Any], *args: Any, timeout: float, **kwargs: Any) -> Any:

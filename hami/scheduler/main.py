@@ -15,7 +15,7 @@ import logging
 import ssl
 import sys
 
-from hami.kube.client import KubeError, load_api_client
+from hami.kube.client import KubeError, check_reachable, load_api_client
 from hami.scheduler import config
 from hami.scheduler.app import build_context, serve
 
@@ -40,7 +40,13 @@ def run(args: argparse.Namespace) -> int:
             settings.kubeconfig, request_timeout=settings.api_timeout, component="hami-scheduler"
         )
     except (KubeError, OSError, ValueError) as exc:
-        print(f"hami scheduler: cannot build the Kubernetes client: {exc}", file=sys.stderr)
+        print(f"hami scheduler: {exc}", file=sys.stderr)
+        return 2
+    try:
+        check_reachable(api)  # a wrong server is one clear line at start-up, not a watch retrying forever
+    except KubeError as exc:
+        api.close()
+        print(f"hami scheduler: {exc}", file=sys.stderr)
         return 2
     ssl_context = None
     if settings.tls_cert and settings.tls_key:
