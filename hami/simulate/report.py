@@ -53,7 +53,7 @@ def summarize(trace: str, policy: str, results: Sequence[RunResult], seconds: Se
         seeds=tuple(r.seed for r in results),
         at_100=(
             statistics.fmean(at_100) if at_100 else float("nan"),
-            statistics.stdev(at_100) if len(at_100) > 1 else 0.0,
+            statistics.stdev(at_100) if len(at_100) > 1 else (0.0 if at_100 else float("nan")),
         ),
         curve=curve,
         points={x: curve.get(x) for x in POINTS},

@@ -219,3 +219,22 @@ def test_hami_help_lists_simulate(capsys: pytest.CaptureFixture[str]) -> None:
         cli.main(["--help"])
     assert caught.value.code == 0
     assert "simulate" in capsys.readouterr().out
+
+
+def test_a_node_list_without_cards_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    nodes, pods = tmp_path / "nodes.csv", tmp_path / "pods.csv"
+    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\ncpu-0,8000,16384,0,\n")
+    pods.write_text(PODS)
+    assert cli.main(["simulate", "--nodes", str(nodes), "--pods", str(pods), "--seeds", "1"]) == 2
+    assert "no GPU card" in capsys.readouterr().err
+
+
+def test_demand_that_never_reaches_100_has_no_value_there(
+    tmp_path: Path, files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    nodes, _ = files
+    pods = tmp_path / "cpu.csv"
+    pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,100,10,0,0\n")
+    assert cli.main(["simulate", "--nodes", str(nodes), "--pods", str(pods), "--seeds", "1", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["at_100"] == {"mean": None, "sd": None} and result["curve"] == {"0": 100.0}
