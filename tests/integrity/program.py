@@ -60,6 +60,10 @@ class Bind:
     faults: tuple[Fault, ...] = ()
     replica: int = 0  # which scheduler replica kube-scheduler calls (modulo ``Program.replicas``)
 
+    def __repr__(self) -> str:
+        tail = f", replica={self.replica}" if self.replica else ""
+        return f"Bind(pod={self.pod}, node={self.node}, faults={self.faults!r}{tail})"
+
 
 @dataclass(frozen=True, slots=True)
 class Admit:

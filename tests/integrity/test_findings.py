@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .faults import Mode
-from .program import Bind, Fault, Program, Shape
+from .program import Admit, Bind, Fault, Program, Release, Shape
 from .test_stress import run
 
 APP = Shape("app", 1, 3000, 30)
@@ -19,3 +19,12 @@ def test_a_late_lock_release_of_an_earlier_attempt_leaves_the_next_lock_alone() 
     Allocate``."""
     first = Bind(0, 0, (Fault("node-patch", Mode.LATE, 1), Fault("pod-get", Mode.FAIL, 1)))
     run(Program(shapes=(APP,), steps=(first, Bind(0, 0)), tick=0))
+
+
+def test_a_late_lock_write_does_not_lock_the_node_again_after_allocate() -> None:
+    """The bind's compare-and-set of the lock is answered 504 but lands later; the bind re-reads, takes
+    the lock again and binds; the agent serves the pod and releases the lock; then the late write lands:
+    it tested only the annotation map, which is as it was, so the lock is back, held by a pod whose every
+    container was served, and blocks the node until it expires. Was: ``[lock] node n2: lock
+    '2026-05-01T10:00:00Z,default,p0' outlived its holder: default/p0 has every container served``."""
+    run(Program(shapes=(APP,), steps=(Bind(0, 1, (Fault("node-patch", Mode.LATE),)), Admit(0), Release(0))))
