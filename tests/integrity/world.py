@@ -13,8 +13,10 @@ After every step the world settles (:func:`~.settle.settle`), the scheduler's sn
 (its watches deliver), and :func:`~.checker.check` runs on the API server's objects. The world adds
 the rules only it can see:
 
-* ``lock``   a bind refused for the node lock (``hami_scheduler_binds_total{result="lock_busy"}`` rose)
-  while the lock's holder was dead (:func:`~.checker.dead_holder`, judged when the bind started);
+* ``lock``   a bind that started and ended within one step (so it ran alone and the lock it met is
+  the one seen when it started) refused for the node lock (``hami_scheduler_binds_total{result=
+  "lock_busy"}`` rose) while that lock's holder was dead (:func:`~.checker.dead_holder`); the end of
+  every program probes each node whose lock has a dead holder with such a bind;
 * ``write``  the scheduler's writes that land and break a rule of :mod:`~.writes`;
 * ``phantom`` at the end (everything released, kubelet caught up, the clock an hour on): per card the
   scheduler counts exactly what the running pods hold, in the running scheduler and in a fresh one;
@@ -76,6 +78,7 @@ class Actor:
     node: str
     task: asyncio.Task[str]
     extender: Extender | None = None
+    phase: int = 0  # the step (or end-phase action) that started it
     lock_busy: float = 0.0  # the extender's lock_busy count when the bind started
     dead_lock: str | None = None  # why the node's lock holder was dead when the bind started
     done: bool = False
@@ -105,6 +108,7 @@ class World:
         self.kubeconfig = ""
         self._numbers = 0
         self._fired = 0
+        self._phase = 0  # counts steps and end-phase actions
         self.final: View | None = None  # the objects at the end of a clean run
 
     # ------------------------------------------------------------------------------------- lifecycle
@@ -204,6 +208,7 @@ class World:
         return NODES[index % len(NODES)][0]
 
     async def _step(self, number: int, step: Step) -> None:
+        self._phase += 1
         self.log.append(f"{number}: {step!r}")
         match step:
             case Bind(pod=p, node=n, faults=faults, replica=r):
@@ -238,7 +243,7 @@ class World:
 
     def _actor(self, kind: str, pod: str, node: str, task: asyncio.Task[str]) -> Actor:
         self._numbers += 1
-        actor = Actor(number=self._numbers, kind=kind, pod=pod, node=node, task=task)
+        actor = Actor(number=self._numbers, kind=kind, pod=pod, node=node, task=task, phase=self._phase)
         self.actors.append(actor)
         return actor
 
@@ -339,7 +344,10 @@ class World:
             self.proxy.disarm(actor.number)
             outcome = "killed" if actor.task.cancelled() else _outcome(actor.task)
             self.log.append(f"   {actor.kind} {actor.pod} -> {actor.node}: {outcome or 'ok'}")
-            if actor.kind == "bind" and actor.extender is not None and outcome and actor.dead_lock:
+            # judged only for a bind that ran alone, start to end, within one step: then the lock that
+            # refused it is the one seen when it started, and the lock_busy count rose for it alone
+            alone = actor.phase == self._phase
+            if actor.kind == "bind" and actor.extender is not None and outcome and actor.dead_lock and alone:
                 busy = actor.extender.metric("hami_scheduler_binds_total", result="lock_busy")
                 if busy > actor.lock_busy:
                     problems.append(
@@ -391,6 +399,7 @@ class World:
             body = make_pod(probe, 0, shape)
             self.store.create("pods", body)
             self.log.append(f"end: probe bind {probe} -> {name}")
+            self._phase += 1
             await self._bind(probe, name, (), uid=str(body["metadata"]["uid"]))
             await self._after(f"the lock probe on {name}")
             await self._admit(name, probe, ())
