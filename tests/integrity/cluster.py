@@ -21,6 +21,7 @@ from hami.annotations import (
     encode_node_devices,
 )
 from hami.core.model import Device
+from hami.scheduler.config import SchedulerSettings
 from hami.scheduler.snapshot import local_time
 
 from .program import Shape
@@ -31,12 +32,14 @@ MEMORY, SLOTS = 8000, 3
 NAMESPACE = "default"
 LOCK_TIMEOUT = datetime.timedelta(minutes=5)
 FINAL_ADVANCE = datetime.timedelta(hours=1)
+#: The scheduler's settings: the defaults, but for the API client timeout (parked requests wait long).
+SETTINGS = SchedulerSettings(node_lock_timeout=LOCK_TIMEOUT, api_timeout=120.0)
 #: How long an unbound pod with ``bind-phase=allocating`` counts (the scheduler's allocating horizon:
-#: twice kube-scheduler's 30 s bind timeout).
-HORIZON = datetime.timedelta(seconds=60)
+#: twice kube-scheduler's bind timeout).
+HORIZON = SETTINGS.allocating_horizon
 #: How long a parked request may wait before the API server times it out unapplied (kube-scheduler's
-#: bind deadline: the scheduler's horizon for unbound allocations assumes no write lands later).
-WRITE_LIMIT = datetime.timedelta(seconds=30)
+#: bind timeout: the scheduler's horizon for unbound allocations assumes no write lands later).
+WRITE_LIMIT = datetime.timedelta(seconds=SETTINGS.bind_timeout)
 
 
 @dataclass

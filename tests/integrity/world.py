@@ -51,6 +51,7 @@ from .cluster import (
     LOCK_TIMEOUT,
     NAMESPACE,
     NODES,
+    SETTINGS,
     SLOTS,
     WRITE_LIMIT,
     Clock,
@@ -88,9 +89,7 @@ class Actor:
 class World:
     program: Program
     workdir: Path
-    settings: SchedulerSettings = field(
-        default_factory=lambda: SchedulerSettings(node_lock_timeout=LOCK_TIMEOUT, api_timeout=120.0)
-    )
+    settings: SchedulerSettings = SETTINGS
     clock: Clock = field(default_factory=Clock)
     log: list[str] = field(default_factory=list)
 
