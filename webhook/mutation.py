@@ -20,11 +20,14 @@ Per pod, in order:
    step 7's isolation rules (judged on the containers as step 3 would book them), then is left untouched:
    no value checks, no defaults, no scheduler name. Its protective refusals matter because a user picks
    the routing: an ignored pod may still name our scheduler.
-5. Value problems of step 3 -> refuse (422). No container asks for a managed resource -> only the
-   ``NVIDIA_VISIBLE_DEVICES`` rule, then untouched (no env, no scheduler name). A GPU pod's steering
-   annotations the codec cannot read (``pod_annotation_problems``: numa-bind, policies, scoring
-   weights) -> refuse, listed after the container problems: the scheduler would ignore them or fail the
-   pod's every Filter call.
+5. Typos (:mod:`webhook.typos`): a look-alike resource name in any container (``nvidia.com/gpumemory``),
+   or an unknown one in ``hami.io/``, makes the pod ours to refuse even when it asks for nothing else;
+   a count of 0 next to memory or cores is a value problem of step 3. Value problems -> refuse (422),
+   the typos first. No container asks for a managed resource -> only the ``NVIDIA_VISIBLE_DEVICES``
+   rule, then untouched (no env, no scheduler name). A GPU pod's annotation keys in HAMi's namespaces
+   that HAMi does not read, then its steering annotations the codec cannot read
+   (``pod_annotation_problems``: numa-bind, policies, scoring weights) -> refuse, listed after the
+   container problems: the scheduler would ignore them or fail the pod's every Filter call.
 6. A privileged container in a GPU pod -> refuse.
 7. The isolation rules (:mod:`webhook.isolation`): a GPU container on a shared card with env
    ``CUDA_DISABLE_CONTROL`` true, or any container naming cards itself in ``NVIDIA_VISIBLE_DEVICES``
@@ -48,8 +51,10 @@ from hami.annotations import (
 )
 from hami.core.quantity import QuantityError, parse_quantity
 from hami.core.requests import lookup, parse_container
+from webhook import typos
 from webhook.config import MutationSettings
 from webhook.isolation import isolation_problems, visible_devices_problems
+from webhook.typos import annotation_problems, resource_problems, zero_card_problem
 
 IGNORE_VALUE = "ignore"
 DEFAULT_SCHEDULER = "default-scheduler"
@@ -94,6 +99,7 @@ REFUSAL_REASONS = (
     VISIBLE_DEVICES,
     NODE_ASSIGNED,
     BAD_ANNOTATION,
+    *typos.REASONS,
 )
 
 
@@ -203,8 +209,17 @@ def plan(pod: Mapping[str, Any], settings: MutationSettings) -> Admit | Refuse:
         )
         return Admit(notes=(note,))
 
-    gpu_pod = bool(problems) or any(c.uses_gpu for c in containers)
-    if gpu_pod:
+    problems[:0] = [
+        _Problem(typos.UNKNOWN_RESOURCE, message)
+        for c in containers
+        for message in resource_problems(c.name, _names(c.original), settings.device.resources)
+    ]
+    if problems or any(c.uses_gpu for c in containers):
+        annotations = metadata.get("annotations") or {}
+        problems.extend(
+            _Problem(typos.UNKNOWN_ANNOTATION, m)
+            for m in annotation_problems(annotations, INTERNAL_POD_ANNOTATIONS)
+        )
         problems.extend(_Problem(BAD_ANNOTATION, f"annotation {p}") for p in pod_annotation_problems(pod))
     if problems:
         message = "; ".join(p.message for p in problems)
@@ -285,6 +300,11 @@ def _texts(resources: Mapping[str, Any], key: str) -> dict[str, str]:
     return {str(k): str(v) for k, v in values.items()}
 
 
+def _names(container: Mapping[str, Any]) -> list[str]:
+    resources: Mapping[str, Any] = container.get("resources") or {}
+    return [*_texts(resources, "limits"), *_texts(resources, "requests")]
+
+
 def _int_or_none(text: str | None) -> int | None:
     if text is None:
         return None
@@ -315,6 +335,9 @@ def _mutate_container(
     )
     reported = [p.message for p in problems[before:]]
     problems.extend(_range_problems(name, settings, limits, requests, reported=reported))
+    zero = zero_card_problem(name, limits, requests, res)
+    if zero is not None:
+        problems.append(_Problem(typos.ZERO_CARDS, zero))
     if len(problems) > before:
         return
 

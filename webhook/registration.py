@@ -13,8 +13,13 @@ Scope, so a webhook outage can never block unrelated pods:
 
   - carries an internal annotation or the ``hami.io/vgpu-node`` label (the forged-allocation refusal),
   - sets ``NVIDIA_VISIBLE_DEVICES`` in an init or app container (the device-list refusal), or
-  - asks for a managed resource in an init or app container, whatever scheduler it names, unless it is
-    labelled ``hami.io/webhook: ignore`` and does not name our scheduler.
+  - asks for a managed resource in an init or app container, or names a resource the typo rules judge
+    (:mod:`webhook.typos`: a name that is not ours in ``hami.io/`` or in the namespace of a configured
+    card, memory or cores name -- ``nvidia.com/`` by default -- except NVIDIA's ``nvidia.com/mig-*`` and
+    ``nvidia.com/*.shared``), whatever
+    scheduler it names, unless it is labelled ``hami.io/webhook: ignore`` and does not name our
+    scheduler. The webhook then admits another device plugin's resource untouched (``nvidia.com/hostdev``
+    of NVIDIA's network operator); the price is that such a pod waits on the webhook like a GPU pod.
 
   So a pod cannot escape the protective refusals by labelling itself ignored (which is why the pod
   label is matched here and not with an ``objectSelector``), while an ignored pod that stays away from
@@ -30,6 +35,7 @@ from hami.annotations import INTERNAL_POD_ANNOTATIONS, POD_VGPU_NODE, WEBHOOK_IG
 from hami.settings import ResourceNames
 from webhook.config import HANDLER_ID, WEBHOOK_NAME, WebhookSettings
 from webhook.isolation import ENV_VISIBLE_DEVICES
+from webhook.typos import judged_namespaces, ours
 
 TIMEOUT_SECONDS = 10
 MATCH_CONDITION_NAME = "hami-gpu-pods"
@@ -40,9 +46,12 @@ def _cel_list(items: Sequence[str]) -> str:
 
 
 def match_expression(resources: ResourceNames, scheduler_name: str) -> str:
-    """The CEL condition: forged keys, or a device list, or (asks for a managed resource and routed to us
-    or not ignored). The chart's template writes the same text (a chart test holds them equal)."""
+    """The CEL condition: forged keys, or a device list, or (asks for a managed resource or names a
+    judged one, and routed to us or not ignored). The chart's template writes the same text (a chart
+    test holds them equal)."""
     managed = _cel_list([r for r in resources.managed if r])
+    judged = _cel_list(judged_namespaces(resources))
+    known = _cel_list(ours(resources))
     internal = _cel_list(INTERNAL_POD_ANNOTATIONS)
     containers = (
         "(has(object.spec.initContainers) ? object.spec.initContainers : [])"
@@ -53,17 +62,26 @@ def match_expression(resources: ResourceNames, scheduler_name: str) -> str:
         f"(has(c.resources.limits) && {managed}.exists(r, r in c.resources.limits)) || "
         f"(has(c.resources.requests) && {managed}.exists(r, r in c.resources.requests))))"
     )
+    suspect = (
+        f"{judged}.exists(p, r.startsWith(p)) && !(r in {known}) && !(r.startsWith('nvidia.com/')"
+        " && (r.startsWith('nvidia.com/mig-') || r.endsWith('.shared')))"
+    )
+    names = (
+        f"({containers}).exists(c, has(c.resources) && ("
+        f"(has(c.resources.limits) && c.resources.limits.exists(r, {suspect})) || "
+        f"(has(c.resources.requests) && c.resources.requests.exists(r, {suspect}))))"
+    )
     visible = f"({containers}).exists(c, has(c.env) && c.env.exists(e, e.name == '{ENV_VISIBLE_DEVICES}'))"
     ignored = (
         f"(has(object.metadata.labels) && '{WEBHOOK_IGNORE_LABEL}' in object.metadata.labels"
         f" && object.metadata.labels['{WEBHOOK_IGNORE_LABEL}'] == 'ignore')"
     )
-    ours = f"(has(object.spec.schedulerName) && object.spec.schedulerName == '{scheduler_name}')"
+    routed = f"(has(object.spec.schedulerName) && object.spec.schedulerName == '{scheduler_name}')"
     forged = (
         f"(has(object.metadata.annotations) && {internal}.exists(k, k in object.metadata.annotations))"
         f" || (has(object.metadata.labels) && '{POD_VGPU_NODE}' in object.metadata.labels)"
     )
-    return f"{forged} || {visible} || ({asks} && (!{ignored} || {ours}))"
+    return f"{forged} || {visible} || (({asks} || {names}) && (!{ignored} || {routed}))"
 
 
 def desired_webhook(settings: WebhookSettings, client_config: Mapping[str, Any]) -> dict[str, Any]:

@@ -331,11 +331,14 @@ def test_webhook_configuration_is_the_one_the_webhook_would_write(
         (
             {
                 "containers": [
-                    {"name": "a", "resources": {"limits": {"cpu": "1", "nvidia.com/gpu-other": "1"}}}
+                    {"name": "a", "resources": {"limits": {"cpu": "1", "other.example/gpu-other": "1"}}}
                 ]
             },
             False,
         ),
+        # a name the webhook's typo rules judge (webhook/typos.py): sent, refused there with a did-you-mean
+        ({"containers": [{"name": "a", "resources": {"limits": {"hami.io/gpumemory": "1"}}}]}, True),
+        ({"containers": [{"name": "a", "resources": {"limits": {"nvidia.com/mig-1g.10gb": "1"}}}]}, False),
         ({"containers": [{"name": "a"}]}, False),
         ({"containers": [{"name": "a", "resources": {}}]}, False),
         (

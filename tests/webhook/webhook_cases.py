@@ -407,4 +407,35 @@ REFUSALS: list[tuple[str, dict[str, Any], str, int, str]] = [
         403,
         "isolation_disabled",
     ),
+    # typos (webhook/typos.py): they would otherwise do nothing, silently
+    (
+        "look-alike resource next to a card",
+        make_pod(ctr("train", limits={GPU: "1", "nvidia.com/gpumemory": "4000"})),
+        'container "train": unknown resource nvidia.com/gpumemory; did you mean nvidia.com/gpumem?',
+        422,
+        "unknown_resource",
+    ),
+    (
+        "look-alike resource alone",
+        make_pod(ctr("train", limits={"nvidia.com/gpumem-percent": "50"})),
+        'container "train": unknown resource nvidia.com/gpumem-percent; '
+        "did you mean nvidia.com/gpumem-percentage?",
+        422,
+        "unknown_resource",
+    ),
+    (
+        "look-alike annotation key",
+        make_pod(ctr("train", limits={GPU: "1"}), annotations={"nvidia.com/use-gpu-type": "A100"}),
+        "annotation nvidia.com/use-gpu-type is not one HAMi reads; did you mean nvidia.com/use-gputype?",
+        422,
+        "unknown_annotation",
+    ),
+    (
+        "zero cards with memory",
+        make_pod(ctr("train", limits={GPU: "0", MEM: "1000"})),
+        'container "train": nvidia.com/gpu "0" with nvidia.com/gpumem "1000" asks for a share of no card; '
+        "ask for 1 or more cards, or remove nvidia.com/gpumem",
+        422,
+        "zero_cards",
+    ),
 ]
