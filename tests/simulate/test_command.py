@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import json
+import socket
 from pathlib import Path
 
 import kmock
@@ -238,3 +239,34 @@ def test_demand_that_never_reaches_100_has_no_value_there(
     assert cli.main(["simulate", "--nodes", str(nodes), "--pods", str(pods), "--seeds", "1", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["at_100"] == {"mean": None, "sd": None} and result["curve"] == {"0": 100.0}
+
+
+@pytest.mark.parametrize("content", [None, "clusters: [\n", "apiVersion: v1\nkind: Config\n"])
+def test_a_broken_kubeconfig_is_one_line_and_exit_2(
+    tmp_path: Path, files: tuple[Path, Path], content: str | None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "kubeconfig"
+    if content is not None:
+        config.write_text(content)
+    _, pods = files
+    assert cli.main(["simulate", "--kubeconfig", str(config), "--pods", str(pods), "--seeds", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hami simulate: ") and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_refused_connection_is_one_line_and_exit_2(
+    tmp_path: Path, files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = tmp_path / "kubeconfig"
+    config.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        f"clusters:\n- name: c\n  cluster: {{server: 'http://127.0.0.1:{port}'}}\n"
+        "contexts:\n- name: c\n  context: {cluster: c, user: u}\nusers:\n- name: u\n  user: {token: t}\n"
+    )
+    _, pods = files
+    assert cli.main(["simulate", "--kubeconfig", str(config), "--pods", str(pods), "--seeds", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hami simulate: ") and "Traceback" not in err
