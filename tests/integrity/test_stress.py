@@ -15,6 +15,7 @@ import os
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 
@@ -39,6 +40,9 @@ from .world import World
 
 #: Programs per profile (five profiles: 200 per run); ``INTEGRITY_EXAMPLES`` runs more (or fewer).
 EXAMPLES = int(os.environ.get("INTEGRITY_EXAMPLES", "40"))
+#: A profile takes ~3-15 s on two busy cores; the suite's 60 s guard is too tight when they are busier
+#: (every step has its own progress bound in ``settle``, so a hang is still caught there).
+pytestmark = pytest.mark.timeout(300)
 #: A failure is reported at once with its whole program (deterministic: the draw is derandomized);
 #: ``INTEGRITY_SHRINK=1`` lets hypothesis shrink it first, which can take minutes.
 PHASES = (Phase.explicit, Phase.generate, *((Phase.shrink,) if os.environ.get("INTEGRITY_SHRINK") else ()))
