@@ -16,6 +16,7 @@ the way kube-apiserver answers it (a ``Status`` with the policy's reason and cod
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -26,15 +27,20 @@ import jsonpatch
 import kmock
 
 from hami.sim.admission_policy import review
+from hami.sim.lean import LeanHandler
 
 ANONYMOUS = "system:anonymous"
 #: The token of the kubeconfig :func:`write_kubeconfig` writes when given none.
 DEFAULT_TOKEN = "embedded-cluster-token"
 _POLICY_GROUP = "admissionregistration.k8s.io"
+#: How many latest requests the embedded apiserver keeps for the DSL's views (kmock keeps all).
+REQUEST_LOG = 2000
 
 
-class AdmittingEmulator(kmock.KubernetesEmulator):
-    """kmock's emulator with token authentication and ValidatingAdmissionPolicies on pod writes."""
+class AdmittingEmulator(kmock.KubernetesEmulator, LeanHandler):
+    """kmock's emulator with token authentication and ValidatingAdmissionPolicies on pod writes, at a
+    constant cost per request (:class:`~hami.sim.lean.LeanHandler` sits between kmock's emulator and its
+    request handler)."""
 
     identities: dict[str, str]
 
@@ -98,7 +104,7 @@ class AdmittingEmulator(kmock.KubernetesEmulator):
             return None
         username = self.username(request)
         return {
-            "uid": f"sim-{request.id}",
+            "uid": str(uuid.uuid4()),
             "kind": {"group": "", "version": "v1", "kind": "Pod"},
             "resource": {"group": "", "version": "v1", "resource": "pods"},
             "subResource": request.subresource or "",
@@ -204,14 +210,20 @@ def write_kubeconfig(path: Path, server_url: str, token: str = DEFAULT_TOKEN) ->
 
 @asynccontextmanager
 async def embedded_apiserver(
-    host: str = "127.0.0.1", port: int = 0, *, identities: Mapping[str, str] | None = None
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    identities: Mapping[str, str] | None = None,
+    request_log: int | None = REQUEST_LOG,
 ) -> AsyncIterator[AdmittingEmulator]:
     """Run an emulator with the reactions on ``host:port`` (0 = an OS-chosen port); yields it.
 
-    ``identities`` maps bearer tokens to usernames (see :class:`AdmittingEmulator`). The server's URL is
+    ``identities`` maps bearer tokens to usernames (see :class:`AdmittingEmulator`); ``request_log`` is
+    about how many latest requests it keeps for assertions (None: all). The server's URL is
     ``str(emulator.url)`` once started.
     """
     async with AdmittingEmulator() as k, kmock.Server(k, host=host, port=port):
+        k.request_log = request_log
         k.set_identities(identities or {})
         await add_reactions(k)
         yield k

@@ -1,0 +1,151 @@
+"""kmock's request handling at a constant cost per request: reactions matched on the request alone, and
+bounded logs.
+
+kmock 0.8 decides whether a reaction applies to a request by asking whether the request is among the
+requests its filter chain *has seen*, which it answers by walking the whole request history through
+that chain, for every reaction, on every request: the cost of a request grows with the number served
+before it (``/version`` took 20 s after half an hour of ``hami demo``). It also keeps every request,
+every request each reaction served, and every version of every object forever.
+
+:class:`LeanHandler` is a mixin placed between kmock's emulator and its ``RawHandler`` (see
+:class:`hami.sim.apiserver.AdmittingEmulator`) that
+
+* answers "does this reaction see this request" from the request itself for the chains that depend on
+  nothing else (filters, priorities: everything the embedded cluster and the tests' fault injection
+  use), and falls back to kmock's own walk over the history for the others (slices, groups, streams);
+* keeps, when :attr:`LeanHandler.request_log` is set, only about that many of the latest requests (the
+  root's and each reaction's) and only each object's latest version (plus its deletion marker);
+* answers a body that is not UTF-8 text (protobuf, CBOR) with 415 Unsupported Media Type, as
+  kube-apiserver does for a content type it does not serve, instead of failing to decode it.
+
+Simulation only. Must not import ``hami.kube``, ``webhook`` or ``monitor``.
+"""
+
+from __future__ import annotations
+
+import aiohttp.web
+import kmock
+
+#: kmock's "this reaction does not apply after all" (exported by kmock, missing from its ``__all__``).
+_MISMATCH: type[Exception] = getattr(kmock, "ReactionMismatchError")  # noqa: B009
+
+#: Content types of request bodies the embedded apiserver cannot decode (answered 415).
+_BINARY_TYPES = ("protobuf", "cbor")
+
+
+def sees(view: kmock.View, request: kmock.Request, root: kmock.Root) -> bool:
+    """Does ``view`` see ``request`` (which arrived at ``root``)? kmock's answer, in O(chain)."""
+    if isinstance(view, kmock.Root):
+        return view is root
+    if type(view) is kmock.Filter:
+        return sees(view._source, request, root) and bool(view.criteria(request))
+    if type(view) is kmock.Priority:
+        return sees(view._source, request, root)
+    return request in view  # kmock's own answer (walks the history the chain sees)
+
+
+class LeanHandler(kmock.RawHandler):
+    """Constant-cost matching and bounded logs for a kmock handler (see the module docstring)."""
+
+    #: Keep about this many latest requests (None: keep all, as kmock does; tests that count use it).
+    request_log: int | None = None
+    _order_key: tuple[int, ...] = ()
+    _order: list[kmock.Reaction] = []  # noqa: RUF012  (replaced per instance)
+    _served = 0
+
+    @property
+    def served(self) -> int:
+        """How many requests this handler has received (also after the log was trimmed)."""
+        return self._served
+
+    def _ordered_payloads(self) -> list[kmock.Reaction]:
+        """The reactions by priority, highest first (kmock's order), recomputed when they change."""
+        payloads = list(self._payloads)
+        key = tuple(id(p) for p in payloads)
+        if key != self._order_key:
+            priorities = [tuple(-p for p in payload.priorities) for payload in payloads]
+            width = max((len(p) for p in priorities), default=0)
+            padded = [p + (0,) * (width - len(p)) for p in priorities]
+            indexes = sorted(range(len(payloads)), key=lambda index: padded[index])
+            self._order = [payloads[index] for index in indexes]
+            self._order_key = key
+        return self._order
+
+    async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        if self.request_log is not None:
+            self._trim_object(request)
+        for payload in self._ordered_payloads():
+            if payload._disabled.is_set() or not sees(payload._source, request, self):
+                continue
+            try:
+                return await payload(request)
+            except _MISMATCH:  # either mismatch or depletion
+                payload._disabled.set()
+            except NotImplementedError:  # matched, but nothing to respond with
+                pass
+        raise NotImplementedError("no reaction matches the request")
+
+    async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        body = await raw_request.read()
+        if body and not _is_text(raw_request.content_type, body):
+            return _unsupported(raw_request.content_type)
+        self._served += 1
+        try:
+            return await super().__call__(raw_request)
+        finally:
+            self._trim()
+
+    def _trim(self) -> None:
+        """Drop what is older than :attr:`request_log` (amortised: only once the log is twice that)."""
+        limit = self.request_log
+        if limit is None or len(self._requests) < 2 * limit:
+            return
+        del self._requests[:-limit]
+        for payload in self._payloads:
+            if len(payload._requests) > limit:
+                del payload._requests[:-limit]
+
+    def _trim_object(self, request: kmock.Request) -> None:
+        """Keep only the latest version (and a deletion marker) of the object this request wrote."""
+        objects = getattr(self, "objects", None)
+        if objects is None or request.resource is None or request.action is None:
+            return
+        name, namespace = request.name, request.namespace
+        if name is None and isinstance(request.data, dict):  # a create names its object in the body
+            meta = request.data.get("metadata") or {}
+            name, namespace = meta.get("name"), namespace or meta.get("namespace")
+        key = (request.resource, namespace, name)
+        if name is None or key not in objects:
+            return
+        history = objects[key].history
+        keep = max((i for i, version in enumerate(history) if version is not None), default=0)
+        if keep > 0:
+            del history[:keep]
+
+
+def _is_text(content_type: str, body: bytes) -> bool:
+    if any(marker in content_type for marker in _BINARY_TYPES):
+        return False
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _unsupported(content_type: str) -> aiohttp.web.StreamResponse:
+    message = f"the body of the request was in an unknown format - accepted media types include: {_ACCEPTED}"
+    status = {
+        "apiVersion": "v1",
+        "kind": "Status",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": "UnsupportedMediaType",
+        "code": 415,
+    }
+    return aiohttp.web.json_response(status, status=415)
+
+
+_ACCEPTED = "application/json, application/yaml, application/apply-patch+yaml, application/merge-patch+json, "
+_ACCEPTED += "application/json-patch+json, application/strategic-merge-patch+json"
