@@ -1,10 +1,11 @@
 """``hami simulate``: replay a pod trace through the production allocation core, the way the ATC '23 paper
 "Beware of Fragmentation" measures schedulers (unallocated GPU % against arrived demand).
 
-Modules: ``trace`` (CSV input, checked), ``workload`` (arrival order, inflation, target workload),
-``cluster`` (cards as :class:`~hami.core.model.NodeState` plus a numpy mirror for the per-pod node mask),
-``fragmentation`` (per-node fragmentation, incremental), ``policies`` (every node/card rule), ``replay``
-(the loop and its metrics), ``report`` (table and JSON), ``plot`` (matplotlib), ``command`` (the CLI),
-``live`` (``--kubeconfig``: the only module that talks to a cluster).
-Layer: imports ``hami.core``, ``hami.annotations`` and ``hami.settings``; only ``live`` imports ``hami.kube``.
+Modules: ``trace`` (CSV input, checked), ``manifests`` (a folder of pod manifests), ``workload`` (arrival
+order, inflation, target workload), ``cluster`` (cards as :class:`~hami.core.model.NodeState` plus a
+numpy mirror for the per-pod node mask), ``frag`` (per-node fragmentation, incremental), ``policies``
+(every node/card rule), ``fragmentation`` (our rule), ``replay`` (the loop and its metrics), ``report``
+(table and JSON), ``plot`` (matplotlib), ``command`` (the CLI), ``live`` (``--kubeconfig``: the only
+module that talks to a cluster, through ``hami.kube`` and the scheduler's snapshot).
+Layer: the replay modules import ``hami.core``, ``hami.annotations``, ``hami.settings`` and numpy only.
 """

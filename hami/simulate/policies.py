@@ -250,7 +250,7 @@ PAPER = ("random", "dotprod", "clustering", "packing", "bestfit", "fgd")
 
 
 def make_policy(name: str, ctx: Context) -> Policy:
-    try:
-        return POLICIES[name](ctx)
-    except KeyError:
-        raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}") from None
+    build = POLICIES.get(name)
+    if build is None:
+        raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
+    return build(ctx)
