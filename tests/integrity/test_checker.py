@@ -191,8 +191,12 @@ def test_dead_holder_names_every_way_a_holder_can_never_be_allocated() -> None:
     assert reason(pod("a", g("GPU-n1-0", 1), phase="Failed")) == "default/a is Failed"
     assert reason(pod("a", g("GPU-n2-0", 1), node_name="n2", vgpu_node="n2")) == "default/a is bound to n2"
     failed = pod("a", g("GPU-n1-0", 1), node_name=None, bind_phase=BindPhase.FAILED)
-    assert reason(failed) == "default/a has bind-phase=failed and no bind in flight"
-    assert reason(failed, busy=frozenset({("default", "a")})) is None  # its bind is still running
+    assert reason(failed) is None  # a new attempt may have just taken the lock
+    later = NOW + datetime.timedelta(seconds=31)
+    assert reason(failed, now=later) == (
+        "default/a has bind-phase=failed, no bind in flight and a lock older than the bind timeout"
+    )
+    assert reason(failed, now=later, busy=frozenset({("default", "a")})) is None  # its bind still runs
     done = pod("a", g("GPU-n1-0", 1), bind_phase=BindPhase.SUCCESS, served=True)
     assert reason(done) == "default/a has every container served"
 

@@ -28,3 +28,16 @@ def test_a_late_lock_write_does_not_lock_the_node_again_after_allocate() -> None
     container was served, and blocks the node until it expires. Was: ``[lock] node n2: lock
     '2026-05-01T10:00:00Z,default,p0' outlived its holder: default/p0 has every container served``."""
     run(Program(shapes=(APP,), steps=(Bind(0, 1, (Fault("node-patch", Mode.LATE),)), Admit(0), Release(0))))
+
+
+def test_a_lock_left_by_an_attempt_that_gave_up_unmarked_does_not_block_the_node() -> None:
+    """p3 failed once (no room on n1: ``bind-phase=failed``). Its next bind, to n2, sends the lock's
+    compare-and-set, which is answered 504 but lands later, and gives up when its re-read of the pod is
+    lost, without marking the pod again (the lock's outcome was unknown). The lock, newer than the
+    failure, names a failed pod with no bind in flight; past the bind timeout no attempt can still own
+    it, yet it blocks n2 until the 5-minute lock timeout. Was: ``[lock] bind of probe-n2 to n2 refused
+    for the node lock, whose holder default/p3 has bind-phase=failed, no bind in flight and a lock older
+    than the bind timeout``."""
+    exclusive, small = Shape("two", 1, 5000, 100), Shape("two", 1, 3000, 0)
+    gives_up = Bind(3, 1, (Fault("pod-get", Mode.LOST, 1), Fault("node-patch", Mode.LATE)))
+    run(Program(shapes=(exclusive, exclusive, exclusive, small), steps=(Bind(0, 0), Bind(3, 0), gives_up)))

@@ -81,7 +81,7 @@ def test_lock_writes_releasing_a_waiting_holder_or_taking_a_live_lock_are_flagge
     )
     assert problems_of_write(state, "node-patch", "n1", refresh) == []
     failed = pod("a", g("GPU-n1-0", 1), node_name=None, bind_phase=BindPhase.FAILED)
-    dead = view([node(lock=held)], [failed])
+    dead = view([node(lock=held)], [failed], now=NOW + datetime.timedelta(seconds=31))
     assert problems_of_write(dead, "node-patch", "n1", takeover) == []  # its holder can never be allocated
     assert problems_of_write(dead, "node-patch", "n1", release) == []
     later = view([node(lock=held)], [waiting], now=NOW + datetime.timedelta(minutes=6))

@@ -197,6 +197,7 @@ class World:
             lock_timeout=LOCK_TIMEOUT,
             busy=busy,
             horizon=HORIZON,
+            bind_timeout=WRITE_LIMIT,
         )
 
     # -------------------------------------------------------------------------------------- steps
@@ -388,6 +389,8 @@ class World:
                     self.log.append(f"end: kubelet admits {meta(pod).get('name')} on {node}")
                     await self._admit(node, str(meta(pod).get("name")), ())
                     await self._after("kubelet catching up at the end")
+        self.clock.now += WRITE_LIMIT + datetime.timedelta(seconds=1)  # every bind attempt is over
+        await self._after("the clock moving past the bind timeout")
         view = await self.view()
         for node in view.nodes:
             name = str(meta(node).get("name"))
