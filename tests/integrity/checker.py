@@ -24,8 +24,8 @@ Rules checked by :func:`check` (each violation is one line naming its rule):
   name a holder whose every container was served (the agent releases it after the last Allocate).
 
 :func:`dead_holder` says why a fresh lock's holder can never be allocated on that node (gone,
-Succeeded/Failed, bound to another node, fully served, or bind failed with no bind in flight and the
-lock older than kube-scheduler's bind timeout): a bind
+Succeeded/Failed, bound to another node, fully served, or bind failed with no bind in flight and either
+the lock older than kube-scheduler's bind timeout or the failure newer than the lock): a bind
 refused because of such a lock is a violation (the world checks it when a bind is refused, and with a
 probe bind at the end). :func:`card_usage` gives the per-card sums the final "no phantom usage" check
 compares with the scheduler's view. Pure: imports the codec and the core's model only.
@@ -269,10 +269,18 @@ def dead_holder(view: View, node: Mapping[str, Any]) -> str | None:
         return f"{who} is bound to {bound_to(holder)}"
     if holder_key in view.busy:
         return None
-    if bind_phase(holder) == "failed" and view.now - moment > view.bind_timeout:
+    if bind_phase(holder) == "failed":
         # from the API alone a failed pod that has just taken a lock may be a new attempt (in another
-        # replica) that has not written yet; past kube-scheduler's bind timeout that attempt is over
-        return f"{who} has bind-phase=failed, no bind in flight and a lock older than the bind timeout"
+        # replica) that has not written yet: the lock is dead once it is older than kube-scheduler's
+        # bind timeout (that attempt is over), or older than the failure (``bind-time`` of failed)
+        try:
+            failed_at = read_bind_time(holder)
+        except AnnotationError:
+            failed_at = None
+        if view.now - moment > view.bind_timeout:
+            return f"{who} has bind-phase=failed, no bind in flight and a lock older than the bind timeout"
+        if failed_at is not None and failed_at >= moment.replace(microsecond=0):
+            return f"{who} has bind-phase=failed, no bind in flight, and failed after it took the lock"
     if _fully_served(holder, name):
         return f"{who} has every container served"
     return None

@@ -191,7 +191,14 @@ def test_dead_holder_names_every_way_a_holder_can_never_be_allocated() -> None:
     assert reason(pod("a", g("GPU-n1-0", 1), phase="Failed")) == "default/a is Failed"
     assert reason(pod("a", g("GPU-n2-0", 1), node_name="n2", vgpu_node="n2")) == "default/a is bound to n2"
     failed = pod("a", g("GPU-n1-0", 1), node_name=None, bind_phase=BindPhase.FAILED)
-    assert reason(failed) is None  # a new attempt may have just taken the lock
+    assert (
+        reason(failed)
+        == "default/a has bind-phase=failed, no bind in flight, and failed after it took the lock"
+    )
+    failed["metadata"]["annotations"].update(
+        bind_annotations(BindPhase.FAILED, now=NOW - datetime.timedelta(seconds=1))
+    )
+    assert reason(failed) is None  # failed before the lock was taken: a new attempt may own it
     later = NOW + datetime.timedelta(seconds=31)
     assert reason(failed, now=later) == (
         "default/a has bind-phase=failed, no bind in flight and a lock older than the bind timeout"
