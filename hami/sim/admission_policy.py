@@ -27,14 +27,14 @@ import copy
 import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
 import cel
 import cel.stdlib
 import yaml
-
-import hami
 
 JsonDict = dict[str, Any]
 
@@ -48,11 +48,10 @@ REASON_CODES = {"Unauthorized": 401, "Forbidden": 403, "RequestEntityTooLarge": 
 UNSUPPORTED = ("paramKind", "paramRef", "namespaceSelector", "objectSelector")
 
 
-def policy_source() -> Path:
-    """The shared logic file in the repository's chart (the demo runs from a checkout, like examples/)."""
-    return (
-        Path(hami.__file__).resolve().parent.parent / "charts" / "hami" / "files" / "annotation-policy.yaml"
-    )
+def policy_source() -> Traversable:
+    """The shared logic file: ``hami/sim/annotation-policy.yaml``, a link to the chart's
+    ``files/annotation-policy.yaml`` in a checkout and a copy of it in the wheel and the image."""
+    return resources.files("hami.sim").joinpath("annotation-policy.yaml")
 
 
 def service_account(namespace: str, name: str) -> str:
@@ -61,7 +60,7 @@ def service_account(namespace: str, name: str) -> str:
 
 
 def annotation_policy(
-    writers: Sequence[str], *, name: str = ANNOTATION_POLICY, source: Path | None = None
+    writers: Sequence[str], *, name: str = ANNOTATION_POLICY, source: Path | Traversable | None = None
 ) -> tuple[JsonDict, JsonDict]:
     """The policy and its binding, as ``templates/webhook/annotation-policy.yaml`` builds them."""
     logic = yaml.safe_load((source or policy_source()).read_text(encoding="utf-8"))

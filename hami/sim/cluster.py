@@ -3,13 +3,16 @@
 Owns the cluster file format (the default is ``hami/sim/cluster.yaml``, shipped as package data; its
 header documents the format), its strict loader, and what the demo derives from it: the Node objects
 to create, each node's devices file for ``hami-monitor --backend sim`` and its per-node agent config.
-Card entries are passed to the agent as written (the agent's parser validates them in full); here we
-only check what the cluster needs: unique node names and card uuids. Simulation only. Must not import
-``webhook``, ``monitor`` or the Kubernetes client.
+Card entries are passed to the agent as written (the agent's parser validates their values in full);
+here we check what the cluster needs -- unique node names and card uuids -- and that every field of the
+file, the cards' included, is one the format knows: a typo (``memory_mb``) would otherwise be dropped
+silently and give a node without usable cards. Simulation only. Must not import ``webhook``,
+``monitor`` or the Kubernetes client.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from collections.abc import Mapping
@@ -22,6 +25,18 @@ import yaml
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 MODES = ("hami-core", "mig")
+#: The fields of each part of the file (cards, MIG profiles, processes and links: the agent's sim format,
+#: ``monitor/backends/sim.py``).
+TOP_FIELDS = ("device_config", "nodes")
+NODE_FIELDS = ("name", "labels", "mode", "cards", "links")
+CARD_FIELDS = (
+    "uuid", "model", "memory_mib", "numa", "healthy", "index",
+    "used_memory_mib", "utilization", "memory_utilization", "processes", "mig",
+)  # fmt: skip
+MIG_FIELDS = ("name", "memory_mib", "cores", "slice_count", "instance_count", "placements")
+PLACEMENT_FIELDS = ("start", "size")
+PROCESS_FIELDS = ("pid", "used_memory_mib", "utilization")
+LINK_FIELDS = ("a", "b", "score")
 
 
 class ClusterFileError(ValueError):
@@ -76,6 +91,7 @@ def parse_cluster(text: str, *, source: str = "<text>") -> ClusterSpec:
         raise ClusterFileError(f"{where}: not valid YAML: {exc}") from exc
     if not isinstance(document, Mapping):
         raise ClusterFileError(f"{where}: top level must be a mapping with 'nodes', got {text[:60]!r}")
+    _known(document, TOP_FIELDS, where)
     raw_nodes = document.get("nodes")
     if not isinstance(raw_nodes, list) or not raw_nodes:
         raise ClusterFileError(f"{where}: 'nodes' must be a non-empty list, got {raw_nodes!r}")
@@ -103,6 +119,7 @@ def _node(entry: Any, where: str) -> NodeSpec:
     if not isinstance(name, str) or not _DNS_LABEL.match(name):
         raise ClusterFileError(f"{where}.name: must be a DNS label (a-z, 0-9, '-'), got {name!r}")
     where = f"{where} ({name})"
+    _known(entry, NODE_FIELDS, where)
     labels = entry.get("labels") or {}
     if not isinstance(labels, Mapping) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
@@ -117,10 +134,41 @@ def _node(entry: Any, where: str) -> NodeSpec:
     for j, card in enumerate(cards):
         if not isinstance(card, Mapping) or not isinstance(card.get("uuid"), str) or not card["uuid"]:
             raise ClusterFileError(f"{where}.cards[{j}].uuid: required string, got {card!r}")
+        _card_fields(card, f"{where}.cards[{j}]")
     links = entry.get("links") or []
     if not isinstance(links, list) or not all(isinstance(link, Mapping) for link in links):
         raise ClusterFileError(f"{where}.links: must be a list of {{a, b, score}}, got {links!r}")
+    for j, link in enumerate(links):
+        _known(link, LINK_FIELDS, f"{where}.links[{j}]")
     return NodeSpec(name=name, labels=dict(labels), mode=mode, cards=tuple(cards), links=tuple(links))
+
+
+def _card_fields(card: Mapping[str, Any], where: str) -> None:
+    """Every field of a card, its MIG profiles (and their placements) and its processes is known."""
+    _known(card, CARD_FIELDS, where)
+    for key, fields, inner in (("mig", MIG_FIELDS, "placements"), ("processes", PROCESS_FIELDS, None)):
+        items = card.get(key)
+        for k, item in enumerate(items if isinstance(items, list) else []):
+            if not isinstance(item, Mapping):
+                continue  # the agent's parser names a wrong type
+            _known(item, fields, f"{where}.{key}[{k}]")
+            nested = item.get(inner) if inner else None
+            for m, placement in enumerate(nested if isinstance(nested, list) else []):
+                if isinstance(placement, Mapping):
+                    _known(placement, PLACEMENT_FIELDS, f"{where}.{key}[{k}].{inner}[{m}]")
+
+
+def unknown_field(field: str, known: tuple[str, ...]) -> str:
+    """``unknown field 'x'`` plus the nearest known name (:mod:`difflib`), or the list when none is near."""
+    near = difflib.get_close_matches(field, known, n=1, cutoff=0.6)
+    hint = f"did you mean {near[0]!r}?" if near else "known: " + ", ".join(known)
+    return f"unknown field {field!r}; {hint}"
+
+
+def _known(mapping: Mapping[str, Any], fields: tuple[str, ...], where: str) -> None:
+    for key in mapping:
+        if key not in fields:
+            raise ClusterFileError(f"{where}: {unknown_field(str(key), fields)}")
 
 
 # ------------------------------------------------------------------------------- what the demo derives

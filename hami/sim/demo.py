@@ -2,9 +2,11 @@
 
 Owns the subcommand (``add_arguments`` / ``run``): start an :class:`~hami.sim.system.EmbeddedSystem`
 from the cluster file (``--nodes``, default the packaged 4-node cluster), submit every pod manifest
-of ``--examples`` (default: the repository's ``examples/``) through the admission stand-in, wait
-(bounded by ``--timeout``) until every pod is decided, print the table, and exit 0 — or, with
-``--keep``, keep everything running until Ctrl-C / SIGTERM. Every child process is stopped on the way
+of ``--examples`` (default: the packaged examples, :mod:`hami.sim.manifests`) through the admission
+stand-in, wait (bounded by ``--timeout``) until every pod is decided, print the table (with whether each
+pod became what its example declares, and a legend of HAMi's words), and exit 0 — or, with ``--keep``,
+print the kubeconfig, the metrics URLs and the commands to try (with the ``hami`` this installation
+runs) and keep everything running until Ctrl-C / SIGTERM. Every child process is stopped on the way
 out, whatever happens. Must not import ``webhook``, ``monitor`` or the Kubernetes client.
 """
 
@@ -22,20 +24,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-import hami
 from hami.annotations import read_vgpu_node
 from hami.sim.admission_standin import Admitted, Refused
 from hami.sim.cluster import ClusterFileError, load_cluster
 from hami.sim.kubeapi import JsonDict, pods_path
+from hami.sim.manifests import Example, read_examples
+from hami.sim.manifests import default_examples_dir as default_examples_dir
+from hami.sim.manifests import load_examples as load_examples
 from hami.sim.processes import ChildFailed
-from hami.sim.report import card_index, describe, is_decided, render
+from hami.sim.report import card_index, describe, is_decided, legend, render, verdict
 from hami.sim.system import EmbeddedSystem, SystemOptions
-
-
-def default_examples_dir() -> Path:
-    return Path(hami.__file__).resolve().parent.parent / "examples"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--examples",
         type=Path,
         default=None,
-        help="directory of pod manifests (default: the repo's examples/)",
+        help="directory of pod manifests, *.yaml and *.yml (default: the packaged examples)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the cluster running until Ctrl-C")
     parser.add_argument(
@@ -59,23 +57,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--log-level", default="INFO", help="components' log level (their logs are in workdir)"
     )
-
-
-def load_examples(directory: Path) -> list[JsonDict]:
-    """Every Pod document of ``directory/*.yaml`` in file-name order; errors name the file."""
-    if not directory.is_dir():
-        raise ClusterFileError(f"examples directory {str(directory)!r} does not exist (pass --examples DIR)")
-    pods: list[JsonDict] = []
-    for path in sorted(directory.glob("*.yaml")):
-        try:
-            documents = [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d]
-        except yaml.YAMLError as exc:
-            raise ClusterFileError(f"example {str(path)!r}: not valid YAML: {exc}") from exc
-        for document in documents:
-            if not isinstance(document, Mapping) or document.get("kind") != "Pod":
-                raise ClusterFileError(f"example {str(path)!r}: only Pod documents are supported")
-            pods.append(dict(document))
-    return pods
 
 
 def run(args: argparse.Namespace) -> int:
@@ -93,7 +74,7 @@ async def _main(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, task.cancel)
     try:
         cluster = load_cluster(args.nodes)
-        pods = load_examples(args.examples or default_examples_dir())
+        examples = read_examples(args.examples or default_examples_dir())
     except ClusterFileError as exc:
         print(f"hami demo: {exc}", file=sys.stderr)
         return 2
@@ -102,16 +83,10 @@ async def _main(args: argparse.Namespace) -> int:
     ok = False
     try:
         async with EmbeddedSystem(cluster, workdir, options, progress=_say) as system:
-            code = await _show(system, pods, args.timeout)
+            code, placed, pending = await _show(system, examples, args.timeout, keep=args.keep)
             ok = code == 0
             if args.keep:
-                _say("running     until Ctrl-C. Try:")
-                print(f"  kubectl --kubeconfig {system.kubeconfig} get pods -o wide", flush=True)
-                print(f"  kubectl --kubeconfig {system.kubeconfig} get pods -o yaml", flush=True)
-                print(f"  kubectl --kubeconfig {system.kubeconfig} get nodes -o yaml", flush=True)
-                print(f"  hami explain default/too-much-memory --kubeconfig {system.kubeconfig}", flush=True)
-                print(f"  hami doctor --kubeconfig {system.kubeconfig}", flush=True)
-                print(f"  logs: {system.supervisor.log_dir}", flush=True)
+                print(keep_hints(system, placed, pending), flush=True)
                 with contextlib.suppress(asyncio.CancelledError):
                     await asyncio.Event().wait()
                 _say("stopping")
@@ -167,27 +142,101 @@ async def final_state(
     return {n: None if n in refused else await system.api.get(pods_path(*_key(n))) for n in names}
 
 
-async def _show(system: EmbeddedSystem, pods: list[JsonDict], limit: float) -> int:
-    names, refused = await submit_all(system, pods)
-    _say(f"submitted   {len(pods)} example pods ({len(refused)} refused at admission); waiting for decisions")
+async def _show(
+    system: EmbeddedSystem, examples: list[Example], limit: float, *, keep: bool
+) -> tuple[int, list[str], list[str]]:
+    """Submit, wait, print the table; the exit code, the pods placed and the pods left pending."""
+    names, refused = await submit_all(system, [e.pod for e in examples])
+    _say(
+        f"submitted   {len(examples)} example pods ({len(refused)} refused at admission); "
+        "waiting for decisions"
+    )
     undecided = await wait_decided(system, names, refused, limit)
     stored = await final_state(system, names, refused)
     cards = card_index(system.cluster)
+    reports = [describe(n, stored[n], refused.get(n), system.scheduler, cards) for n in names]
+    # names follow the examples' order; a pod's declared outcome is keyed by the name it was stored under
+    expected = {n: e.outcome for n, e in zip(names, examples, strict=True) if e.outcome}
     print()
-    print(
-        render([describe(n, stored[n], refused.get(n), system.scheduler, cards) for n in names]), flush=True
-    )
+    print(render(reports, expected if expected else None), flush=True)
+    print(legend(reports, expected=bool(expected)))
+    differ = verdict(reports, expected)
+    if expected:
+        summary = f"{len(expected) - len(differ)} of {len(expected)} pods became what their example expects"
+        print(summary + (f"; not: {', '.join(differ)}" if differ else "."))
     pending = [n for n in names if n not in refused and not read_vgpu_node(stored[n] or {})]
-    if pending:
+    placed = [n for n in names if n not in refused and n not in pending]
+    if pending and not keep:
         print(
-            "Why a pod is pending, per node, with the nearest fit (while the cluster runs, see --keep):\n"
-            f"  hami explain {pending[0]} --kubeconfig {system.kubeconfig}"
+            f"Why a pod is pending, per node, with the nearest fit: run `{hami_command()} demo --keep` and "
+            f"follow its hints (`hami explain {pending[0]} ...`)."
         )
     print()
     if undecided:
         print(f"hami demo: not decided within {limit:.0f}s: {', '.join(undecided)}", file=sys.stderr)
-        return 1
-    return 0
+        return 1, placed, pending
+    return 0, placed, pending
+
+
+def hami_command() -> str:
+    """How a person runs this installation's ``hami`` from here: ``hami`` when that is what PATH finds,
+    else the console script beside this interpreter (relative when under the current directory, e.g.
+    ``.venv/bin/hami``), else ``python -m hami.cli``."""
+    script = Path(sys.executable).parent / "hami"
+    if not script.is_file():
+        return f"{sys.executable} -m hami.cli"
+    found = shutil.which("hami")
+    if found and Path(found).resolve() == script.resolve():
+        return "hami"
+    with contextlib.suppress(ValueError):
+        return str(script.absolute().relative_to(Path.cwd()))
+    return str(script)
+
+
+def keep_hints(system: EmbeddedSystem, placed: list[str], pending: list[str]) -> str:
+    """What ``--keep`` prints: the kubeconfig, the metrics URLs, and commands to paste (paths that exist
+    while the demo runs)."""
+    hami = hami_command()
+    kubeconfig = system.kubeconfig
+    lines = [
+        f"  kubeconfig  {kubeconfig}",
+        f"              export KUBECONFIG={kubeconfig}",
+        "  metrics     "
+        + "\n              ".join(f"{url}  ({who})" for who, url in system.metrics_urls.items()),
+        f"  logs        {system.supervisor.log_dir}",
+        "Try:",
+        f"  kubectl --kubeconfig {kubeconfig} get pods -o wide",
+    ]
+    if placed:
+        namespace, _, name = placed[0].partition("/")
+        lines.append(
+            f"  kubectl --kubeconfig {kubeconfig} -n {namespace} get pod {name} -o yaml"
+            "   # hami.io/vgpu-devices-allocated"
+        )
+    lines += [
+        f"  kubectl --kubeconfig {kubeconfig} get nodes -o yaml   # hami.io/node-nvidia-register",
+    ]
+    if pending:
+        lines.append(f"  {hami} explain {pending[0]} --kubeconfig {kubeconfig}")
+    lines += [
+        f"  {hami} doctor --kubeconfig {kubeconfig}",
+        f"  {hami} cordon {system.cluster.nodes[0].name} --list --kubeconfig {kubeconfig}",
+    ]
+    notes = []
+    if hami != "hami":
+        activate = Path(sys.prefix) / "bin" / "activate"
+        how = f"`source {_here(activate)}` puts it there" if activate.is_file() else "use the path above"
+        notes.append(f"(`hami` is not on your PATH: {how})")
+    if shutil.which("kubectl") is None:
+        notes.append("(no `kubectl` on your PATH: any kubectl works with this kubeconfig)")
+    last = "[hami demo] running     until Ctrl-C (which stops every component; the work directory stays)"
+    return "\n".join([*lines, *notes, last])
+
+
+def _here(path: Path) -> str:
+    with contextlib.suppress(ValueError):
+        return str(path.relative_to(Path.cwd()))
+    return str(path)
 
 
 def _key(name: str) -> tuple[str, str]:

@@ -3,12 +3,15 @@
 Owns :func:`is_decided` (refused at admission, Running/Failed, or unschedulable with no cluster change
 since the last try), :func:`describe` (one pod -> a :class:`PodReport` read from the pod's annotations
 through the codec: node, and per container the cards with memory and cores from
-``hami.io/vgpu-devices-allocated``, or why it is pending) and :func:`render` (fixed-width text).
-Must not import ``webhook``, ``monitor`` or the Kubernetes client.
+``hami.io/vgpu-devices-allocated``, or why it is pending), :func:`render` (fixed-width text; with
+the examples' declared outcomes, an EXPECTED column saying whether each pod became what its example
+expects), :func:`legend` (the HAMi words the table shows, explained in one line) and :func:`verdict`
+(the outcomes that differ). Must not import ``webhook``, ``monitor`` or the Kubernetes client.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +24,7 @@ from hami.annotations import (
     decode_mig_allocations,
     decode_pod_devices,
 )
+from hami.core.model import Reason
 from hami.sim.admission_standin import Refused
 from hami.sim.cluster import ClusterSpec
 from hami.sim.scheduler_standin import SchedulerStandIn
@@ -133,14 +137,76 @@ def _card_lines(
 
 _HEADERS = ("POD", "NODE", "CONTAINER", "CARD", "MODEL", "MEMORY", "CORES", "STATUS")
 
+#: What each of HAMi's per-card reason words (spec-scheduler §19) says about a card, for the legend.
+MEANINGS: Mapping[str, str] = {
+    Reason.CARD_NOT_HEALTH: "unhealthy",
+    Reason.CARD_CORDONED: "cordoned",
+    Reason.CARD_TYPE_MISMATCH: "a type the pod rules out (use-/nouse-gputype, vgpu-mode)",
+    Reason.NUMA_NOT_FIT: "not enough cards on one NUMA node (numa-bind)",
+    Reason.CARD_UUID_MISMATCH: "ruled out by use-/nouse-gpuuuid",
+    Reason.CARD_TIME_SLICING_EXHAUSTED: "shared by as many containers as allowed",
+    Reason.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT: "held exclusively, or the pod wants one alone",
+    Reason.RESOURCE_QUOTA_NOT_FIT: "over the namespace's GPU quota",
+    Reason.CARD_INSUFFICIENT_MEMORY: "short of free memory",
+    Reason.CARD_INSUFFICIENT_CORE: "short of free cores",
+    Reason.CARD_COMPUTE_UNITS_EXHAUSTED: "out of compute units",
+    Reason.CARD_MIG_TOPOLOGY_INFEASIBLE: "no free MIG placement for the profile",
+    Reason.CARD_NOT_FOUND_CUSTOM_FILTER_RULE: "ruled out by a custom filter",
+    Reason.ALLOCATED_CARDS_INSUFFICIENT_REQUEST: "n is how many cards (MIG instances) fit, fewer than "
+    "the pod asks for",
+}
+_COUNTED = re.compile(r"\b\d+/\d+ ([A-Za-z]+)")
 
-def render(reports: Sequence[PodReport]) -> str:
-    """A fixed-width table: one line per granted card, reasons indented under pods without cards."""
+
+def legend(reports: Sequence[PodReport], *, expected: bool = False) -> str:
+    """One line explaining HAMi's words that appear in the table (bind phases, ``n/N Reason``)."""
+    parts: list[str] = []
+    phases = sorted({r.status.partition("(")[2].rstrip(")") for r in reports if "(" in r.status})
+    if phases:
+        parts.append(
+            f"({'|'.join(phases)}) = HAMi's hami.io/bind-phase, the node agent's hand-out of the cards "
+            "(success: done; allocating: not yet; failed: it could not)"
+        )
+    words = dict.fromkeys(w for r in reports for d in r.details for w in _COUNTED.findall(d))
+    meanings = [f"{w}: {MEANINGS[w]}" for w in words if w in MEANINGS]
+    if meanings:
+        parts.append("'n/N Word' = n of the node's N cards failed for Word (" + ", ".join(meanings) + ")")
+    if any(Reason.NODE_INSUFFICIENT_DEVICE.value in d for r in reports for d in r.details):
+        parts.append(f"{Reason.NODE_INSUFFICIENT_DEVICE.value}: the node has fewer cards than asked for")
+    if expected:
+        parts.append("EXPECTED: whether the pod became the '# outcome:' its example declares")
+    return "Legend: " + "; ".join(parts) + "." if parts else ""
+
+
+def outcome(report: PodReport) -> str:
+    """What became of the pod, in the examples' words: the first word of its status."""
+    return report.status.split(" ", 1)[0]
+
+
+def verdict(reports: Sequence[PodReport], expected: Mapping[str, str]) -> list[str]:
+    """``namespace/name (is X, expected Y)`` for each pod whose outcome differs from its declared one."""
+    return [
+        f"{r.name} (is {outcome(r)}, expected {expected[r.name]})"
+        for r in reports
+        if expected.get(r.name) and outcome(r) != expected[r.name]
+    ]
+
+
+def render(reports: Sequence[PodReport], expected: Mapping[str, str] | None = None) -> str:
+    """A fixed-width table: one line per granted card, reasons indented under pods without cards.
+
+    With ``expected`` (pod -> declared outcome) an EXPECTED column: ``yes``, ``NO: <outcome>``, or
+    ``-`` where the example declares none."""
+    headers = _HEADERS if expected is None else (*_HEADERS, "EXPECTED")
     rows: list[tuple[str, ...]] = []
     notes: dict[int, tuple[str, ...]] = {}
     for report in reports:
+        mark: tuple[str, ...] = ()
+        if expected is not None:
+            want = expected.get(report.name, "")
+            mark = ("-" if not want else "yes" if outcome(report) == want else f"NO: {want}",)
         if not report.cards:
-            rows.append((report.name, report.node or "-", "-", "-", "-", "-", "-", report.status))
+            rows.append((report.name, report.node or "-", "-", "-", "-", "-", "-", report.status, *mark))
         for i, line in enumerate(report.cards):
             model = f"{line.model} [{line.profile}]" if line.profile else line.model
             rows.append(
@@ -153,12 +219,13 @@ def render(reports: Sequence[PodReport]) -> str:
                     f"{line.memory_mib} MiB",
                     f"{line.cores}%",
                     report.status if i == 0 else "",
+                    *(mark if i == 0 else ("",) * len(mark)),
                 )
             )
         if report.details:
             notes[len(rows) - 1] = report.details
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(_HEADERS)]
-    out = ["  ".join(h.ljust(w) for h, w in zip(_HEADERS, widths, strict=True)).rstrip()]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    out = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
     for n, row in enumerate(rows):
         out.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
         out.extend(f"    {note}" for note in notes.get(n, ()))

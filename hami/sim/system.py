@@ -94,6 +94,8 @@ class EmbeddedSystem:
         self.node_files: dict[str, NodeFiles] = {}
         self.scheduler_port = free_port()  # the verbs (the kube-scheduler stand-in calls them)
         self.scheduler_metrics_port = free_port()  # /healthz, /readyz, /metrics
+        #: component -> its /metrics URL (scheduler, webhook, one per node agent), filled as they start
+        self.metrics_urls: dict[str, str] = {}
         self.stack = contextlib.AsyncExitStack()
         # set on entry
         self.emulator: kmock.KubernetesEmulator | None = None
@@ -131,13 +133,16 @@ class EmbeddedSystem:
     async def _start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         identities = {self.tokens[who]: user for who, user in ACCOUNTS.items()}
-        self.emulator = await self.stack.enter_async_context(embedded_apiserver(identities=identities))
+        self.emulator = await self.stack.enter_async_context(
+            embedded_apiserver(identities=identities, call_webhooks=True)
+        )
         self.url = str(self.emulator.url).rstrip("/")
         for who, path in self.kubeconfigs.items():
             write_kubeconfig(path, self.url, token=self.tokens[who])
         self.progress(f"apiserver   {self.url} (kubeconfig {self.kubeconfig})")
         self.session = await self.stack.enter_async_context(aiohttp.ClientSession())
         self.api = SimApi(self.session, self.url, token=self.tokens[USER])
+        await self.api.create("/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
         policy, binding = annotation_policy([ACCOUNTS[SCHEDULER], ACCOUNTS[NODE_AGENT]])
         await self.api.create(POLICIES_PATH, policy)
         await self.api.create(BINDINGS_PATH, binding)
@@ -153,7 +158,7 @@ class EmbeddedSystem:
         await self._start_node_side()
         await self.start_scheduler()
         await self._start_webhook()
-        self.admission = AdmissionStandIn(self.api, self.session)
+        self.admission = AdmissionStandIn(self.api, self.session, server_admits=True)
         self.scheduler = SchedulerStandIn(
             self.api, self.session, self.scheduler_url, scheduler_name=self.options.scheduler_name
         )
@@ -181,6 +186,8 @@ class EmbeddedSystem:
         self.progress(f"monitors    {len(names)} node agents registered, device plugins serving")
 
     def monitor_argv(self, node: str, files: NodeFiles) -> list[str]:
+        metrics = free_port()
+        self.metrics_urls[f"monitor-{node}"] = f"http://127.0.0.1:{metrics}/metrics"
         return python_argv(
             "-m", "monitor",
             "--kubeconfig", str(self.kubeconfigs[NODE_AGENT]),
@@ -191,7 +198,7 @@ class EmbeddedSystem:
             "--device-config", str(self.device_config),
             "--register-interval", str(self.options.register_interval),
             "--kubelet-dir", str(files.kubelet_dir),
-            "--metrics-listen", f"127.0.0.1:{free_port()}",
+            "--metrics-listen", f"127.0.0.1:{metrics}",
             "--log-level", self.options.log_level,
         )  # fmt: skip
 
@@ -217,6 +224,7 @@ class EmbeddedSystem:
             "--log-level", self.options.log_level,
         )  # fmt: skip
         await self.supervisor.start(SCHEDULER, argv)
+        self.metrics_urls[SCHEDULER] = f"{self.scheduler_metrics_url}/metrics"
         await self._wait(
             lambda: self._http_ok(f"{self.scheduler_metrics_url}/readyz"),
             "the scheduler's /readyz",
@@ -233,7 +241,7 @@ class EmbeddedSystem:
         await self.start_scheduler()
 
     async def _start_webhook(self) -> None:
-        port, health = free_port(), free_port()
+        port, health, metrics = free_port(), free_port(), free_port()
         argv = python_argv(
             "-m", "webhook",
             "--kubeconfig", str(self.kubeconfigs[WEBHOOK]),
@@ -244,10 +252,11 @@ class EmbeddedSystem:
             "--device-config", str(self.device_config),
             "--failure-policy", "Fail",
             "--health-listen", f"127.0.0.1:{health}",
-            "--metrics-listen", f"127.0.0.1:{free_port()}",
+            "--metrics-listen", f"127.0.0.1:{metrics}",
             "--log-level", self.options.log_level,
         )  # fmt: skip
         await self.supervisor.start(WEBHOOK, argv)
+        self.metrics_urls[WEBHOOK] = f"http://127.0.0.1:{metrics}/metrics"
         await self._wait(
             lambda: self._http_ok(f"http://127.0.0.1:{health}/healthz"), "the webhook's /healthz", WEBHOOK
         )

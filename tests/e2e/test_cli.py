@@ -4,10 +4,13 @@ clients, and Ctrl-C stops every process it started."""
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -68,6 +71,7 @@ def test_demo_keep_then_ctrl_c_stops_everything(demo: subprocess.Popen[str], wor
             break
     output = "".join(lines)
     assert "running     until Ctrl-C" in output, output
+    _the_printed_hints_work(output, workdir)
     kubeconfig = yaml.safe_load((workdir / "kubeconfig").read_text())
     assert kubeconfig["clusters"][0]["cluster"]["server"].startswith("http://127.0.0.1:")
     assert len(_processes_mentioning(str(workdir))) >= 4  # kubelet stand-in, agents, scheduler, webhook
@@ -79,3 +83,25 @@ def test_demo_keep_then_ctrl_c_stops_everything(demo: subprocess.Popen[str], wor
     assert demo.returncode == 0, output + rest
     assert "stopping" in rest
     assert _processes_mentioning(str(workdir)) == []
+
+
+def _the_printed_hints_work(output: str, workdir: Path) -> None:
+    """What ``--keep`` prints: the kubeconfig, every component's metrics URL, and commands that run as
+    printed (the ``hami`` of this installation, a kubeconfig that exists while the demo runs)."""
+    assert "14 of 14 pods became what their example expects." in output, output
+    assert re.search(r"^Legend: .*hami.io/bind-phase", output, re.MULTILINE), output
+    (kubeconfig,) = re.findall(r"^  kubeconfig  (\S+)$", output, re.MULTILINE)
+    assert Path(kubeconfig) == workdir / "kubeconfig" and Path(kubeconfig).is_file()
+    urls = re.findall(r"(http://127\.0\.0\.1:\d+/metrics)  \((\S+)\)", output)
+    assert {who for _, who in urls} >= {"scheduler", "webhook", "monitor-gpu-a100", "monitor-gpu-mig"}, urls
+    for url, who in urls:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            assert response.status == 200 and b"# TYPE" in response.read(), who
+    commands = re.findall(r"^  (\S+ (?:explain|doctor) .*--kubeconfig \S+)$", output, re.MULTILINE)
+    assert len(commands) == 2, output
+    for command in commands:
+        argv = shlex.split(command)
+        assert argv[0] == "hami" or Path(argv[0]).is_file(), argv[0]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+        assert "Traceback" not in done.stderr and done.returncode in (0, 1), (command, done.stderr)
+        assert done.stdout.strip(), command

@@ -11,6 +11,7 @@ import yaml
 from hami.sim.cluster import (
     ClusterFileError,
     agent_config_document,
+    default_cluster_text,
     load_cluster,
     node_object,
     parse_cluster,
@@ -106,3 +107,47 @@ def test_bad_cluster_files_name_the_field(text: str, message: str) -> None:
 def test_missing_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(ClusterFileError, match=r"nope\.yaml"):
         load_cluster(tmp_path / "nope.yaml")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            _doc(cards=[{"uuid": "GPU-1", "memory_mb": 4000}]),
+            "nodes[0] (n1).cards[0]: unknown field 'memory_mb'; did you mean 'memory_mib'?",
+        ),
+        (_doc(label={"a": "b"}), "nodes[0] (n1): unknown field 'label'; did you mean 'labels'?"),
+        (
+            _doc(cards=[{"uuid": "GPU-1", "mig": [{"name": "1g", "memory": 1}]}]),
+            "nodes[0] (n1).cards[0].mig[0]: unknown field 'memory'; did you mean 'memory_mib'?",
+        ),
+        (
+            _doc(cards=[{"uuid": "GPU-1", "mig": [{"name": "1g", "placements": [{"begin": 0}]}]}]),
+            "nodes[0] (n1).cards[0].mig[0].placements[0]: unknown field 'begin'",
+        ),
+        (
+            _doc(cards=[{"uuid": "GPU-1", "processes": [{"pid": 1, "memory_mib": 3}]}]),
+            "nodes[0] (n1).cards[0].processes[0]: unknown field 'memory_mib'; did you mean 'used_memory_mib'?",
+        ),
+        (
+            _doc(
+                cards=[{"uuid": "GPU-1"}, {"uuid": "GPU-2"}],
+                links=[{"a": "GPU-1", "b": "GPU-2", "weight": 1}],
+            ),
+            "nodes[0] (n1).links[0]: unknown field 'weight'",
+        ),
+        (
+            "device-config: {}\nnodes: [{name: n1, cards: [{uuid: G}]}]\n",
+            "unknown field 'device-config'; did you mean 'device_config'?",
+        ),
+    ],
+)
+def test_unknown_fields_are_refused_with_the_nearest_name(text: str, message: str) -> None:
+    """A typo would otherwise give a node without cards (memory_mb) and a demo that exits 0."""
+    with pytest.raises(ClusterFileError) as caught:
+        parse_cluster(text, source="c.yaml")
+    assert message in str(caught.value)
+
+
+def test_the_packaged_cluster_uses_only_known_fields() -> None:
+    assert len(parse_cluster(default_cluster_text()).nodes) == 4
