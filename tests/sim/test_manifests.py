@@ -7,8 +7,10 @@ and the annotation policy, and the code reading them finds them there (not in th
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -228,3 +230,27 @@ def test_the_demo_finds_its_data_outside_the_repository(unpacked_wheel: Path, tm
     assert found["examples"].startswith(str(unpacked_wheel)), found
     assert (found["pods"], found["nodes"]) == (14, 4)
     assert found["validations"] > 0
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(300)
+def test_hami_demo_runs_from_the_wheel_outside_the_repository(unpacked_wheel: Path, tmp_path: Path) -> None:
+    """The whole demo (every component a process importing the unpacked wheel), from a directory that is
+    not a checkout: it finds its cluster, examples and policy, and every pod becomes what it expects."""
+    work = Path(tempfile.mkdtemp(prefix="hami-wheel-", dir="/tmp"))  # short: unix socket paths
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "hami.cli", "demo", "--timeout", "150", "--workdir", str(work)],
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(unpacked_wheel)},
+            capture_output=True,
+            text=True,
+            timeout=280,
+            check=False,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "14 of 14 pods became what their example expects." in done.stdout, done.stdout
+        logs = "".join(p.read_text(errors="replace") for p in (work / "logs").glob("*"))
+        assert str(REPO / "hami") not in logs  # nothing ran from the checkout
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
