@@ -167,8 +167,22 @@ def test_hami_demo_refuses_a_bad_file_before_starting(
 # ------------------------------------------------------------------------------------------ the wheel
 @pytest.fixture(scope="module")
 def unpacked_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """This checkout built as a wheel (no dependencies, no network) and unpacked outside the repository."""
+    """This checkout built as a wheel (no dependencies, no network) and unpacked outside the repository.
+
+    Built from a copy of what the image's build context holds (pyproject.toml, README.md, the three
+    packages with their links, the chart's annotation-policy file), so the checkout gets no build/
+    directory and two runs never share one."""
     out = tmp_path_factory.mktemp("wheel")
+    context = out / "context"
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc")
+    context.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, context / name)
+    for package in ("hami", "webhook", "monitor"):
+        shutil.copytree(REPO / package, context / package, symlinks=True, ignore=skip)
+    policy = Path("charts") / "hami" / "files" / "annotation-policy.yaml"
+    (context / policy).parent.mkdir(parents=True)
+    shutil.copy2(REPO / policy, context / policy)
     subprocess.run(
         [
             sys.executable,
@@ -180,9 +194,9 @@ def unpacked_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "-q",
             "-w",
             str(out),
-            ".",
+            "./",
         ],
-        cwd=REPO,
+        cwd=context,
         check=True,
         timeout=300,
         env={**os.environ, "PIP_NO_INDEX": "1"},
