@@ -6,9 +6,10 @@ registration rules (``build_registration``: scaled memory, cores, slots, health)
 grants (``GrantBook``, decoded with the shared codec) and the backend's live usage, with processes
 attributed to pod containers through their cgroup. Metric names follow HAMi's monitor where HAMi has
 one (spec-node-chart §B.4; its legacy camel-case names too with ``--legacy-metrics``), ours are
-``hami_node_*``; every series carries HAMi's constant ``zone="vGPU"`` label, and ``node`` +
-``device_uuid``. The full list is ``docs/metrics.md``. The registry is built by the entry point and
-passed in: no global registry. Must not import grpc, pynvml or the Kubernetes client.
+``hami_node_*``; all but the legacy ones pass ``promtool check metrics`` (``tests/test_promlint.py``).
+Every series carries HAMi's constant ``zone="vGPU"`` label, and ``node`` + ``device_uuid``. The full
+list is ``docs/metrics.md``. The registry is built by the entry point and passed in: no global registry.
+Must not import grpc, pynvml or the Kubernetes client.
 """
 
 from __future__ import annotations
@@ -99,16 +100,16 @@ class NodeCollector:
                 "Card memory granted to tracked pods (init containers collapsed as the scheduler does).",
                 labels=CARD,
             ),
-            "cores_total": GaugeMetricFamily(
-                "hami_node_card_cores_total",
+            "cores_capacity": GaugeMetricFamily(
+                "hami_node_card_cores_capacity",
                 "Registered card cores in percent of the card (100 x deviceCoreScaling).",
                 labels=CARD,
             ),
             "cores_alloc": GaugeMetricFamily(
                 "hami_node_card_cores_allocated", "Card cores (percent) granted to tracked pods.", labels=CARD
             ),
-            "slots_total": GaugeMetricFamily(
-                "hami_node_card_slots_total",
+            "slots_capacity": GaugeMetricFamily(
+                "hami_node_card_slots_capacity",
                 "Containers that may share the card (deviceSplitCount).",
                 labels=CARD,
             ),
@@ -216,9 +217,9 @@ class NodeCollector:
             for key, value in (
                 ("mem_total", device.memory_mib * MIB),
                 ("mem_alloc", state.used_mem * MIB),
-                ("cores_total", device.cores),
+                ("cores_capacity", device.cores),
                 ("cores_alloc", state.used_cores),
-                ("slots_total", device.count),
+                ("slots_capacity", device.count),
                 ("slots_used", state.used),
                 ("healthy", int(device.health)),
             ):

@@ -45,7 +45,12 @@ BIND_RESULTS = (
     "api_error",
     "invalid",
 )
-WATCHED = ("nodes", "pods")
+#: Label values that exist from start-up (at 0): every verb and outcome of a request, every resource
+#: the scheduler lists and watches, every kind of watch event.
+VERBS = ("filter", "prioritize", "bind")
+OUTCOMES = ("ok", "error")
+WATCHED = ("nodes", "pods", "resourcequotas")
+EVENT_KINDS = ("node", "pod", "quota")
 
 
 class NodeSource(Protocol):
@@ -230,6 +235,12 @@ class Metrics:
         for resource in WATCHED:
             for cause in RESTART_CAUSES:
                 self.watch_restarts.labels(resource, cause)
+        for verb in VERBS:
+            self.latency.labels(verb)
+            for outcome in OUTCOMES:
+                self.requests.labels(verb, outcome)
+        for kind in EVENT_KINDS:
+            self.watch_events.labels(kind)
 
     def attach(self, source: NodeSource, pods_tracked: Callable[[], int]) -> None:
         self.registry.register(SnapshotCollector(source, pods_tracked))

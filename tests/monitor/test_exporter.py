@@ -129,8 +129,8 @@ async def test_card_allocation_is_the_sum_of_the_grants(
     # Totals are the registration: 32768 MiB x 1.5 = 49152; 16384 x 1.5 = 24576; cores 100 x 2; split 4.
     assert value(samples, "hami_node_card_memory_total_bytes", **a) == 49152 * MIB
     assert value(samples, "hami_node_card_memory_total_bytes", **b) == 24576 * MIB
-    assert value(samples, "hami_node_card_cores_total", **a) == 200
-    assert value(samples, "hami_node_card_slots_total", **b) == 4
+    assert value(samples, "hami_node_card_cores_capacity", **a) == 200
+    assert value(samples, "hami_node_card_slots_capacity", **b) == 4
     assert value(samples, "hami_node_card_healthy", **a) == 1
     labels = next(
         got for n, got, _ in samples if n == "hami_node_card_healthy" and got["device_uuid"] == "GPU-0001"
@@ -320,7 +320,7 @@ async def test_healthz_openmetrics_and_unknown_paths(api: Any, tmp_path: Path) -
             body = await response.text()
             assert response.headers["Content-Type"].startswith("application/openmetrics-text")
             assert body.rstrip().endswith("# EOF")
-            assert 'hami_node_card_slots_total{device_index="0",device_type=' in body
+            assert 'hami_node_card_slots_capacity{device_index="0",device_type=' in body
         async with session.get(exporter.url + "/other") as response:
             assert response.status == 404
 

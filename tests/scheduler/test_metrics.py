@@ -7,6 +7,7 @@ restarts; plus the lock-hold bookkeeping and the reason vocabulary on their own.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import Any
@@ -267,7 +268,7 @@ async def test_watch_restarts_are_counted(
     await until(lambda: len(apiserver[kmock.action.WATCH, NODES]) >= 2, "the node watch to be reopened")
     found = await counted()
     assert {k: v for k, v in found.items() if v} == {("pods", "ended"): 1, ("nodes", "gone_410"): 1}
-    assert len(found) == 8  # both resources x ended, dropped, gone_410, error, from the start
+    assert len(found) == 12  # nodes, pods, resourcequotas x ended, dropped, gone_410, error, from the start
 
 
 # --------------------------------------------------------------------------------- vocabulary
@@ -304,3 +305,41 @@ def test_failure_summary_stays_short_on_large_clusters() -> None:
         "1 nodes reason 0(u0); 1 nodes reason 1(u1); 1 nodes reason 2(u2); 1 nodes reason 3(u3); "
         "+2 more reasons"
     )
+
+
+async def test_every_labelled_series_exists_from_start_up(start_extender: StartExtender) -> None:
+    """docs/metrics.md: every label value of a labelled counter (and histogram) is there at 0 before the
+    first event, so rate() and alerts work from the start. Traffic may change values, never add series."""
+    ext = await start_extender(nodes=[make_node("n1")], pods=[make_pod("p")])
+
+    async def series() -> set[tuple[str, frozenset[tuple[str, str]]]]:
+        response = await ext.probes.get("/metrics")
+        found = set()
+        for family in text_string_to_metric_families(await response.text()):
+            if family.type in ("counter", "histogram"):
+                found |= {(s.name, frozenset(s.labels.items())) for s in family.samples}
+        return found
+
+    before = await series()
+    await ext.filter(make_pod("p"), ["n1"])
+    assert (await ext.client.post("/filter", data=b"")).status == 400
+    await ext.prioritize(make_pod("p"), ["n1"])
+    assert (await ext.client.post("/prioritize", data=b"")).status == 400
+    assert await ext.bind("p", "n1") == {"Error": ""}
+    assert (await ext.client.post("/bind", data=b"")).status == 400
+    deadline = asyncio.get_running_loop().time() + 10
+    while True:  # the bind's patches reach the pod and node watches
+        samples = await scrape(ext)
+        if value(samples, "hami_scheduler_watch_events_total", kind="pod"):
+            break
+        assert asyncio.get_running_loop().time() < deadline, "no pod watch event applied"
+        await asyncio.sleep(0.01)
+    assert value(samples, "hami_scheduler_requests_total", verb="bind", outcome="error") == 1
+    after = await series()
+    assert after - before == set()
+    kinds = {dict(labels)["kind"] for name, labels in before if name == "hami_scheduler_watch_events_total"}
+    assert kinds == {"node", "pod", "quota"}
+    restarts = {
+        dict(labels)["resource"] for name, labels in before if name == "hami_scheduler_watch_restarts_total"
+    }
+    assert restarts == {"nodes", "pods", "resourcequotas"}
