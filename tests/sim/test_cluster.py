@@ -127,7 +127,8 @@ def test_missing_file_is_named(tmp_path: Path) -> None:
         ),
         (
             _doc(cards=[{"uuid": "GPU-1", "processes": [{"pid": 1, "memory_mib": 3}]}]),
-            "nodes[0] (n1).cards[0].processes[0]: unknown field 'memory_mib'; did you mean 'used_memory_mib'?",
+            "nodes[0] (n1).cards[0].processes[0]: unknown field 'memory_mib'; "
+            "did you mean 'used_memory_mib'?",
         ),
         (
             _doc(
