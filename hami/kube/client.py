@@ -76,7 +76,7 @@ def load_api_client(
             raise KubeError(
                 0,
                 "Config",
-                f"kubeconfig file {kubeconfig!r} does not exist; pass an existing file to --kubeconfig",
+                f"kubeconfig file not found: {kubeconfig!r}; pass an existing file to --kubeconfig",
             )
         _load_kubeconfig(configuration, kubeconfig)
     else:
