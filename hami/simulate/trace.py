@@ -22,6 +22,7 @@ MAX_CARDS = 64  # cards per node, and cards per pod
 MAX_CPU_MILLI = 10**9
 MAX_MEMORY_MIB = 2**40
 MAX_ROWS = 1_000_000
+MAX_TOTAL_CARDS = 1_000_000  # the replay keeps a few (nodes x cards) arrays
 MAX_BYTES = 256 * 2**20
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
@@ -124,6 +125,7 @@ def parse_nodes(text: str, where: str = "<nodes>") -> tuple[TraceNode, ...]:
     """The node list in ``text`` (``sn,cpu_milli,memory_mib,gpu,model``); at least one node."""
     nodes: list[TraceNode] = []
     seen: set[str] = set()
+    cards = 0
     for line, row in _rows(text, where, NODE_COLUMNS):
         at = f"{where}:{line}"
         name = _name(row, "sn", at)
@@ -131,6 +133,9 @@ def parse_nodes(text: str, where: str = "<nodes>") -> tuple[TraceNode, ...]:
             raise TraceError(f"{at}: sn {name!r} appears twice")
         seen.add(name)
         gpus = _int(row, "gpu", at, 0, MAX_CARDS)
+        cards += gpus
+        if cards > MAX_TOTAL_CARDS:
+            raise TraceError(f"{at}: more than {MAX_TOTAL_CARDS} cards in the node list")
         model = row["model"]
         if gpus and not _MODEL.fullmatch(model):
             raise TraceError(

@@ -97,3 +97,9 @@ def test_cpu_node_without_model_and_blank_lines() -> None:
 def test_trace_name() -> None:
     assert trace_name("x/openb_pod_list_gpushare40.csv") == "gpushare40"
     assert trace_name("mine.csv") == "mine"
+
+
+def test_a_node_list_too_large_to_replay_is_refused() -> None:
+    rows = "".join(f"n{i},1,1,64,T4\n" for i in range(20_000))  # 1.28 M cards: arrays of GBs
+    with pytest.raises(TraceError, match="more than 1000000 cards"):
+        parse_nodes(NODES_HEADER + rows, "nodes.csv")
