@@ -6,9 +6,12 @@ CREATE: apply the defaults our webhook relies on (``schedulerName: default-sched
 from limits for extended resources, a ``uid``, ``status.phase: Pending``), send an AdmissionReview v1
 over HTTPS to every matching webhook of every MutatingWebhookConfiguration (URL and ``caBundle`` read
 from the configuration our webhook created), apply the returned JSONPatch, honour ``failurePolicy``,
-and then create the pod — or report the refusal. The create itself passes the apiserver's
-ValidatingAdmissionPolicies (:class:`hami.sim.apiserver.AdmittingEmulator`); their denial is reported the
-same way. Must not import ``webhook``, ``monitor`` or the Kubernetes client.
+and then create the pod — or report the refusal. With ``server_admits`` (the embedded cluster, whose
+apiserver calls the webhooks itself on every pod CREATE, kubectl's included: it uses :meth:`mutate`),
+:meth:`AdmissionStandIn.submit` only creates the pod and reads a refusal back from the apiserver's
+answer. The create itself passes the apiserver's ValidatingAdmissionPolicies
+(:class:`hami.sim.apiserver.AdmittingEmulator`); their denial is reported the same way. Must not import
+``webhook``, ``monitor`` or the Kubernetes client.
 """
 
 from __future__ import annotations
@@ -59,31 +62,28 @@ Outcome = Admitted | Refused
 class AdmissionStandIn:
     """Submits pods through the cluster's mutating webhooks, as kube-apiserver would."""
 
-    def __init__(self, api: SimApi, session: aiohttp.ClientSession) -> None:
+    def __init__(self, api: SimApi, session: aiohttp.ClientSession, *, server_admits: bool = False) -> None:
         self._api = api
         self._session = session
+        self._server_admits = server_admits
 
     async def submit(self, pod: Mapping[str, Any]) -> Outcome:
         body = apply_defaults(pod)
         meta = body["metadata"]
         warnings: list[str] = []
-        for config in await self._api.list_objects(MWC_PATH):
-            for hook in config.get("webhooks") or []:
-                if not _matches(hook, body):
-                    continue
-                result = await self._call(hook, body)
-                if isinstance(result, str):  # refused: the message
-                    return Refused(
-                        namespace=meta["namespace"],
-                        name=meta["name"],
-                        webhook=hook.get("name", "?"),
-                        message=result,
-                    )
-                body, more = result
-                warnings += more
+        if not self._server_admits:
+            mutated = await self.mutate(body, await self._api.list_objects(MWC_PATH))
+            if isinstance(mutated, Refused):
+                return mutated
+            body, warnings = mutated
         try:
             stored = await self._api.create(pods_path(meta["namespace"]), body)
         except ApiError as exc:
+            webhook = _webhook_named(exc.message) if self._server_admits else None
+            if webhook is not None and exc.status in (400, 403, 500):
+                return Refused(
+                    namespace=meta["namespace"], name=meta["name"], webhook=webhook, message=exc.message
+                )
             if exc.status not in (403, 422):
                 raise
             return Refused(
@@ -95,12 +95,38 @@ class AdmissionStandIn:
             )
         return Admitted(pod=stored, warnings=tuple(warnings))
 
-    async def _call(self, hook: Mapping[str, Any], pod: JsonDict) -> tuple[JsonDict, list[str]] | str:
+    async def mutate(
+        self, body: JsonDict, configs: list[JsonDict], username: str = "hami-demo"
+    ) -> tuple[JsonDict, list[str]] | Refused:
+        """Every matching webhook of ``configs`` on a pod CREATE, in order: the patched pod and the
+        webhooks' warnings, or the refusal."""
+        meta = body["metadata"]
+        warnings: list[str] = []
+        for config in configs:
+            for hook in config.get("webhooks") or []:
+                if not _matches(hook, body):
+                    continue
+                result = await self._call(hook, body, username)
+                if isinstance(result, str):  # refused: the message
+                    return Refused(
+                        namespace=meta["namespace"],
+                        name=meta["name"],
+                        webhook=hook.get("name", "?"),
+                        message=result,
+                        code=500 if result.startswith("Internal error") else 400,
+                    )
+                body, more = result
+                warnings += more
+        return body, warnings
+
+    async def _call(
+        self, hook: Mapping[str, Any], pod: JsonDict, username: str
+    ) -> tuple[JsonDict, list[str]] | str:
         """One webhook call: the patched pod and warnings, or the refusal message."""
         name = str(hook.get("name", "?"))
         fail_closed = hook.get("failurePolicy", "Fail") != "Ignore"
         try:
-            review = await self._post(hook, pod)
+            review = await self._post(hook, pod, username)
         except (aiohttp.ClientError, TimeoutError, ssl.SSLError, ValueError) as exc:
             if not fail_closed:
                 return pod, [f"webhook {name} failed and is ignored: {exc}"]
@@ -122,7 +148,7 @@ class AdmissionStandIn:
             return f'webhook "{name}" answered a patch that does not apply: {exc}'
         return patched, warnings
 
-    async def _post(self, hook: Mapping[str, Any], pod: JsonDict) -> JsonDict:
+    async def _post(self, hook: Mapping[str, Any], pod: JsonDict, username: str) -> JsonDict:
         client_config = hook.get("clientConfig") or {}
         url = client_config.get("url")
         if not url:
@@ -145,7 +171,7 @@ class AdmissionStandIn:
                 "operation": "CREATE",
                 "namespace": meta["namespace"],
                 "name": meta["name"],
-                "userInfo": {"username": "hami-demo", "groups": ["system:authenticated"]},
+                "userInfo": {"username": username, "groups": ["system:authenticated"]},
                 "object": pod,
                 "oldObject": None,
                 "dryRun": False,
@@ -158,6 +184,14 @@ class AdmissionStandIn:
                 raise ValueError(f"HTTP {response.status}: {(await response.text())[:300]}")
             answer: JsonDict = await response.json(content_type=None)
             return answer
+
+
+def _webhook_named(message: str) -> str | None:
+    """The webhook a kube-apiserver admission error names (``admission webhook "x" denied ...``)."""
+    for marker in ('admission webhook "', 'failed calling webhook "'):
+        if marker in message:
+            return message.split(marker, 1)[1].split('"', 1)[0]
+    return None
 
 
 def apply_defaults(pod: Mapping[str, Any]) -> JsonDict:

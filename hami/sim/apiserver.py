@@ -16,6 +16,9 @@ the way kube-apiserver answers it (a ``Status`` with the policy's reason and cod
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import json
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -27,12 +30,23 @@ import jsonpatch
 import kmock
 
 from hami.sim.admission_policy import review
-from hami.sim.lean import LeanHandler
+from hami.sim.admission_standin import AdmissionStandIn
+from hami.sim.kubeapi import SimApi
+from hami.sim.lean import LeanHandler, unsupported
+from hami.sim.protobuf import CONTENT_TYPE as PROTOBUF
+from hami.sim.protobuf import ProtobufError, decode
+from hami.sim.restapi import NAMESPACES as NAMESPACE_RESOURCE
+from hami.sim.restapi import build_request, install, install_openapi, is_namespace_path, now_utc, stamp_create
+from hami.sim.writes import before_store, error_status
 
 ANONYMOUS = "system:anonymous"
 #: The token of the kubeconfig :func:`write_kubeconfig` writes when given none.
 DEFAULT_TOKEN = "embedded-cluster-token"
 _POLICY_GROUP = "admissionregistration.k8s.io"
+#: The request being served (for error answers that name its object).
+_CURRENT: contextvars.ContextVar[kmock.Request] = contextvars.ContextVar("request")
+#: The namespaces of a new cluster.
+NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 #: How many latest requests the embedded apiserver keeps for the DSL's views (kmock keeps all).
 REQUEST_LOG = 2000
 
@@ -43,6 +57,10 @@ class AdmittingEmulator(kmock.KubernetesEmulator, LeanHandler):
     request handler)."""
 
     identities: dict[str, str]
+    #: The cluster's last resourceVersion (every write takes the next one).
+    revision: int = 0
+    #: Calls the mutating webhooks on pod CREATE when set (see :func:`embedded_apiserver`).
+    admission: AdmissionStandIn | None = None
 
     def set_identities(self, identities: Mapping[str, str]) -> None:
         """Bearer token -> username (kube-apiserver's static token file)."""
@@ -54,7 +72,34 @@ class AdmittingEmulator(kmock.KubernetesEmulator, LeanHandler):
         table: Mapping[str, str] = getattr(self, "identities", {})  # unset until set_identities
         return table.get(token, ANONYMOUS) if scheme.lower() == "bearer" else ANONYMOUS
 
+    async def _parse(self, raw_request: aiohttp.web.BaseRequest) -> kmock.Request:
+        """Protobuf bodies (:mod:`hami.sim.protobuf`) and namespace paths read here, the rest by kmock."""
+        protobuf = PROTOBUF in raw_request.content_type
+        if not protobuf and not is_namespace_path(raw_request.path):
+            return await super()._parse(raw_request)
+        body = await raw_request.read()
+        data: Any = None
+        if protobuf:
+            try:
+                data = decode(body)
+            except ProtobufError as exc:
+                raise unsupported(raw_request.content_type, str(exc)) from exc
+            text = json.dumps(data)
+        else:
+            text = body.decode("utf-8", errors="replace")
+            with contextlib.suppress(ValueError):
+                data = json.loads(text) if text.strip() else None
+        return build_request(raw_request, self.served, body, text, data)
+
+    async def _render_error(self, exc: Exception) -> aiohttp.web.StreamResponse:
+        code, body = error_status(exc, _CURRENT.get(None))
+        return aiohttp.web.json_response(body, status=code)
+
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        _CURRENT.set(request)
+        early = await before_store(self, request)
+        if early is not None:
+            return early
         admission = self._admission_request(request)
         if admission is not None:
             policies = self._stored("validatingadmissionpolicies")
@@ -167,6 +212,9 @@ async def add_reactions(k: kmock.KubernetesEmulator) -> None:
     response = await k.get("/api/v1")
     core = await response.json()
     core["groupVersion"] = "v1"
+    for entry in core.get("resources") or []:  # subresources have no short names or categories
+        if "/" in str(entry.get("name", "")):
+            entry["shortNames"], entry["categories"] = [], []
     k["get /api/v1"] << core
 
     async def listing(request: kmock.Request) -> Any:
@@ -215,15 +263,29 @@ async def embedded_apiserver(
     *,
     identities: Mapping[str, str] | None = None,
     request_log: int | None = REQUEST_LOG,
+    call_webhooks: bool = False,
 ) -> AsyncIterator[AdmittingEmulator]:
     """Run an emulator with the reactions on ``host:port`` (0 = an OS-chosen port); yields it.
 
     ``identities`` maps bearer tokens to usernames (see :class:`AdmittingEmulator`); ``request_log`` is
-    about how many latest requests it keeps for assertions (None: all). The server's URL is
+    about how many latest requests it keeps for assertions (None: all); ``call_webhooks`` makes it call
+    the stored mutating webhooks on pod CREATE, as kube-apiserver does. The server's URL is
     ``str(emulator.url)`` once started.
     """
-    async with AdmittingEmulator() as k, kmock.Server(k, host=host, port=port):
+    async with contextlib.AsyncExitStack() as stack:
+        k = await stack.enter_async_context(AdmittingEmulator())
+        await stack.enter_async_context(kmock.Server(k, host=host, port=port))
         k.request_log = request_log
         k.set_identities(identities or {})
         await add_reactions(k)
+        install(k)
+        install_openapi(k)
+        if call_webhooks:
+            session = await stack.enter_async_context(aiohttp.ClientSession())
+            k.admission = AdmissionStandIn(SimApi(session, str(k.url)), session, server_admits=True)
+        for name in NAMESPACES:  # stored directly: not requests anyone made
+            k.revision += 1
+            namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+            stamp_create(namespace, None, k.revision, now_utc())
+            k.objects[NAMESPACE_RESOURCE, None, name] = {**namespace, "status": {"phase": "Active"}}
         yield k

@@ -16,7 +16,8 @@ every request each reaction served, and every version of every object forever.
 * keeps, when :attr:`LeanHandler.request_log` is set, only about that many of the latest requests (the
   root's and each reaction's) and only each object's latest version (plus its deletion marker);
 * answers a body that is not UTF-8 text (protobuf, CBOR) with 415 Unsupported Media Type, as
-  kube-apiserver does for a content type it does not serve, instead of failing to decode it.
+  kube-apiserver does for a content type it does not serve, instead of failing to decode it (a
+  subclass's :meth:`LeanHandler._parse` may read some of them: the emulator reads protobuf).
 
 Simulation only. Must not import ``hami.kube``, ``webhook`` or ``monitor``.
 """
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import aiohttp.web
 import kmock
+from kmock._internal import rendering as _rendering  # kmock is pinned (==0.8): its request parser
 
 #: kmock's "this reaction does not apply after all" (exported by kmock, missing from its ``__all__``).
 _MISMATCH: type[Exception] = getattr(kmock, "ReactionMismatchError")  # noqa: B009
@@ -85,22 +87,47 @@ class LeanHandler(kmock.RawHandler):
                 pass
         raise NotImplementedError("no reaction matches the request")
 
-    async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+    async def _parse(self, raw_request: aiohttp.web.BaseRequest) -> kmock.Request:
+        """The request as kmock reads it (a subclass may read some paths or bodies its own way)."""
         body = await raw_request.read()
         if body and not _is_text(raw_request.content_type, body):
-            return _unsupported(raw_request.content_type)
+            raise unsupported(raw_request.content_type)
+        request: kmock.Request = await _rendering.Request._parse(raw_request, id=self._served)
+        return request
+
+    async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        """kmock's ``RawHandler.__call__`` with the :meth:`_parse` hook, the 415 check and the trimming."""
         self._served += 1
+        raw_response: aiohttp.web.StreamResponse | None = None
         try:
-            return await super().__call__(raw_request)
+            request = await self._parse(raw_request)
+            self._requests.append(request)
+            try:
+                return await self._handle(request)
+            except _rendering.StreamingError as exc:  # the stream started: answer the error in it
+                raw_response = exc.args[0]
+                raise exc.__cause__ or exc from None
+        except Exception as exc:
+            if not self._errors:
+                raise
+            self._errors[-1].append(exc)
+            if raw_response is None or not raw_response.prepared:
+                return await self._render_error(exc)
+            await self._stream_error(exc, raw_response)
+            await raw_response.write_eof()
+            return raw_response
         finally:
             self._trim()
 
     def _trim(self) -> None:
         """Drop what is older than :attr:`request_log` (amortised: only once the log is twice that)."""
         limit = self.request_log
-        if limit is None or len(self._requests) < 2 * limit:
+        errors = max((len(level) for level in self._errors), default=0)
+        if limit is None or max(len(self._requests), errors) < 2 * limit:
             return
         del self._requests[:-limit]
+        for level in self._errors:  # kmock also keeps every error it answered (404s included)
+            del level[:-limit]
         for payload in self._payloads:
             if len(payload._requests) > limit:
                 del payload._requests[:-limit]
@@ -133,19 +160,14 @@ def _is_text(content_type: str, body: bytes) -> bool:
     return True
 
 
-def _unsupported(content_type: str) -> aiohttp.web.StreamResponse:
+def unsupported(content_type: str, why: str = "") -> kmock.KubernetesError:
+    """kube-apiserver's 415 for a body it cannot read."""
     message = f"the body of the request was in an unknown format - accepted media types include: {_ACCEPTED}"
-    status = {
-        "apiVersion": "v1",
-        "kind": "Status",
-        "metadata": {},
-        "status": "Failure",
-        "message": message,
-        "reason": "UnsupportedMediaType",
-        "code": 415,
-    }
-    return aiohttp.web.json_response(status, status=415)
+    return kmock.KubernetesError(
+        status=415, reason="UnsupportedMediaType", message=f"{message}{'; ' + why if why else ''}"
+    )
 
 
-_ACCEPTED = "application/json, application/yaml, application/apply-patch+yaml, application/merge-patch+json, "
+_ACCEPTED = "application/json, application/yaml, application/vnd.kubernetes.protobuf (Namespace, Secret, "
+_ACCEPTED += "ConfigMap), application/apply-patch+yaml, application/merge-patch+json, "
 _ACCEPTED += "application/json-patch+json, application/strategic-merge-patch+json"

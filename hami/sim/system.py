@@ -133,13 +133,16 @@ class EmbeddedSystem:
     async def _start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         identities = {self.tokens[who]: user for who, user in ACCOUNTS.items()}
-        self.emulator = await self.stack.enter_async_context(embedded_apiserver(identities=identities))
+        self.emulator = await self.stack.enter_async_context(
+            embedded_apiserver(identities=identities, call_webhooks=True)
+        )
         self.url = str(self.emulator.url).rstrip("/")
         for who, path in self.kubeconfigs.items():
             write_kubeconfig(path, self.url, token=self.tokens[who])
         self.progress(f"apiserver   {self.url} (kubeconfig {self.kubeconfig})")
         self.session = await self.stack.enter_async_context(aiohttp.ClientSession())
         self.api = SimApi(self.session, self.url, token=self.tokens[USER])
+        await self.api.create("/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
         policy, binding = annotation_policy([ACCOUNTS[SCHEDULER], ACCOUNTS[NODE_AGENT]])
         await self.api.create(POLICIES_PATH, policy)
         await self.api.create(BINDINGS_PATH, binding)
@@ -155,7 +158,7 @@ class EmbeddedSystem:
         await self._start_node_side()
         await self.start_scheduler()
         await self._start_webhook()
-        self.admission = AdmissionStandIn(self.api, self.session)
+        self.admission = AdmissionStandIn(self.api, self.session, server_admits=True)
         self.scheduler = SchedulerStandIn(
             self.api, self.session, self.scheduler_url, scheduler_name=self.options.scheduler_name
         )
