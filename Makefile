@@ -27,8 +27,12 @@ pytest: $(STAMP)
 
 test: lint typecheck imports pytest
 
+# `make demo --keep`: make reads --keep as its own --keep-going (k in MAKEFLAGS); hand it on to the demo.
+# Any other demo flags: make demo ARGS="--nodes 8".
+DEMO_KEEP := $(if $(findstring k,$(firstword -$(MAKEFLAGS))),--keep)
+
 demo: $(STAMP)
-	$(BIN)/hami demo
+	$(BIN)/hami demo $(DEMO_KEEP) $(ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks
