@@ -5,6 +5,8 @@ Owns two things:
 * :func:`annotation_policy`: the chart's annotation policy and its binding, built from the one file the
   chart's template also reads (``charts/hami/files/annotation-policy.yaml``) with the same ``writers``
   variable put in front, so the embedded cluster enforces exactly the expressions the chart ships.
+* :func:`conditions_hold`: a webhook's ``matchConditions`` (kube-apiserver evaluates them before it calls
+  the webhook; :mod:`hami.sim.admission_standin` uses this).
 * :func:`review`: the verdict of stored ValidatingAdmissionPolicies and their bindings on one
   AdmissionRequest-shaped dict, evaluated with a real CEL engine (``cel``, PyPI
   ``common-expression-language``, with its cel-go-style extensions such as ``join``, which
@@ -171,6 +173,24 @@ def _verdict(spec: Mapping[str, Any], request: Mapping[str, Any]) -> tuple[str, 
                 message = text
         return message, str(validation.get("reason") or "Invalid")
     return None
+
+
+def conditions_hold(conditions: Iterable[Mapping[str, Any]], request: Mapping[str, Any]) -> bool:
+    """Do all ``matchConditions`` (CEL over ``object``, ``oldObject``, ``request``) hold for an
+    AdmissionRequest-shaped dict? A condition that fails to evaluate raises :class:`ConditionError`."""
+    activation = _activation(copy.deepcopy(dict(request)))
+    for condition in conditions:
+        try:
+            result = _evaluate(str(condition.get("expression", "")), activation)
+        except _EvaluationError as exc:
+            raise ConditionError(f"matchCondition {condition.get('name', '?')!r}: {exc}") from exc
+        if result is not True:
+            return False
+    return True
+
+
+class ConditionError(Exception):
+    """A matchCondition that could not be evaluated (the caller applies the failurePolicy)."""
 
 
 def review(

@@ -4,7 +4,8 @@ kmock stores MutatingWebhookConfigurations but never calls them. Pods of the dem
 submitted through :meth:`AdmissionStandIn.submit`, which does what kube-apiserver does on a pod
 CREATE: apply the defaults our webhook relies on (``schedulerName: default-scheduler``, requests
 from limits for extended resources, a ``uid``, ``status.phase: Pending``), send an AdmissionReview v1
-over HTTPS to every matching webhook of every MutatingWebhookConfiguration (URL and ``caBundle`` read
+over HTTPS to every matching webhook (rules, ``objectSelector``, ``matchConditions``) of every
+MutatingWebhookConfiguration (URL and ``caBundle`` read
 from the configuration our webhook created), apply the returned JSONPatch, honour ``failurePolicy``,
 and then create the pod — or report the refusal. With ``server_admits`` (the embedded cluster, whose
 apiserver calls the webhooks itself on every pod CREATE, kubectl's included: it uses :meth:`mutate`),
@@ -30,6 +31,7 @@ from typing import Any
 import aiohttp
 import jsonpatch
 
+from hami.sim.admission_policy import ConditionError, conditions_hold
 from hami.sim.kubeapi import MWC_PATH, ApiError, JsonDict, SimApi, pods_path
 
 #: ``Refused.webhook`` when a ValidatingAdmissionPolicy of the apiserver refused the create.
@@ -106,6 +108,21 @@ class AdmissionStandIn:
             for hook in config.get("webhooks") or []:
                 if not _matches(hook, body):
                     continue
+                request = {"operation": "CREATE", "object": body, "oldObject": None}
+                request["userInfo"] = {"username": username, "groups": ["system:authenticated"]}
+                try:
+                    if not conditions_hold(hook.get("matchConditions") or [], request):
+                        continue
+                except ConditionError as exc:
+                    if hook.get("failurePolicy", "Fail") == "Ignore":
+                        continue
+                    message = (
+                        f'Internal error occurred: failed calling webhook "{hook.get("name", "?")}": {exc}'
+                    )
+                    return Refused(
+                        namespace=meta["namespace"], name=meta["name"], webhook=hook.get("name", "?"),
+                        message=message, code=500,
+                    )  # fmt: skip
                 result = await self._call(hook, body, username)
                 if isinstance(result, str):  # refused: the message
                     return Refused(

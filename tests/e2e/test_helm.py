@@ -50,7 +50,12 @@ async def _doctor(kubeconfig: Path) -> tuple[int, str]:
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
     )
-    out, _ = await asyncio.wait_for(process.communicate(), 120)
+    try:
+        out, _ = await asyncio.wait_for(process.communicate(), 120)  # a hang guard, not a budget
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
     return process.returncode or 0, out.decode()
 
 

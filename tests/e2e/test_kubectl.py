@@ -37,7 +37,12 @@ async def kubectl(system: EmbeddedSystem, *args: str) -> tuple[int, str, str]:
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
-    out, err = await asyncio.wait_for(process.communicate(), 60)
+    try:
+        out, err = await asyncio.wait_for(process.communicate(), 120)  # a hang guard, not a budget
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
     return process.returncode or 0, out.decode(), err.decode()
 
 

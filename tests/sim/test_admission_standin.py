@@ -476,3 +476,80 @@ def test_review_messages_conditions_variables_and_failure_policy() -> None:
     failing = review([_policy(validations=[erroring])], [_binding()], _request())
     assert failing is not None and failing.code == 500 and "resulted in error" in failing.message
     assert review([_policy(validations=[erroring], failurePolicy="Ignore")], [_binding()], _request()) is None
+
+
+# ---------------------------------------------- the embedded apiserver calls the webhooks itself
+
+
+@pytest.fixture
+async def admitting() -> AsyncIterator[AdmittingEmulator]:
+    """An embedded apiserver that calls the stored mutating webhooks on pod CREATE (kubectl's too)."""
+    async with embedded_apiserver(identities=TOKENS, call_webhooks=True) as emulator:
+        yield emulator
+
+
+async def test_the_apiserver_calls_the_webhook_on_a_plain_pod_create(
+    admitting: AdmittingEmulator, webhook: tuple[FakeWebhook, TestServer, bytes]
+) -> None:
+    fake, server, ca = webhook
+    await _configure(admitting, f"https://127.0.0.1:{server.port}/webhook", ca)
+    fake.answer = lambda request: _patch([{"op": "replace", "path": "/spec/schedulerName", "value": "hami"}])
+    status, body = await _call(
+        admitting, "POST", "/api/v1/namespaces/default/pods", _pod(), "alice-token", "application/json"
+    )
+    assert status in (200, 201), body
+    assert _stored(admitting)["spec"]["schedulerName"] == "hami"  # patched before it was stored
+    (review_,) = fake.requests
+    assert review_["request"]["userInfo"]["username"] == "alice"
+    assert review_["request"]["object"]["spec"]["restartPolicy"] == "Always"  # kube-apiserver's defaults
+
+
+async def test_a_denial_is_answered_as_kube_apiserver_answers_it(
+    admitting: AdmittingEmulator, webhook: tuple[FakeWebhook, TestServer, bytes]
+) -> None:
+    fake, server, ca = webhook
+    await _configure(admitting, f"https://127.0.0.1:{server.port}/webhook", ca)
+    fake.answer = lambda request: {"allowed": False, "status": {"message": "container c is privileged"}}
+    status, body = await _call(
+        admitting, "POST", "/api/v1/namespaces/default/pods", _pod(), "alice-token", "application/json"
+    )
+    assert (status, body["reason"]) == (400, "BadRequest")
+    assert body["message"] == 'admission webhook "vgpu.hami.io" denied the request: container c is privileged'
+    assert (kmock.resource("v1/pods"), "default", "p1") not in admitting.objects
+
+
+async def test_match_conditions_decide_which_pods_are_sent(
+    admitting: AdmittingEmulator, webhook: tuple[FakeWebhook, TestServer, bytes]
+) -> None:
+    """The webhook's own CEL condition (webhook.registration) is evaluated before the call."""
+    from hami.settings import ResourceNames
+    from webhook.registration import match_expression
+
+    fake, server, ca = webhook
+    condition = {"name": "hami-gpu-pods", "expression": match_expression(ResourceNames(), "hami-scheduler")}
+    await _configure(admitting, f"https://127.0.0.1:{server.port}/webhook", ca, matchConditions=[condition])
+    plain = _pod("plain")
+    plain["spec"]["containers"][0]["resources"] = {}
+    for pod in (_pod("gpu"), plain):
+        status, body = await _call(
+            admitting, "POST", "/api/v1/namespaces/default/pods", pod, "alice-token", "application/json"
+        )
+        assert status in (200, 201), body
+    assert [r["request"]["object"]["metadata"]["name"] for r in fake.requests] == ["gpu"]
+
+
+@pytest.mark.parametrize(("policy", "created"), [("Fail", False), ("Ignore", True)])
+async def test_a_broken_match_condition_follows_the_failure_policy(
+    admitting: AdmittingEmulator, webhook: tuple[FakeWebhook, TestServer, bytes], policy: str, created: bool
+) -> None:
+    fake, server, ca = webhook
+    broken = {"name": "broken", "expression": "object.spec.nosuchfield == 1"}
+    url = f"https://127.0.0.1:{server.port}/webhook"
+    await _configure(admitting, url, ca, matchConditions=[broken], failurePolicy=policy)
+    status, body = await _call(
+        admitting, "POST", "/api/v1/namespaces/default/pods", _pod(), "alice-token", "application/json"
+    )
+    assert fake.requests == []
+    assert (status in (200, 201)) == created, body
+    if not created:
+        assert status == 500 and "matchCondition 'broken'" in body["message"]
