@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from importlib import resources
 from importlib.util import find_spec
 from typing import Any
@@ -52,7 +52,18 @@ def _document(strict: bool) -> JsonDict:
 
 
 def _definitions(strict: bool = False) -> JsonDict:
-    return dict(_document(strict)["$defs"])
+    definitions: JsonDict = _document(strict)["$defs"]
+    return definitions
+
+
+def kind_schema(api_version: str, kind: str) -> tuple[JsonDict, Callable[[str], JsonDict | None]] | None:
+    """The JSON schema of a kind and a resolver of its ``#/$defs/`` references (for strategic merges)."""
+    group, _, version = api_version.rpartition("/")
+    name = _gvk_index().get((group, version, kind))
+    if name is None or not available():
+        return None
+    definitions = _definitions()
+    return definitions[name], definitions.get
 
 
 def _openapi(node: Any) -> Any:
@@ -79,6 +90,7 @@ def _schemas() -> JsonDict:
     return converted
 
 
+@functools.cache
 def _gvk_index() -> dict[tuple[str, str, str], str]:
     """(group, version, kind) -> definition name."""
     found = {}

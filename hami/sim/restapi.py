@@ -210,6 +210,26 @@ def install(k: kmock.KubernetesEmulator, clock: Callable[[], datetime.datetime] 
             status=200, headers={"Content-Type": TABLE_TYPE if table else "application/json"}, payload=stream
         )
 
+    async def group_version(request: kmock.Request) -> Any:
+        """kmock's discovery of ``/apis/<group>/<version>``, without the short names and categories it
+        copies onto subresources (kubectl warns that ``deploy`` could mean ``deployments/scale``)."""
+        try:
+            served: Any = await k._serve_version(request)
+        except kmock.KubernetesError as exc:
+            return answer(
+                exc.status, status(exc.status, "NotFound", "the server could not find the requested resource")
+            )
+        for entry in served.get("resources") or []:
+            if "/" in str(entry.get("name", "")):
+                entry["shortNames"], entry["categories"] = [], []
+        return answer(200, served)
+
+    def is_group_version(request: kmock.Request) -> bool:
+        parts = request.url.path.strip("/").split("/")
+        return len(parts) == 3 and parts[0] == "apis"
+
+    k1["get"][is_group_version] << group_version
+
     def has_resource(request: kmock.Request) -> bool:
         return bool(request.resource and request.resource.plural and not request.subresource)
 

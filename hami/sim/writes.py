@@ -5,17 +5,19 @@ ahead of kmock (kmock stores a write before any reaction runs), in kube-apiserve
 
 1. **server-side apply** (``PATCH`` with ``application/apply-patch+yaml``, what Helm 4 and
    ``kubectl apply --server-side`` send): creates the object when it is missing, else merges the applied
-   configuration into it (a merge patch: no field ownership, lists are replaced);
+   configuration into it as a strategic merge patch (no field ownership: nothing applied before and
+   left out now is removed);
 2. on create: ``apiVersion``/``kind`` when missing, a name from ``generateName``; for a pod,
-   kube-apiserver's defaults and the **mutating
-   webhooks** of the stored MutatingWebhookConfigurations (when the emulator has an admission caller:
+   kube-apiserver's defaults and the **mutating webhooks** of the stored MutatingWebhookConfigurations
+   (when the emulator has an admission caller:
    :class:`hami.sim.admission_standin.AdmissionStandIn.mutate`), a denial answered as kube-apiserver
    answers it; **strict field validation** when the client asks ``fieldValidation=Strict`` (kubectl
    does, having read the OpenAPI); then the create stamps (:func:`hami.sim.restapi.stamp_create`);
 3. ``PUT`` (which kmock lacks) replaces the object whole, refusing a stale ``resourceVersion`` (409) and
    pods (405: the admission policies guard pod patches);
-4. on update: the new ``resourceVersion``; a strategic merge patch loses its ``$`` directives (it is
-   applied as a merge patch); on delete, the object's last version gets the new ``resourceVersion``.
+4. on update: the new ``resourceVersion``; a strategic merge patch is turned into the merge patch with
+   the same effect (:mod:`hami.sim.smp`: lists merged by the schema's merge keys); on delete, the
+   object's last version gets the new ``resourceVersion``.
 
 :func:`error_status` renders an exception as kube-apiserver's ``Status`` (``pods "x" not found``,
 ``AlreadyExists``, ``InternalError``), never kmock's hints or a traceback.
@@ -36,6 +38,7 @@ import yaml
 from hami.sim import openapi
 from hami.sim.admission_standin import AdmissionStandIn, Refused, apply_defaults
 from hami.sim.restapi import JsonDict, kind_of, not_found, now_utc, stamp_create, stamp_update, status
+from hami.sim.smp import merge_patch_between, strategic_merge
 
 APPLY_PATCH = "application/apply-patch+yaml"
 STRATEGIC = "application/strategic-merge-patch+json"
@@ -73,6 +76,22 @@ def _strip_directives(node: Any) -> Any:
     return node
 
 
+def _as_merge_patch(k: Writable, request: kmock.Request, patch: JsonDict) -> JsonDict:
+    """A strategic merge patch as the merge patch that has the same effect on the stored object."""
+    key = _key(request)
+    if key not in k.objects or k.objects[key].deleted:
+        stripped: JsonDict = _strip_directives(patch)
+        return stripped  # kmock answers 404
+    current = k.objects[key].raw
+    schema = openapi.kind_schema(str(current.get("apiVersion", "")), str(current.get("kind", "")))
+    if schema is None:  # no schema: lists are replaced, directives dropped
+        merged = strategic_merge(current, patch, {}, lambda _: None)
+    else:
+        merged = strategic_merge(current, patch, schema[0], schema[1])
+    result: JsonDict = merge_patch_between(current, merged if isinstance(merged, dict) else {})
+    return result
+
+
 def _key(request: kmock.Request, body: Mapping[str, Any] | None = None) -> tuple[Any, Any, Any]:
     meta = (body or {}).get("metadata") or {}
     return request.resource, request.namespace or meta.get("namespace"), request.name or meta.get("name")
@@ -92,9 +111,9 @@ async def before_store(k: Writable, request: kmock.Request) -> aiohttp.web.Strea
         return await _create(k, request, request.data)
     if request.action == kmock.action.UPDATE and request.data is not None:
         if STRATEGIC in content_type and isinstance(request.data, dict):
-            stripped = _strip_directives(request.data)
+            converted = _as_merge_patch(k, request, request.data)
             request.data.clear()
-            request.data.update(stripped)
+            request.data.update(converted)
         k.revision += 1
         stamp_update(request.data, k.revision)
     elif request.action == kmock.action.DELETE and request.name is not None:
@@ -190,7 +209,7 @@ async def _server_side_apply(k: Writable, request: kmock.Request) -> aiohttp.web
     path = request.url.path
     key = _key(request)
     if key in k.objects and not k.objects[key].deleted:
-        headers["Content-Type"] = "application/merge-patch+json"
+        headers["Content-Type"] = STRATEGIC
         method, target = "PATCH", path
     else:
         method, target = "POST", path.rsplit("/", 1)[0]

@@ -321,3 +321,49 @@ async def test_openapi_v3_lets_kubectl_validate_on_the_server(client: Client) ->
     assert 'strict decoding error: unknown field "spec.containers[0].resurces"' in body["message"]
     code, _, _ = await client.call("GET", f"{PODS}/t")
     assert code == 404  # nothing stored
+
+
+async def test_strategic_merge_patches_merge_lists_by_their_keys(client: Client) -> None:
+    """``kubectl apply`` re-applying a changed manifest sends a strategic merge patch: containers merge by
+    name, ports by containerPort; ``$patch: delete`` removes an element; finalizers lose listed values."""
+    path = "/apis/apps/v1/namespaces/default/deployments"
+    container = {
+        "name": "c",
+        "image": "nginx:1",
+        "ports": [{"containerPort": 80}],
+        "env": [{"name": "A", "value": "1"}],
+    }
+    sidecar = {"name": "side", "image": "busybox"}
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "web", "finalizers": ["a/x", "b/y"]},
+        "spec": {"template": {"spec": {"containers": [container, sidecar]}}},
+    }
+    await client.call("POST", path, deployment)
+    patch = {
+        "metadata": {"$deleteFromPrimitiveList/finalizers": ["a/x"]},
+        "spec": {
+            "template": {
+                "spec": {
+                    "$setElementOrder/containers": [{"name": "c"}, {"name": "side"}],
+                    "containers": [
+                        {"name": "c", "image": "nginx:2", "ports": [{"containerPort": 443}]},
+                        {"name": "side", "$patch": "delete"},
+                    ],
+                }
+            }
+        },
+    }
+    headers = {"Content-Type": "application/strategic-merge-patch+json"}
+    code, body, _ = await client.call("PATCH", f"{path}/web", patch, headers=headers)
+    assert code == 200, body
+    (merged,) = body["spec"]["template"]["spec"]["containers"]
+    assert merged == {
+        "name": "c",
+        "image": "nginx:2",
+        "ports": [{"containerPort": 80}, {"containerPort": 443}],
+        "env": [{"name": "A", "value": "1"}],
+    }
+    assert body["metadata"]["finalizers"] == ["b/y"]
+    assert not any(key.startswith("$") for key in json.dumps(body).split('"') if key)
