@@ -40,6 +40,7 @@ from hami.sim.apiserver import embedded_apiserver, write_kubeconfig
 from hami.sim.cluster import ClusterSpec, NodeFiles, node_object, write_node_files
 from hami.sim.kubeapi import MWC_PATH, SimApi, nodes_path
 from hami.sim.processes import Supervisor, free_port, poll_until, python_argv
+from hami.sim.restapi import SERVER_VERSION
 from hami.sim.scheduler_standin import SchedulerStandIn
 
 SCHEDULER = "scheduler"
@@ -152,7 +153,7 @@ class EmbeddedSystem:
         )
         for node in self.cluster.nodes:
             self.node_files[node.name] = write_node_files(node, self.workdir / "nodes")
-            await self.api.create(nodes_path(), node_object(node))
+            await self.api.create(nodes_path(), _with_node_info(node_object(node)))
         self.progress(f"nodes       {', '.join(n.name for n in self.cluster.nodes)}")
         await self.stack.enter_async_context(self.supervisor)
         await self._start_node_side()
@@ -297,3 +298,21 @@ class EmbeddedSystem:
         task = self._scheduler_task
         if task is not None and task.done() and not task.cancelled() and task.exception() is not None:
             raise RuntimeError("the kube-scheduler stand-in stopped") from task.exception()
+
+
+def _with_node_info(node: dict[str, Any]) -> dict[str, Any]:
+    """What a kubelet reports about itself (``kubectl get nodes`` shows VERSION and, wide, the rest)."""
+    status = node.setdefault("status", {})
+    status.setdefault("addresses", [{"type": "InternalIP", "address": "127.0.0.1"}])
+    status.setdefault(
+        "nodeInfo",
+        {
+            "kubeletVersion": SERVER_VERSION["gitVersion"],
+            "osImage": "hami embedded cluster",
+            "kernelVersion": "-",
+            "containerRuntimeVersion": "kubelet-standin",
+            "operatingSystem": "linux",
+            "architecture": "amd64",
+        },
+    )
+    return node

@@ -25,6 +25,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 KUBECTL = shutil.which("kubectl", path=str(Path(sys.executable).parent)) or shutil.which("kubectl")
 CLUSTER = load_cluster()
 EXAMPLE = default_examples_dir() / "01-shared-a10.yaml"
+PENDING = default_examples_dir() / "11-too-much-memory.yaml"  # never fits: FailedScheduling events
 
 
 async def kubectl(system: EmbeddedSystem, *args: str) -> tuple[int, str, str]:
@@ -77,9 +78,24 @@ async def watch_until_running(system: EmbeddedSystem, name: str) -> list[str]:
 
 async def test_kubectl_applies_watches_and_reads_an_example(workdir: Path) -> None:
     async with EmbeddedSystem(CLUSTER, workdir) as system:
-        code, out, err = await kubectl(system, "apply", "-f", str(EXAMPLE))
-        assert (code, out.strip()) == (0, "pod/a10-shared created"), err
+        code, out, err = await kubectl(system, "apply", "-f", str(EXAMPLE), "-f", str(PENDING))
+        assert (code, out.split()) == (0, ["pod/a10-shared", "created", "pod/too-much-memory", "created"]), (
+            err
+        )
         watched = await watch_until_running(system, "a10-shared")
+        pending_events = ""
+        while not pending_events.strip():  # the stand-in's FailedScheduling for the pod that never fits
+            system.check_standin()
+            _, pending_events, _ = await kubectl(
+                system,
+                "get",
+                "events",
+                "--field-selector",
+                "involvedObject.name=too-much-memory",
+                "-o",
+                "name",
+            )
+        _, nodes, _ = await kubectl(system, "get", "nodes")
         _, table, _ = await kubectl(system, "get", "pods")
         _, manifest, _ = await kubectl(system, "get", "pod", "a10-shared", "-o", "yaml")
         _, described, _ = await kubectl(system, "describe", "pod", "a10-shared")
@@ -103,6 +119,12 @@ async def test_kubectl_applies_watches_and_reads_an_example(workdir: Path) -> No
     assert grant.uuid in node.card_uuids and (grant.memory_mib, grant.cores) == (8000, 30)
     assert pod["status"]["phase"] == "Running"
     assert "a10-shared" in described and "Events:" in described
+    # describe's events are this pod's only (field selectors), though the other pod has some
+    assert pending_events.strip() and "too-much-memory" not in described
+    header, *node_rows = nodes.splitlines()
+    assert header.split() == ["NAME", "STATUS", "ROLES", "AGE", "VERSION"]
+    assert {r.split()[0] for r in node_rows} == {n.name for n in CLUSTER.nodes}
+    assert all(r.split()[1] == "Ready" and r.split()[-1].startswith("v1.") for r in node_rows)
     assert (code_ns, created_ns.strip()) == (0, "namespace/team-a created")
     assert "namespace/team-a" in namespaces.split()
     assert code_missing == 1 and missing.strip() == 'Error from server (NotFound): pods "nope" not found'
