@@ -104,10 +104,10 @@ class SimApi:
         await self._call("DELETE", path)
 
     async def watch(self, path: str) -> AsyncIterator[tuple[str, JsonDict]]:
-        """Yield ``(type, object)`` forever, reconnecting when the stream ends (kmock re-sends ADDED).
+        """Yield ``(type, object)`` forever, reconnecting when the stream ends.
 
-        kmock ignores ``timeoutSeconds`` and ``resourceVersion``, so every reconnect starts with the
-        whole current state as ADDED events; consumers must treat ADDED as "upsert".
+        No ``resourceVersion`` is sent, so every (re)connect starts with the whole current state as
+        ADDED events; consumers must treat ADDED as "upsert".
         """
         headers = dict(self._headers)
         while True:
