@@ -7,11 +7,10 @@ injection at 5 and more) and the write-side helpers :class:`hami.sim.apiserver.A
 * list, get and watch honour ``labelSelector`` and ``fieldSelector`` (:mod:`hami.sim.selectors`), answer a
   ``meta.k8s.io/v1`` Table when the ``Accept`` header asks for one (:mod:`hami.sim.tables`), carry the
   cluster's ``resourceVersion``, and a missing object is kube-apiserver's ``Status`` 404;
-* watch is a JSON stream with ``Content-Type: application/json`` (or the Table media type): without a
-  ``resourceVersion`` it starts with every matching object as ADDED, with one it sends only what changed
-  after it; an object that starts or stops matching the selector is sent as ADDED or DELETED; the stream
-  ends after ``timeoutSeconds``; ``sendInitialEvents=true`` (client-go's streaming list, Helm's wait)
-  gets the current state and then the BOOKMARK marking the end of the initial events;
+* watch is a JSON stream with ``Content-Type: application/json`` (or the Table media type), written by
+  :func:`hami.sim.watching.watch_stream` (``resourceVersion``, selectors, ``timeoutSeconds``, bookmarks);
+* ``/openapi/v3`` (:mod:`hami.sim.openapi`); group discovery without the subresource short names kmock
+  copies; namespace paths and protobuf bodies read into kmock's Request (:func:`build_request`);
 * every write is stamped (:func:`stamp_create`, :func:`stamp_update`): a cluster-wide increasing
   ``resourceVersion``, and on create ``uid``, ``creationTimestamp``, ``generation``, the namespace, and a
   name from ``generateName``.
@@ -21,13 +20,11 @@ Simulation only. Must not import ``hami.kube``, ``webhook`` or ``monitor``.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import datetime
 import json
 import secrets
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import kmock
@@ -35,6 +32,7 @@ from kmock._internal import parsing as _parsing  # kmock is pinned (==0.8): its 
 
 from hami.sim.selectors import Selector, SelectorError
 from hami.sim.tables import as_table, wants_table
+from hami.sim.watching import watch_stream
 
 JsonDict = dict[str, Any]
 #: kmock's response object (exported by kmock, missing from its ``__all__``).
@@ -87,11 +85,6 @@ def answer(code: int, body: Any, content_type: str = "application/json") -> Any:
 def not_found(plural: str, name: str, group: str = "") -> JsonDict:
     details = {"name": name, "kind": plural} | ({"group": group} if group else {})
     return status(404, "NotFound", f'{plural}{"." + group if group else ""} "{name}" not found', details)
-
-
-def revision_of(obj: Mapping[str, Any]) -> int:
-    value = str((obj.get("metadata") or {}).get("resourceVersion") or "")
-    return int(value) if value.isdigit() else 0
 
 
 def stamp_create(body: JsonDict, namespace: str | None, revision: int, now: datetime.datetime) -> None:
@@ -205,7 +198,7 @@ def install(k: kmock.KubernetesEmulator, clock: Callable[[], datetime.datetime] 
         if isinstance(chosen, Response):
             return chosen
         table = wants_table(request.headers.get("Accept", ""))
-        stream = _watch(k, store, request, chosen, table, clock)
+        stream = watch_stream(k, store, request, chosen, table, clock)
         return Response(
             status=200, headers={"Content-Type": TABLE_TYPE if table else "application/json"}, payload=stream
         )
@@ -236,86 +229,6 @@ def install(k: kmock.KubernetesEmulator, clock: Callable[[], datetime.datetime] 
     k1[kmock.action.LIST][has_resource] << listing
     k1[kmock.action.FETCH][has_resource] << fetch
     k1[kmock.action.WATCH][has_resource] << watching
-
-
-async def _watch(
-    k: kmock.KubernetesEmulator,
-    store: Store,
-    request: kmock.Request,
-    chosen: Selector,
-    table: bool,
-    clock: Callable[[], datetime.datetime],
-) -> AsyncIterator[bytes]:
-    """The event stream of one watch request (see the module docstring)."""
-    yield b""  # headers out now, even if nothing happens
-    assert request.resource is not None
-    plural = str(request.resource.plural)
-    since_text = request.params.get("resourceVersion") or ""
-    since = int(since_text) if since_text.isdigit() and since_text != "0" else None
-    timeout = float(request.params["timeoutSeconds"]) if request.params.get("timeoutSeconds") else None
-    include = request.params.get("includeObject", "Metadata")
-    initial_events = request.params.get("sendInitialEvents") == "true"
-    if initial_events:
-        since = None  # a streaming list: the current state first, whatever resourceVersion says
-    first = [True]
-
-    def line(kind: str, obj: JsonDict) -> bytes:
-        shown: JsonDict = obj
-        if table:
-            shown = as_table(plural, [obj], clock(), include_object=include, columns=first[0])
-            shown["metadata"]["resourceVersion"] = str(revision_of(obj))
-            first[0] = False
-        return json.dumps({"type": kind, "object": shown}).encode() + b"\n"
-
-    def key(obj: Mapping[str, Any]) -> tuple[str, str]:
-        meta = obj.get("metadata") or {}
-        return str(meta.get("namespace") or ""), str(meta.get("name") or "")
-
-    def in_scope(obj: Mapping[str, Any]) -> bool:
-        namespace, name = key(obj)
-        return (request.namespace is None or namespace == request.namespace) and (
-            request.name is None or name == request.name
-        )
-
-    bus = k._buses[request.resource]  # kmock's per-resource event bus (what its own watch streams)
-    marker = await bus.mark()
-    sent: dict[tuple[str, str], int] = {}  # visible objects -> the revision last sent
-    try:
-        for obj in store.objects(request):
-            if chosen.matches(obj):
-                sent[key(obj)] = revision_of(obj)
-                if since is None or revision_of(obj) > since:
-                    yield line("ADDED", obj)
-        if initial_events:  # the bookmark that ends the initial events (client-go's WatchList)
-            group = request.resource.group
-            bookmark = {
-                "kind": store.kind(request),
-                "apiVersion": "v1" if not group else f"{group}/{request.resource.version}",
-                "metadata": {
-                    "resourceVersion": store.revision(),
-                    "annotations": {"k8s.io/initial-events-end": "true"},
-                },
-            }
-            yield json.dumps({"type": "BOOKMARK", "object": bookmark}).encode() + b"\n"
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout):
-                async for event in bus.stream(since=marker):
-                    obj = event.get("object") or {}
-                    if not in_scope(obj):
-                        continue
-                    ident, kind = key(obj), str(event.get("type"))
-                    visible, matches = ident in sent, chosen.matches(obj)
-                    if kind == "DELETED" or (visible and not matches):
-                        if visible:
-                            del sent[ident]
-                            yield line("DELETED", obj)
-                        continue
-                    if not matches or (visible and revision_of(obj) and revision_of(obj) <= sent[ident]):
-                        continue  # not ours, or already sent (an event raced the initial state)
-                    sent[ident] = revision_of(obj)
-                    yield line("MODIFIED" if visible else "ADDED", obj)
-    finally:
-        await bus.unmark(marker)
 
 
 def install_openapi(k: kmock.KubernetesEmulator) -> None:
