@@ -56,8 +56,8 @@ class FragMeasure:
         self.N = np.zeros((n, len(self.thresholds)), dtype=np.int64)
         self.G = np.zeros(n, dtype=np.int64)
         self.frag = np.zeros(n, dtype=F64)
+        self.total = 0.0  # Σ frag, kept up to date by refresh
         self.refresh(np.arange(n))
-        self.total = float(self.frag.sum())
 
     def refresh(self, rows: np.ndarray | int) -> None:
         """Recompute the figures of ``rows`` from the cluster's mirror (after a booking there)."""
@@ -71,8 +71,7 @@ class FragMeasure:
         self.frag[rows] = self._frag(
             rows, self.cluster.cpu_free[rows], self.R[rows], self.N[rows], self.G[rows]
         )
-        if hasattr(self, "total"):
-            self.total += float(self.frag[rows].sum() - old)
+        self.total += float(self.frag[rows].sum() - old)
 
     def _frag(
         self, rows: np.ndarray, cpu: np.ndarray, R: np.ndarray, N: np.ndarray, G: np.ndarray
