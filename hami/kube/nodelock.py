@@ -11,7 +11,8 @@ Rules (spec-scheduler §16, plus the takeovers of :func:`orphan_reason`): a lock
 is taken over; a lock whose holder pod can never be allocated on this node — deleted, bound to
 another node, Succeeded/Failed (kubelet's admission failures included), or unbound with a failed bind
 recorded at or after the lock's time (``bind-phase=failed``, ``bind-time`` >= the lock's time: no
-attempt has taken the lock since) — is taken over at once, and the reason is reported
+attempt has taken the lock since) or with a lock older than the bind timeout (an attempt gave up
+unmarked) — is taken over at once, and the reason is reported
 (:attr:`LockGrant.takeover`, one of :data:`TAKEOVER_REASONS`); the same pod re-acquiring succeeds
 without a write (re-entrant), or with ``refresh`` rewrites the lock with its new time (a later
 attempt of that pod re-takes it, so that its earlier failure no longer frees it); a fresh legacy lock
@@ -103,11 +104,19 @@ def _aware(moment: datetime.datetime) -> datetime.datetime:
 
 
 def orphan_reason(
-    holder: Mapping[str, Any] | None, node: str, locked_at: datetime.datetime | None = None
+    holder: Mapping[str, Any] | None,
+    node: str,
+    locked_at: datetime.datetime | None = None,
+    *,
+    now: datetime.datetime | None = None,
+    bind_timeout: datetime.timedelta | None = None,
 ) -> str | None:
     """Why the lock's holder pod can never be allocated on ``node`` (so its lock may be taken over at
     once), or None while it still can. ``holder`` is the pod as read, None when it does not exist;
-    ``locked_at`` the lock's time."""
+    ``locked_at`` the lock's time. Given ``now`` and ``bind_timeout``, an unbound holder marked
+    ``bind-phase=failed`` whose lock is older than the bind timeout is also taken over: every attempt
+    of its bind has ended by then, so the lock was left by one that gave up without marking the pod
+    again (its failure mark is older than the lock)."""
     if holder is None:
         return "holder_deleted"
     spec = holder.get("spec") or {}
@@ -122,6 +131,8 @@ def orphan_reason(
             failed_at = None
         if failed_at is not None and failed_at >= _aware(locked_at).replace(microsecond=0):
             return "holder_failed"  # its bind gave up after taking the lock; none has taken it since
+        if now is not None and bind_timeout is not None and _aware(now) - _aware(locked_at) > bind_timeout:
+            return "holder_failed"  # an attempt gave up unmarked; no attempt can still own the lock
     status = holder.get("status") or {}
     phase = status.get("phase")
     if phase == "Failed":
@@ -146,9 +157,15 @@ def _cas_operations(
             else {"op": "replace", "path": LOCK_POINTER, "value": value}
         )
         return [{"op": "test", "path": LOCK_POINTER, "value": current}, change]
-    # JSON patch cannot test that a key is absent: test the enclosing object instead.
+    # JSON patch cannot test that a key is absent: test the enclosing object instead, and the
+    # object's resourceVersion where the server keeps one: a lock write whose answer was lost and that
+    # lands late (after the lock was taken and released again, leaving the annotations as they were)
+    # must not lock the node once more.
+    version = metadata.get("resourceVersion")
+    fresh = [{"op": "test", "path": "/metadata/resourceVersion", "value": version}] if version else []
     if isinstance(annotations, Mapping):
         return [
+            *fresh,
             {"op": "test", "path": "/metadata/annotations", "value": dict(annotations)},
             {"op": "add", "path": LOCK_POINTER, "value": value},
         ]
@@ -174,9 +191,10 @@ async def take_node_lock(
     now: datetime.datetime,
     expiry: datetime.timedelta = DEFAULT_EXPIRY,
     refresh: bool = False,
+    bind_timeout: datetime.timedelta | None = None,
 ) -> LockGrant:
     """Take the lock on ``node`` for ``namespace/pod`` (``refresh``: rewrite it with ``now`` when
-    this pod already holds it under another value).
+    this pod already holds it under another value; ``bind_timeout``: see :func:`orphan_reason`).
 
     Raises :class:`NodeLockBusy` when a live holder has it, :class:`~hami.kube.client.NotFound` when
     the node is gone, and :class:`KubeError` for other API failures of the reads.
@@ -204,7 +222,7 @@ async def take_node_lock(
                 raise NodeLockBusy(node, busy)  # a fresh legacy lock has no holder to check
             else:
                 holder = await _holder(api, held.namespace, held.name)
-                takeover = orphan_reason(holder, node, held.time)
+                takeover = orphan_reason(holder, node, held.time, now=now, bind_timeout=bind_timeout)
                 if takeover is None:
                     raise NodeLockBusy(node, f"{busy} by {held.namespace}/{held.name}")
         try:

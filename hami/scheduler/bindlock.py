@@ -60,6 +60,7 @@ async def take(ctx: Context, att: Attempt) -> LockGrant:
         now=now,
         expiry=ctx.settings.node_lock_timeout,
         refresh=True,
+        bind_timeout=datetime.timedelta(seconds=ctx.settings.bind_timeout),
     )
     if grant.written:
         if len(ctx.lock_stamps) >= 4096:  # bounded: the oldest entries go first
