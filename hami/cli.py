@@ -15,12 +15,12 @@ from collections.abc import Sequence
 #: subcommand -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "scheduler": ("hami.scheduler.main", "run the scheduler extender kube-scheduler calls"),
-    "explain": ("hami.scheduler.explain", "say why a pod is pending, per node, and the nearest fit"),
-    "cordon": ("hami.scheduler.cordon", "keep new pods off some of a node's cards (hami.io/device-cordon)"),
-    "uncordon": ("hami.scheduler.cordon", "let new pods onto a node's cordoned cards again"),
-    "doctor": ("hami.doctor.command", "check an installation: webhook, nodes, locks, GPU pods, card usage"),
-    "simulate": ("hami.simulate.command", "replay a pod trace per placement policy: GPU left unallocated"),
-    "demo": ("hami.sim.demo", "run the whole system on an embedded cluster and place the example pods"),
+    "explain": ("hami.commands.explain", "say why a pod is pending, per node, and the nearest fit"),
+    "cordon": ("hami.commands.cordon", "keep new pods off some of a node's cards (hami.io/device-cordon)"),
+    "uncordon": ("hami.commands.cordon", "let new pods onto a node's cordoned cards again"),
+    "doctor": ("hami.commands.doctor", "check an installation: webhook, nodes, locks, GPU pods, card usage"),
+    "simulate": ("hami.commands.simulate", "replay a pod trace per placement policy: GPU left unallocated"),
+    "demo": ("hami.commands.demo", "run the whole system on an embedded cluster and place the example pods"),
 }
 
 

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from prometheus_client import CollectorRegistry
 
 from hami.kube.client import KubeError, check_reachable, load_api_client
-from monitor.allocator import Allocator
+from monitor.allocate_call import Allocator
 from monitor.backends import Backend, BackendUnavailable, open_backend
 from monitor.config import AgentConfig, ConfigError, load_node_settings, parse_agent_config
 from monitor.deviceplugin.kubelet import KubeletRunner

@@ -31,7 +31,7 @@ from hami.annotations import (
 )
 from hami.core.model import Grant, MigAllocation
 from hami.kube.pods import list_pods, patch_pod
-from monitor.allocation import AllocationError, ContainerAnswer, container_names, pod_key
+from monitor.allocate_rules import AllocationError, ContainerAnswer, container_names, pod_key
 from monitor.backends.base import Backend, BackendError, MigBackend, MigInstance
 
 log = logging.getLogger(__name__)

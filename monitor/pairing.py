@@ -4,7 +4,7 @@ Owns the pairing rules of docs/node-agent.md ("Which pod an Allocate is for"). K
 while it admits a pod, once per container asking for the resource (init containers first), with only
 the number of device IDs it picked. The pods it may be admitting are the **suspects**: Pending, bound
 to this node, not yet started by kubelet (no container statuses), not already refused by this agent,
-and either waiting for our grant here (:func:`monitor.allocation.is_candidate`) or asking for the
+and either waiting for our grant here (:func:`monitor.allocate_rules.is_candidate`) or asking for the
 resource without one (another scheduler's pod, one marked ``failed``, a grant for another node). Each
 suspect matches the call when the card counts of its next waiting entries equal kubelet's counts; a
 suspect whose grant cannot be trusted matches on what its containers ask for as well, so editing an
@@ -37,7 +37,7 @@ from hami.annotations import (
     read_vgpu_node,
 )
 from hami.core.model import Device, Grant
-from monitor.allocation import container_names, is_candidate, phase_text, pod_key
+from monitor.allocate_rules import container_names, is_candidate, phase_text, pod_key
 from monitor.handout import asked_count, handout_problem, whose_problem
 
 #: Bind order of a pod without a readable bind time: after every pod with one.

@@ -20,7 +20,7 @@ from hami.annotations import POD_BIND_PHASE, AnnotationError, read_pod_devices
 from hami.core.model import Grant
 from hami.kube.client import KubeError
 from hami.kube.events import record_event
-from monitor.allocation import HandoutRefused, container_names
+from monitor.allocate_rules import HandoutRefused, container_names
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 Two variables, each read by something outside our control once the node agent has handed out a card:
 
 **``CUDA_DISABLE_CONTROL``** (users.md pain 9). With it true the node agent does not mount
-``/etc/ld.so.preload`` (spec-node-chart §A.9, ``monitor.allocation.hook_mounts``), so HAMi-core is never
+``/etc/ld.so.preload`` (spec-node-chart §A.9, ``monitor.allocate_rules.hook_mounts``), so HAMi-core is never
 loaded and the container's memory and core limits are not enforced: on a card it shares, it could take
 the whole card from its neighbours. :func:`isolation_problems` names such containers.
 
@@ -36,7 +36,7 @@ ENV_DISABLE_CONTROL = "CUDA_DISABLE_CONTROL"
 ENV_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 #: Values of ``NVIDIA_VISIBLE_DEVICES`` that expose no card (the NVIDIA container toolkit's spellings).
 HIDING_VALUES = frozenset({"", "void", "none"})
-#: The spellings Go's ``strconv.ParseBool`` reads as true; HAMi (and ``monitor.allocation``) parse the
+#: The spellings Go's ``strconv.ParseBool`` reads as true; HAMi (and ``monitor.allocate_rules``) parse the
 #: variable with it, so ``"yes"`` or ``" true"`` do not disable anything and are not refused.
 GO_TRUE = frozenset({"1", "t", "T", "true", "TRUE", "True"})
 

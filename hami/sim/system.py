@@ -3,7 +3,7 @@
 Owns :class:`EmbeddedSystem`, an async context manager used by ``hami demo`` and the e2e tests. On
 entry it starts the embedded apiserver (OS-chosen port on 127.0.0.1), writes a kubeconfig, creates the
 Nodes of a :class:`~hami.sim.cluster.ClusterSpec`, then starts, each from its command line and waiting
-(bounded) until it is ready: the kubelet stand-in (``python -m monitor.kubelet_standin``, one process
+(bounded) until it is ready: the kubelet stand-in (``python -m hami.sim.kubelet_standin``, one process
 for all nodes), one ``hami-monitor --backend sim`` per node, ``hami scheduler`` and ``hami-webhook
 --manage-config``; finally the in-process admission and kube-scheduler stand-ins. On exit — normal,
 error or cancellation — every child process group is stopped (SIGTERM, bounded wait, SIGKILL) before
@@ -169,7 +169,7 @@ class EmbeddedSystem:
 
     async def _start_node_side(self) -> None:
         nodes = [f"{name}={files.kubelet_dir}" for name, files in self.node_files.items()]
-        argv = python_argv("-m", "monitor.kubelet_standin", "--kubeconfig", str(self.kubeconfigs[KUBELET]))
+        argv = python_argv("-m", "hami.sim.kubelet_standin", "--kubeconfig", str(self.kubeconfigs[KUBELET]))
         for value in nodes:
             argv += ["--node", value]
         await self.supervisor.start(KUBELET, [*argv, "--log-level", self.options.log_level])

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import grpc
 
-from monitor.deviceplugin import api_pb2, api_pb2_grpc
+from hami.kubeletapi import api_pb2, api_pb2_grpc
 from monitor.deviceplugin.server import DevicePluginService
 
 log = logging.getLogger(__name__)

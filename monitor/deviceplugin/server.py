@@ -3,7 +3,7 @@
 Owns the translation between kubelet's protobufs and the agent: ``deviceSplitCount`` replicas per card
 with ids ``<uuid>-<i>`` (kubelet's ids mean nothing to the scheduler; the pod annotation decides the
 real card), health ``Healthy``/``Unhealthy``, NUMA ``TopologyInfo`` when ``enableNumaTopology`` is on,
-and Allocate answers built by :class:`monitor.allocator.Allocator`. Allocation failures become a gRPC
+and Allocate answers built by :class:`monitor.allocate_call.Allocator`. Allocation failures become a gRPC
 error kubelet shows on the pod (``UnexpectedAdmissionError``). Must not import pynvml or the
 Kubernetes client.
 """
@@ -16,11 +16,11 @@ from typing import Any
 
 import grpc
 
-from monitor.allocation import AllocationError, PodMissing
-from monitor.allocator import Allocator
+from hami.kubeletapi import api_pb2, api_pb2_grpc
+from monitor.allocate_call import Allocator
+from monitor.allocate_rules import AllocationError, PodMissing
 from monitor.backends.base import Card
 from monitor.config import NodeSettings
-from monitor.deviceplugin import api_pb2, api_pb2_grpc
 from monitor.inventory import Inventory
 
 log = logging.getLogger(__name__)

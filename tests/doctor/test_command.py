@@ -23,7 +23,7 @@ from hami.annotations import (
     decode_pod_devices,
     read_node,
 )
-from hami.doctor.command import doctor
+from hami.commands.doctor import doctor
 from hami.doctor.findings import DoctorSettings
 from hami.kube.client import load_api_client
 

@@ -24,13 +24,13 @@ from hami.annotations import (
     decode_mig_allocations,
     decode_pod_devices,
 )
+from hami.commands.demo import default_examples_dir, final_state, load_examples, submit_all, wait_decided
 from hami.core.model import Grant
 from hami.sim.cluster import load_cluster
-from hami.sim.demo import default_examples_dir, final_state, load_examples, submit_all, wait_decided
 from hami.sim.kubeapi import nodes_path
+from hami.sim.kubelet_standin import CHECKPOINT
 from hami.sim.report import card_index, describe, render
 from hami.sim.system import EmbeddedSystem
-from monitor.kubelet_standin import CHECKPOINT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 

@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from hami.annotations import POD_DEVICES_ALLOCATED, decode_pod_devices
+from hami.commands.demo import default_examples_dir
 from hami.sim.cluster import load_cluster
-from hami.sim.demo import default_examples_dir
 from hami.sim.system import EmbeddedSystem
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]

@@ -21,8 +21,8 @@ from hami.annotations import (
     POD_VGPU_NODE,
     decode_pod_devices,
 )
+from hami.commands.demo import final_state, submit_all, wait_decided
 from hami.sim.cluster import parse_cluster
-from hami.sim.demo import final_state, submit_all, wait_decided
 from hami.sim.kubeapi import nodes_path
 from hami.sim.processes import poll_until
 from hami.sim.system import SCHEDULER, EmbeddedSystem

@@ -24,12 +24,12 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from hami.core.model import Grant
 from hami.kube.client import load_api_client
+from hami.kubeletapi import api_pb2
 from hami.scheduler.app import build_context, create_app
 from hami.scheduler.config import SchedulerSettings
-from monitor.allocator import Allocator
+from monitor.allocate_call import Allocator
 from monitor.backends.sim import SimBackend
 from monitor.config import NodeSettings
-from monitor.deviceplugin import api_pb2
 from monitor.deviceplugin.server import DevicePluginService, kubelet_devices
 from monitor.inventory import Inventory
 

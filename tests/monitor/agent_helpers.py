@@ -13,7 +13,7 @@ import kmock
 import yaml
 
 from hami.annotations import NODE_LOCK
-from monitor.deviceplugin import api_pb2, api_pb2_grpc
+from hami.kubeletapi import api_pb2, api_pb2_grpc
 from monitor.deviceplugin.server import DevicePluginService
 
 

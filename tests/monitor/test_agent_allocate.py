@@ -37,10 +37,10 @@ from hami.annotations import (
 )
 from hami.core.model import Grant, PodDevices
 from hami.kube.nodelock import acquire_node_lock
-from monitor.allocator import Allocator
+from hami.kubeletapi import api_pb2
+from monitor.allocate_call import Allocator
 from monitor.backends.sim import SimBackend
 from monitor.config import NodeSettings
-from monitor.deviceplugin import api_pb2
 from monitor.deviceplugin.server import DevicePluginService
 from monitor.inventory import Inventory
 

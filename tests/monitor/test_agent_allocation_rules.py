@@ -17,7 +17,7 @@ from hami.annotations import (
 )
 from hami.core.model import Grant
 from hami.settings import DeviceConfig
-from monitor.allocation import container_envs, hook_mounts, is_candidate
+from monitor.allocate_rules import container_envs, hook_mounts, is_candidate
 from monitor.backends.base import Card
 from monitor.config import NodeSettings, node_settings
 from monitor.deviceplugin.server import kubelet_devices

@@ -13,10 +13,10 @@ import grpc
 import pytest
 from agent_helpers import card, write_cards
 
-from monitor.allocator import Allocator
+from hami.kubeletapi import api_pb2, api_pb2_grpc
+from monitor.allocate_call import Allocator
 from monitor.backends.sim import SimBackend
 from monitor.config import NodeSettings
-from monitor.deviceplugin import api_pb2, api_pb2_grpc
 from monitor.deviceplugin.kubelet import KubeletRunner
 from monitor.deviceplugin.server import DevicePluginService, physical_uuid, preferred_ids
 from monitor.inventory import Inventory

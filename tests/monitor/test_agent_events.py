@@ -19,8 +19,8 @@ from kmock._internal.rendering import Response
 from hami.annotations import POD_BIND_PHASE, BindPhase, allocation_annotations, bind_annotations
 from hami.core.model import Grant, PodDevices
 from hami.kube.nodelock import acquire_node_lock
-from monitor.allocation import AllocationError
-from monitor.allocator import Allocator
+from monitor.allocate_call import Allocator
+from monitor.allocate_rules import AllocationError
 from monitor.backends.sim import SimBackend
 from monitor.config import NodeSettings
 from monitor.inventory import Inventory

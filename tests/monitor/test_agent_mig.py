@@ -42,7 +42,7 @@ from hami.annotations import (
 from hami.core.model import DeviceMode, Grant, MigAllocation, MigPlacement, PodDevices
 from hami.kube.nodelock import acquire_node_lock
 from hami.settings import DeviceConfig
-from monitor.allocator import Allocator
+from monitor.allocate_call import Allocator
 from monitor.backends.sim import SimBackend
 from monitor.config import NodeSettings
 from monitor.deviceplugin.server import DevicePluginService

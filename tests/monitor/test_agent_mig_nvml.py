@@ -13,7 +13,7 @@ import pynvml
 import pytest
 
 from hami.core.model import MigAllocation, MigPlacement
-from monitor.allocation import AllocationError
+from monitor.allocate_rules import AllocationError
 from monitor.backends.base import BackendError, MigBackend
 from monitor.backends.nvml import NvmlBackend
 from monitor.mig import Claims, ensure_instance

@@ -15,11 +15,11 @@ from kmock._internal.rendering import Response  # a reaction's status from a cal
 
 from hami import cli
 from hami.annotations import NODE_DEVICE_CORDON, NODE_REGISTER
+from hami.commands.cordon import CordonError, cordon_command
 from hami.kube.client import load_api_client
 from hami.kube.cordon import CORDON_POINTER as POINTER
 from hami.kube.cordon import update_device_cordon
 from hami.kube.nodes import JSON_PATCH
-from hami.scheduler.cordon import CordonError, cordon_command
 
 from .kit import StartExtender, make_node, make_pod, until
 

@@ -13,10 +13,10 @@ import pytest
 
 from hami import cli
 from hami.annotations import NODE_REGISTER, allocation_annotations, encode_node_devices
+from hami.commands.explain import explain
 from hami.core.allocate import Policy
 from hami.core.model import Device, Grant
 from hami.kube.client import load_api_client
-from hami.scheduler.explain import explain
 from hami.settings import DeviceConfig
 
 NOW = datetime.datetime(2026, 11, 22, tzinfo=datetime.UTC)

@@ -19,10 +19,10 @@ import kmock
 import pytest
 
 from hami.kube.client import load_api_client
+from hami.kubeletapi import api_pb2, api_pb2_grpc
 from hami.sim.kubeapi import nodes_path, pods_path
+from hami.sim.kubelet_standin import CHECKPOINT, NodeKubelet
 from hami.sim.processes import poll_until
-from monitor.deviceplugin import api_pb2, api_pb2_grpc
-from monitor.kubelet_standin import CHECKPOINT, NodeKubelet
 
 DEVICES = [f"GPU-{card}-{i}" for card in ("a", "b") for i in range(3)]
 

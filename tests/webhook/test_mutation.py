@@ -30,7 +30,7 @@ from webhook_cases import (
 
 from hami.annotations import INTERNAL_POD_ANNOTATIONS
 from hami.settings import DeviceConfig, ResourceNames
-from monitor.allocation import hook_mounts
+from monitor.allocate_rules import hook_mounts
 from webhook.config import MutationSettings
 from webhook.mutation import REFUSAL_REASONS, Admit, Refuse, apply, plan
 

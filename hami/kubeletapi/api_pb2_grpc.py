@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from monitor.deviceplugin import api_pb2 as api__pb2
+from hami.kubeletapi import api_pb2 as api__pb2
 
 GRPC_GENERATED_VERSION = '1.81.1'
 GRPC_VERSION = grpc.__version__

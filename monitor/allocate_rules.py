@@ -3,7 +3,7 @@
 Owns: recognising a pod waiting here for our grant (:func:`is_candidate`; ``monitor.pairing`` decides
 which one kubelet is admitting), the container names in annotation order (init first), and the envs and
 HAMi-core mounts for one container's grants.
-The caller (``monitor.allocator``) does the API calls and the host directory work. Pure: must not
+The caller (``monitor.allocate_call``) does the API calls and the host directory work. Pure: must not
 import grpc, pynvml, the Kubernetes client, ``os`` or ``logging``.
 """
 

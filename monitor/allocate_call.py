@@ -41,7 +41,7 @@ from hami.core.model import Device, DeviceMode, Grant, PodDevices
 from hami.kube.client import KubeError
 from hami.kube.nodelock import release_node_lock
 from hami.kube.pods import list_pods, patch_pod
-from monitor.allocation import (
+from monitor.allocate_rules import (
     AllocationError,
     Ambiguous,
     ContainerAnswer,

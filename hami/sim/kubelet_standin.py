@@ -14,9 +14,9 @@ of one or more nodes, as far as the device plugin can see it:
 * keeps what it handed out in ``<kubelet-dir>/kubelet_internal_checkpoint`` (JSON, readable: pod,
   container, resource, device IDs and the plugin's answer) and frees the IDs when the pod goes away.
 
-Run: ``python -m monitor.kubelet_standin --kubeconfig FILE --node NAME=KUBELET_DIR [--node ...]``.
+Run: ``python -m hami.sim.kubelet_standin --kubeconfig FILE --node NAME=KUBELET_DIR [--node ...]``.
 Talks to the API server through ``hami.kube`` and to the plugin through the generated stubs in
-``monitor.deviceplugin``. Must not be imported by the agent: nothing but the demo starts it.
+``hami.kubeletapi``. Must not be imported by the agent: nothing but the demo starts it.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import grpc
 
 from hami.kube.client import KubeError, NotFound, call_json, core_api, load_api_client
 from hami.kube.watch import ListWatcher
-from monitor.deviceplugin import api_pb2, api_pb2_grpc
+from hami.kubeletapi import api_pb2, api_pb2_grpc
 
 logger = logging.getLogger("kubelet-standin")
 MERGE_PATCH = "application/merge-patch+json"
@@ -394,7 +394,7 @@ def _failed_status(message: str) -> dict[str, Any]:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m monitor.kubelet_standin", description="SIMULATION: kubelet's device manager."
+        prog="python -m hami.sim.kubelet_standin", description="SIMULATION: kubelet's device manager."
     )
     parser.add_argument("--kubeconfig", required=True, help="kubeconfig of the (embedded) API server")
     parser.add_argument(
