@@ -24,6 +24,7 @@ from hami.annotations import (
     read_pod_to_allocate,
     read_vgpu_node,
 )
+from hami.core.gobool import disabling_value
 from hami.core.model import Grant
 from monitor.config import NodeSettings
 
@@ -108,16 +109,6 @@ def container_spec(pod: Mapping[str, Any], index: int) -> Mapping[str, Any]:
     return every[index] if 0 <= index < len(every) else {}
 
 
-#: The spellings Go's ``strconv.ParseBool`` reads as true (HAMi parses ``CUDA_DISABLE_CONTROL`` with it).
-_GO_TRUE = frozenset({"1", "t", "T", "true", "TRUE", "True"})
-
-
-def _env_true(container: Mapping[str, Any], name: str) -> bool:
-    """True when ANY ``env`` entry called ``name`` has a value Go's ParseBool reads as true: HAMi skips a
-    false or unparsable entry and keeps looking, and trims nothing (``" true"`` is not true)."""
-    return any(env.get("name") == name and env.get("value") in _GO_TRUE for env in container.get("env") or ())
-
-
 def container_envs(
     grants: Sequence[Grant], container: Mapping[str, Any], settings: NodeSettings, *, cache_file: str | None
 ) -> dict[str, str]:
@@ -163,7 +154,7 @@ def hook_mounts(
         MountSpec(container_path=str(vgpu), host_path=str(container_dir), read_only=False),
         MountSpec(container_path="/tmp/vgpulock", host_path=lock_dir, read_only=False),
     ]
-    if not _env_true(container, "CUDA_DISABLE_CONTROL"):
+    if disabling_value(container) is None:  # the core's rule, shared with the webhook
         mounts.append(
             MountSpec(
                 container_path="/etc/ld.so.preload", host_path=str(vgpu / "ld.so.preload"), read_only=True

@@ -5,7 +5,9 @@ Two variables, each read by something outside our control once the node agent ha
 **``CUDA_DISABLE_CONTROL``** (users.md pain 9). With it true the node agent does not mount
 ``/etc/ld.so.preload`` (spec-node-chart §A.9, ``monitor.allocate_rules.hook_mounts``), so HAMi-core is never
 loaded and the container's memory and core limits are not enforced: on a card it shares, it could take
-the whole card from its neighbours. :func:`isolation_problems` names such containers.
+the whole card from its neighbours. :func:`isolation_problems` names such containers; whether a
+container's env disables control is the core's rule (:func:`hami.core.gobool.disabling_value`, Go's
+``ParseBool``), which the node agent applies too.
 
 A container may keep the variable only when it asks for whole cards: ``gpucores`` 100 (after the
 webhook's own exclusive default) and memory not limited below the card (no ``gpumem`` and no default
@@ -29,28 +31,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from hami.core.gobool import ENV_DISABLE_CONTROL, disabling_value
 from hami.core.requests import parse_container
 from hami.settings import DeviceConfig
 
-ENV_DISABLE_CONTROL = "CUDA_DISABLE_CONTROL"
 ENV_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 #: Values of ``NVIDIA_VISIBLE_DEVICES`` that expose no card (the NVIDIA container toolkit's spellings).
 HIDING_VALUES = frozenset({"", "void", "none"})
-#: The spellings Go's ``strconv.ParseBool`` reads as true; HAMi (and ``monitor.allocate_rules``) parse the
-#: variable with it, so ``"yes"`` or ``" true"`` do not disable anything and are not refused.
-GO_TRUE = frozenset({"1", "t", "T", "true", "TRUE", "True"})
-
-
-def disabling_value(container: Mapping[str, Any]) -> str | None:
-    """The first literal true value of ``CUDA_DISABLE_CONTROL`` in ``env``, or None.
-
-    Any entry counts, as for the node agent: a false entry before a true one does not help.
-    """
-    for entry in container.get("env") or ():
-        value = entry.get("value")
-        if entry.get("name") == ENV_DISABLE_CONTROL and isinstance(value, str) and value in GO_TRUE:
-            return value
-    return None
 
 
 def whole_cards(container: Mapping[str, Any], device: DeviceConfig) -> bool:

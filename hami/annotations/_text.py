@@ -10,6 +10,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from hami.core.gobool import go_bool as go_bool  # Go strconv.ParseBool, re-exported: the core's rule
+
 INT32_MIN = -(2**31)
 INT32_MAX = 2**31 - 1
 INT64_MIN = -(2**63)
@@ -19,11 +21,6 @@ INT64_MAX = 2**63 - 1
 _GO_INT = re.compile(r"[+-]?[0-9]+")
 #: More significant digits than any 64-bit integer has.
 _MAX_INT_DIGITS = 20
-# Go strconv.ParseBool.
-_GO_BOOLS = {
-    "1": True, "t": True, "T": True, "TRUE": True, "true": True, "True": True,
-    "0": False, "f": False, "F": False, "FALSE": False, "false": False, "False": False,
-}  # fmt: skip
 
 
 def go_int(text: str, *, bits: int = 64) -> int | None:
@@ -43,11 +40,6 @@ def go_int(text: str, *, bits: int = 64) -> int | None:
         value = -value
     bound = 2 ** (bits - 1)
     return value if -bound <= value < bound else None
-
-
-def go_bool(text: str) -> bool | None:
-    """``strconv.ParseBool(text)``: the boolean, or None when Go would return an error."""
-    return _GO_BOOLS.get(text)
 
 
 def split_list(text: str | None) -> tuple[str, ...]:
