@@ -14,7 +14,7 @@ empty container after the final ``;``; we drop that one (it is the terminator, n
 Within a container, segments without a comma are ignored, fewer than 4 fields is HAMi's error, extra
 fields are ignored, memory and cores are 32-bit integers.
 
-Pure: ``hami.core.model`` and the stdlib; the caller passes ``now``.
+Pure: ``hami.core.model``, ``hami.objects`` and the stdlib; the caller passes ``now``.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping
 from enum import StrEnum
 from typing import Any
 
+from hami import objects
 from hami.annotations._text import go_int
 from hami.annotations.errors import AnnotationError
 from hami.annotations.keys import (
@@ -154,10 +155,10 @@ def decode_bind_phase(text: str) -> BindPhase:
 
 
 def pod_annotations(pod: Mapping[str, Any]) -> Mapping[str, str]:
-    """``metadata.annotations`` of a raw pod (or node) JSON object; empty when absent."""
-    metadata = pod.get("metadata") or {}
-    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
-    return annotations if isinstance(annotations, Mapping) else {}
+    """``metadata.annotations`` of a raw pod (or node) JSON object: its string entries (empty when
+    absent; metadata or annotations that are not objects, and values that are not text, read as
+    absent: see :func:`hami.objects.annotations`)."""
+    return objects.annotations(pod)
 
 
 def read_pod_devices(pod: Mapping[str, Any]) -> PodDevices | None:

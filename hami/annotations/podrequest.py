@@ -3,7 +3,7 @@
 Owns the steering annotations users set on pods (type/uuid lists, numa-bind, vgpu-mode, policies,
 scoring weights) and the per-container request parsing order (init containers first, then app
 containers). Requests themselves are parsed by :func:`hami.core.requests.parse_container`.
-Pure: ``hami.core``, ``hami.settings`` and the stdlib.
+Pure: ``hami.core``, ``hami.settings``, ``hami.objects`` and the stdlib.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from hami import objects
 from hami.annotations._text import go_bool, go_int, split_list
 from hami.annotations.errors import AnnotationError
 from hami.annotations.keys import (
@@ -29,6 +30,7 @@ from hami.annotations.pod import pod_annotations
 from hami.core.model import PodRequest, ScoringWeights
 from hami.core.requests import ParsedContainer, parse_container
 from hami.core.score import BINPACK, MUTEX, NUMA, SPREAD, TOPOLOGY
+from hami.objects import RawContainer
 from hami.settings import DeviceConfig
 
 _WEIGHT_KEYS = ("slot", "core", "memory")
@@ -160,8 +162,8 @@ def pod_annotation_problems(pod: Mapping[str, Any]) -> tuple[AnnotationError, ..
     return tuple(problems)
 
 
-def _resources(container: Mapping[str, Any], which: str) -> dict[str, str]:
-    resources = container.get("resources") or {}
+def _resources(container: RawContainer, which: str) -> dict[str, str]:
+    resources = container.get("resources")
     values = resources.get(which) if isinstance(resources, Mapping) else None
     if not isinstance(values, Mapping):
         return {}
@@ -169,11 +171,8 @@ def _resources(container: Mapping[str, Any], which: str) -> dict[str, str]:
     return {str(name): str(value) for name, value in values.items()}
 
 
-def _containers(pod: Mapping[str, Any]) -> tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]]:
-    spec = pod.get("spec") or {}
-    init = [c for c in (spec.get("initContainers") or []) if isinstance(c, Mapping)]
-    app = [c for c in (spec.get("containers") or []) if isinstance(c, Mapping)]
-    return init, app
+def _containers(pod: Mapping[str, Any]) -> tuple[list[RawContainer], list[RawContainer]]:
+    return objects.init_containers(pod), objects.containers(pod)
 
 
 def parse_pod_containers(pod: Mapping[str, Any], config: DeviceConfig) -> tuple[ParsedContainer, ...]:
@@ -192,13 +191,12 @@ def read_pod_request(pod: Mapping[str, Any], config: DeviceConfig) -> PodRequest
     the scheduler to ignore. An unreadable
     ``hami.io/device-scoring-weights`` raises :class:`AnnotationError` (HAMi reports it as an error).
     """
-    metadata = pod.get("metadata") or {}
     annotations = pod_annotations(pod)
     init, _ = _containers(pod)
     return PodRequest(
-        namespace=str(metadata.get("namespace") or ""),
-        name=str(metadata.get("name") or ""),
-        uid=str(metadata.get("uid") or ""),
+        namespace=objects.namespace(pod),
+        name=objects.name(pod),
+        uid=objects.uid(pod),
         containers=tuple(parsed.request for parsed in parse_pod_containers(pod, config)),
         init_count=len(init),
         use_types=split_list(annotations.get(POD_USE_GPUTYPE)),

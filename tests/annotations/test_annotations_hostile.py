@@ -29,6 +29,7 @@ from hami.annotations import (
     POD_NODE_POLICY,
     POD_NUMA_BIND,
     POD_SCORING_WEIGHTS,
+    POD_VGPU_NODE,
     AnnotationError,
     HandshakeKind,
     decode_bind_phase,
@@ -44,8 +45,14 @@ from hami.annotations import (
     decode_scoring_weights,
     decode_unix_time,
     pod_annotation_problems,
+    read_bind_phase,
+    read_bind_time,
     read_node,
+    read_pod_devices,
+    read_pod_mig_allocations,
     read_pod_request,
+    read_pod_to_allocate,
+    read_vgpu_node,
 )
 from hami.annotations.limits import MAX_JSON_DEPTH, MAX_VALUE_LENGTH
 from hami.annotations.podrequest import decode_gpu_policy, decode_node_policy
@@ -317,3 +324,109 @@ def test_duplicate_card_ids_refuse_the_registration() -> None:
         decode_node_devices_legacy(legacy)
     with pytest.raises(AnnotationError, match="GPU-0"):
         read_node("n1", {NODE_REGISTER: cards})
+
+
+# ------------------------------------------------------------------------- hostile object shapes
+
+#: Any JSON value: what a test server, a manifest file or a hostile request may hold where a well-formed
+#: object has metadata, annotations, a spec, containers or resources.
+any_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=8,
+)
+SHAPE_PLACES = (
+    "metadata",
+    "annotations",
+    "an annotation",
+    "name",
+    "spec",
+    "containers",
+    "container",
+    "resources",
+)
+
+
+def hostile_shape(place: str, value: Any) -> dict[str, Any]:
+    """A well-formed GPU pod with ``value`` put at ``place``."""
+    annotations: dict[str, Any] = {POD_DEVICES_ALLOCATED: "GPU-0,NVIDIA,1000,30:;", POD_NUMA_BIND: "true"}
+    container: dict[str, Any] = {"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+    pod: dict[str, Any] = {
+        "metadata": {"namespace": "ml", "name": "p", "annotations": annotations},
+        "spec": {"containers": [container]},
+    }
+    if place in ("metadata", "spec"):
+        pod[place] = value
+    elif place == "annotations":
+        pod["metadata"]["annotations"] = value
+    elif place == "an annotation":
+        for key in (POD_DEVICES_ALLOCATED, POD_NUMA_BIND, POD_BIND_PHASE, POD_BIND_TIME, POD_MIG_ALLOCATIONS):
+            annotations[key] = value
+        annotations[POD_DEVICES_TO_ALLOCATE] = value
+    elif place == "name":
+        pod["metadata"]["name"] = value
+    elif place == "containers":
+        pod["spec"]["containers"] = value
+    elif place == "container":
+        pod["spec"]["containers"] = [value]
+    else:
+        container["resources"] = value
+    return pod
+
+
+@pytest.mark.parametrize(
+    "pod",
+    [
+        {"metadata": "p", "spec": {"containers": [{"name": "c"}]}},
+        {"metadata": ["p"], "spec": {"containers": [{"name": "c"}]}},
+        {"metadata": {"name": "p"}, "spec": "containers"},
+        {"metadata": {"name": "p"}, "spec": ["containers"]},
+    ],
+    ids=["metadata-text", "metadata-list", "spec-text", "spec-list"],
+)
+def test_pod_request_reads_a_metadata_or_spec_that_is_not_an_object_as_absent(pod: dict[str, Any]) -> None:
+    request = read_pod_request(pod, CONFIG)
+    assert request.containers in ((), (None,))
+    assert (request.namespace, request.uid) == ("", "")
+
+
+def test_annotation_values_that_are_not_text_read_as_absent() -> None:
+    # kube-apiserver stores only strings; a test server or a hand-built dict may hold a number
+    pod = {
+        "metadata": {
+            "annotations": {
+                POD_DEVICES_ALLOCATED: 5,
+                POD_NUMA_BIND: 1,
+                POD_VGPU_NODE: ["n1"],
+                POD_BIND_PHASE: 0,
+            }
+        }
+    }
+    assert read_pod_devices(pod) is None
+    assert read_vgpu_node(pod) is None
+    assert read_bind_phase(pod) is None
+    assert pod_annotation_problems(pod) == ()
+    assert read_pod_request(pod, CONFIG).numa_bind is False
+
+
+@HOSTILE
+@given(place=st.sampled_from(SHAPE_PLACES), value=any_json)
+def test_whole_pod_readers_let_only_annotation_errors_escape_whatever_the_shape(
+    place: str, value: Any
+) -> None:
+    pod = hostile_shape(place, value)
+    readers: list[Callable[[Any], Any]] = [
+        partial(read_pod_request, config=CONFIG),
+        pod_annotation_problems,
+        read_pod_devices,
+        read_pod_to_allocate,
+        read_pod_mig_allocations,
+        read_bind_phase,
+        read_bind_time,
+        read_vgpu_node,
+    ]
+    for read in readers:
+        try:
+            read(pod)
+        except AnnotationError as exc:
+            assert exc.reason
