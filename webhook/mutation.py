@@ -50,7 +50,7 @@ from hami.annotations import (
     pod_annotation_problems,
 )
 from hami.core.quantity import QuantityError, parse_quantity
-from hami.core.requests import lookup, parse_container
+from hami.core.requests import Bounds, lookup, parse_container
 from webhook import typos
 from webhook.config import MutationSettings
 from webhook.isolation import isolation_problems, visible_devices_problems
@@ -329,12 +329,13 @@ def _mutate_container(
     container.asks = True
     before = len(problems)
     reasons = _value_reasons(settings)
+    bounds = Bounds(max_cards=settings.max_cards_per_container)
     problems.extend(
-        _Problem(reasons.get(p.field, BAD_REQUEST), p.message)
-        for p in parse_container(name, limits, requests, device).problems
+        _Problem(
+            TOO_MANY_CARDS if p.kind == "too_many_cards" else reasons.get(p.field, BAD_REQUEST), p.message
+        )
+        for p in parse_container(name, limits, requests, device, bounds=bounds).problems
     )
-    reported = [p.message for p in problems[before:]]
-    problems.extend(_range_problems(name, settings, limits, requests, reported=reported))
     zero = zero_card_problem(name, limits, requests, res)
     if zero is not None:
         problems.append(_Problem(typos.ZERO_CARDS, zero))
@@ -359,43 +360,6 @@ def _mutate_container(
         container.set_env(ENV_PRIORITY, limits[res.priority])
     if device.gpu_core_policy and device.gpu_core_policy != "default":
         container.set_env(ENV_CORE_POLICY, device.gpu_core_policy)
-
-
-def _range_problems(
-    name: str,
-    settings: MutationSettings,
-    limits: Mapping[str, str],
-    requests: Mapping[str, str],
-    *,
-    reported: Sequence[str],
-) -> list[_Problem]:
-    """The webhook's own limits on values the core parser accepts (HAMi clamps or ignores them)."""
-    res = settings.device.resources
-    found: list[_Problem] = []
-
-    def check(resource: str, low: int, high: int, why: str, reason: str) -> None:
-        text = lookup(resource, limits, requests)
-        value = _int_or_none(text)
-        already = any(f'{resource} "' in message for message in reported)
-        if text is not None and value is not None and not low <= value <= high and not already:
-            found.append(_Problem(reason, f'container "{name}": {resource} "{text}" {why}'))
-
-    check(
-        res.count,
-        0,
-        settings.max_cards_per_container,
-        f"asks for more than {settings.max_cards_per_container} cards",
-        TOO_MANY_CARDS,
-    )
-    check(res.cores, 0, 100, "must be between 0 and 100 (percent of a card)", BAD_GPUCORES)
-    check(
-        res.memory_percentage,
-        1,
-        100,
-        "must be between 1 and 100 (percent of a card's memory)",
-        BAD_GPUMEM_PERCENTAGE,
-    )
-    return found
 
 
 def _value_reasons(settings: MutationSettings) -> dict[str, str]:

@@ -3,7 +3,10 @@
 Owns :func:`parse_container` and the :class:`RequestProblem` texts the webhook shows users. The
 request follows HAMi to the letter (a malformed value empties or ignores exactly what HAMi empties or
 ignores); ``problems`` says, for every managed resource value that is malformed, what is wrong with
-it, naming the container and the resource, whether or not it changed the outcome.
+it, naming the container and the resource, whether or not it changed the outcome. With
+:class:`Bounds` (the webhook's) it also reports, once per value, what HAMi would clamp or ignore:
+more cards than ``max_cards``, ``gpucores`` above 100, a ``gpumem-percentage`` of 0. Every value range
+and its message lives here; the webhook only maps problems to its reason codes.
 Pure: imports ``hami.settings``, ``hami.core`` and the stdlib only; no clock, no env, no logging.
 """
 
@@ -11,10 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 from hami.core.model import NVIDIA, PERCENT_NOT_GIVEN, ContainerRequest
 from hami.core.quantity import INT32_MAX, INT32_MIN, QuantityError, parse_quantity
 from hami.settings import DeviceConfig
+
+ProblemKind = Literal["value", "too_many_cards"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -25,6 +31,18 @@ class RequestProblem:
     field: str  # the resource name, e.g. "nvidia.com/gpumem"
     value: str  # the text as written
     message: str
+    kind: ProblemKind = "value"  # "too_many_cards": a card count beyond Bounds.max_cards
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Bounds:
+    """Admission's limits on values HAMi accepts but clamps or ignores (the webhook refuses them).
+
+    ``max_cards`` cards per container (``--max-cards-per-container``); ``gpucores`` at most 100 (HAMi
+    clamps it in Fit); ``gpumem-percentage`` at least 1 (HAMi ignores 0 and books a whole card).
+    """
+
+    max_cards: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -44,20 +62,29 @@ def lookup(name: str, limits: Mapping[str, str], requests: Mapping[str, str]) ->
 
 
 def parse_container(
-    name: str, limits: Mapping[str, str], requests: Mapping[str, str], config: DeviceConfig
+    name: str,
+    limits: Mapping[str, str],
+    requests: Mapping[str, str],
+    config: DeviceConfig,
+    *,
+    bounds: Bounds | None = None,
 ) -> ParsedContainer:
-    """Turn one container's ``limits``/``requests`` into HAMi's request (spec-scheduler §3)."""
+    """Turn one container's ``limits``/``requests`` into HAMi's request (spec-scheduler §3).
+
+    ``bounds`` adds the admission problems (:class:`Bounds`); they never change the request.
+    """
     res = config.resources
     factor = config.effective_memory_factor
     problems: list[RequestProblem] = []
 
-    def problem(field: str, value: str, why: str) -> None:
+    def problem(field: str, value: str, why: str, kind: ProblemKind = "value") -> None:
         problems.append(
             RequestProblem(
                 container=name,
                 field=field,
                 value=value,
                 message=f'container "{name}": {field} "{value}" {why}',
+                kind=kind,
             )
         )
 
@@ -77,6 +104,8 @@ def parse_container(
     nums = integer(res.count, count_text, "") if count_text is not None else None
     if nums is not None and nums < 0:
         problem(res.count, str(count_text), "must not be negative")
+    elif nums is not None and bounds is not None and nums > bounds.max_cards:
+        problem(res.count, str(count_text), f"asks for more than {bounds.max_cards} cards", "too_many_cards")
 
     # 2. memory: a plain integer in [0, MaxInt32 / factor], else the WHOLE request is empty.
     memory = 0
@@ -109,6 +138,9 @@ def parse_container(
         if value is not None:
             if not 0 <= value <= 100:
                 problem(res.memory_percentage, pct_text, "must be between 0 and 100")
+            elif value == 0 and bounds is not None:
+                why = "must be between 1 and 100 (percent of a card's memory)"
+                problem(res.memory_percentage, pct_text, why)
             if value > 100:
                 percentage = 100
             elif value > 0:
@@ -134,6 +166,8 @@ def parse_container(
             cores = value
         elif value is not None:
             cores = value
+            if value > 100 and bounds is not None:
+                problem(res.cores, cores_text, "must be between 0 and 100 (percent of a card)")
 
     if nums is None or nums <= 0 or not memory_ok:
         return ParsedContainer(name=name, request=None, problems=tuple(problems))

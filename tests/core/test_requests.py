@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hami.core.model import ContainerRequest
-from hami.core.requests import ParsedContainer, parse_container
+from hami.core.requests import Bounds, ParsedContainer, parse_container
 from hami.settings import DeviceConfig, ResourceNames
 
 GPU, MEM, PCT, CORES = (
@@ -197,3 +197,84 @@ def test_percentage_always_ends_in_1_to_100_or_the_default(value: int) -> None:
     assert request is not None
     expected = 100 if value > 100 or value <= 0 else value  # <=0 -> sentinel -> default whole card
     assert request.percentage == expected
+
+
+# ------------------------------------------------------------------ admission bounds (the webhook's)
+#: The bounds the webhook refuses beyond (HAMi clamps cores > 100 in Fit and ignores a percentage <= 0).
+BOUNDS = Bounds(max_cards=16)
+
+
+@pytest.mark.parametrize(
+    ("limits", "field", "kind", "message"),
+    [
+        ({GPU: "17"}, GPU, "too_many_cards", 'nvidia.com/gpu "17" asks for more than 16 cards'),
+        (
+            {GPU: "1", CORES: "150"},
+            CORES,
+            "value",
+            'nvidia.com/gpucores "150" must be between 0 and 100 (percent of a card)',
+        ),
+        (
+            {GPU: "1", PCT: "0"},
+            PCT,
+            "value",
+            'nvidia.com/gpumem-percentage "0" must be between 1 and 100 (percent of a card\'s memory)',
+        ),
+    ],
+)
+def test_bounds_refuse_what_hami_would_clamp_or_ignore(
+    limits: dict[str, str], field: str, kind: str, message: str
+) -> None:
+    parsed = parse_container("train", limits, {}, DEFAULT, bounds=BOUNDS)
+    (problem,) = parsed.problems
+    assert (problem.field, problem.kind, problem.value) == (field, kind, limits[field])
+    assert problem.message == f'container "train": {message}'
+    # the request is still HAMi's reading: the bounds judge, they never change what is booked
+    assert parsed.request == parse(limits).request
+    assert parse(limits).problems == ()  # without bounds (the scheduler's reading): no problem
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [
+        {GPU: "16", CORES: "100", PCT: "100"},
+        {GPU: "1", CORES: "0", PCT: "1"},
+        {GPU: "0"},
+        {MEM: "1000"},  # no count: the webhook defaults it
+    ],
+)
+def test_values_within_the_bounds_raise_no_problem(limits: dict[str, str]) -> None:
+    assert parse_container("train", limits, {}, DEFAULT, bounds=BOUNDS).problems == ()
+
+
+@pytest.mark.parametrize(
+    ("limits", "field", "why"),
+    [
+        ({GPU: "-1"}, GPU, "must not be negative"),  # not also "more than 16 cards" or a range
+        ({GPU: "1", CORES: "-5"}, CORES, "must not be negative"),
+        ({GPU: "1", CORES: "4294967296"}, CORES, "is out of range"),
+        ({GPU: "1", PCT: "101"}, PCT, "must be between 0 and 100"),
+        ({GPU: "1", PCT: "-3"}, PCT, "must be between 0 and 100"),
+    ],
+)
+def test_one_problem_per_value_the_bound_never_repeats_it(
+    limits: dict[str, str], field: str, why: str
+) -> None:
+    (problem,) = parse_container("train", limits, {}, DEFAULT, bounds=BOUNDS).problems
+    assert problem.field == field
+    assert problem.message.endswith(f'"{limits[field]}" {why}')
+
+
+def test_bounds_take_the_configured_card_limit_and_resource_names() -> None:
+    names = ResourceNames(count="example.com/gpu", cores="example.com/cores")
+    config = replace(DEFAULT, resources=names)
+    parsed = parse_container("t", {"example.com/gpu": "5"}, {}, config, bounds=Bounds(max_cards=4))
+    assert [p.message for p in parsed.problems] == [
+        'container "t": example.com/gpu "5" asks for more than 4 cards'
+    ]
+    parsed = parse_container(
+        "t", {"example.com/gpu": "1", "example.com/cores": "101"}, {}, config, bounds=BOUNDS
+    )
+    assert [p.message for p in parsed.problems] == [
+        'container "t": example.com/cores "101" must be between 0 and 100 (percent of a card)'
+    ]
