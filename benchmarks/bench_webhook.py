@@ -25,7 +25,6 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ from typing import Any
 import aiohttp
 
 from benchmarks.table import Table, summary
+from hami.kube.admissionreview import pod_create_review
 from hami.sim.apiserver import embedded_apiserver, write_kubeconfig
 from webhook.config import MutationSettings
 from webhook.mutation import plan
@@ -56,25 +56,6 @@ PODS = (
     _pod({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "150"}),
     _pod({"nvidia.com/gpu": "2", "nvidia.com/gpumem": "4000", "nvidia.com/gpucores": "30"}),
 )
-
-
-def _review(pod: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": str(uuid.uuid4()),
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "operation": "CREATE",
-            "namespace": "default",
-            "name": "p",
-            "userInfo": {"username": "bench"},
-            "object": pod,
-            "oldObject": None,
-            "dryRun": False,
-        },
-    }
 
 
 def _free_port() -> int:
@@ -164,7 +145,7 @@ async def _load(url: str, ca: bytes, seconds: float, *, keep_alive: bool) -> tup
     connector = aiohttp.TCPConnector(ssl=context, limit=0, force_close=not keep_alive)
     latencies: list[float] = []
     failures = 0
-    bodies = [_review(pod) for pod in PODS]
+    bodies = [pod_create_review(pod, username="bench") for pod in PODS]
 
     async def one(session: aiohttp.ClientSession, body: dict[str, Any]) -> None:
         nonlocal failures

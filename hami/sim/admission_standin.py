@@ -31,6 +31,7 @@ from typing import Any
 import aiohttp
 import jsonpatch
 
+from hami.kube.admissionreview import pod_create_review
 from hami.sim.admission_policy import ConditionError, conditions_hold
 from hami.sim.kubeapi import MWC_PATH, ApiError, JsonDict, SimApi, pods_path
 
@@ -175,26 +176,7 @@ class AdmissionStandIn:
         context = ssl.create_default_context()
         if client_config.get("caBundle"):
             context = ssl.create_default_context(cadata=base64.b64decode(client_config["caBundle"]).decode())
-        meta = pod["metadata"]
-        review = {
-            "apiVersion": "admission.k8s.io/v1",
-            "kind": "AdmissionReview",
-            "request": {
-                "uid": str(uuid.uuid4()),
-                "kind": {"group": "", "version": "v1", "kind": "Pod"},
-                "resource": {"group": "", "version": "v1", "resource": "pods"},
-                "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
-                "requestResource": {"group": "", "version": "v1", "resource": "pods"},
-                "operation": "CREATE",
-                "namespace": meta["namespace"],
-                "name": meta["name"],
-                "userInfo": {"username": username, "groups": ["system:authenticated"]},
-                "object": pod,
-                "oldObject": None,
-                "dryRun": False,
-                "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
-            },
-        }
+        review = pod_create_review(pod, username=username, namespace=pod["metadata"]["namespace"])
         timeout = aiohttp.ClientTimeout(total=float(hook.get("timeoutSeconds") or 10))
         async with self._session.post(url, json=review, ssl=context, timeout=timeout) as response:
             if response.status != 200:

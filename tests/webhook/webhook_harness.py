@@ -16,7 +16,6 @@ import ssl
 import threading
 import time
 import urllib.parse
-import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any
 import aiohttp
 import kmock
 
+from hami.kube.admissionreview import pod_create_review
 from webhook.config import Address, WebhookSettings
 from webhook.handlers import run
 
@@ -168,25 +168,8 @@ async def scoped_mwc(operator: Operator, *, ca: bytes | None = None) -> dict[str
 
 
 def review(pod: dict[str, Any], *, namespace: str = "default") -> dict[str, Any]:
-    return {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": str(uuid.uuid4()),
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
-            "requestResource": {"group": "", "version": "v1", "resource": "pods"},
-            "operation": "CREATE",
-            "namespace": namespace,
-            "name": pod.get("metadata", {}).get("name", ""),
-            "userInfo": {"username": "tester"},
-            "object": pod,
-            "oldObject": None,
-            "dryRun": False,
-            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
-        },
-    }
+    """The AdmissionReview kube-apiserver would send for creating ``pod`` in ``namespace``."""
+    return pod_create_review(pod, username="tester", namespace=namespace)
 
 
 @dataclass
