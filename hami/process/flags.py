@@ -1,0 +1,69 @@
+"""The flags every service shares the shape of: ``HAMI_<FLAG>`` env fallbacks and ``HOST:PORT`` listeners.
+
+Owns the env variable of a flag (``--node-lock-timeout`` -> ``HAMI_NODE_LOCK_TIMEOUT``; precedence:
+the flag, then that variable, then the default), :class:`Address` and the one ``HOST:PORT`` parser,
+:func:`parse_address`. A listen address is hostile text from a flag or an env variable: only ASCII
+digits make a port (``int`` also reads ``'٨٠'`` and crashes on ``'²'``), an IPv6 host needs its
+brackets (``::1:80`` could be two different addresses), and a host holds only what a host name or an
+address can. ``:PORT`` (Go's form, HAMi's defaults such as ``:9395``) means every IPv4 interface.
+Errors name the flag and the text, raised as the caller's own error class.
+Pure: stdlib only (the environment is passed in; no ``os``).
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TypeVar
+
+ENV_PREFIX = "HAMI_"
+#: What an empty host (``:9395``) listens on.
+ALL_INTERFACES = "0.0.0.0"
+#: Letters, digits, dots and hyphens (host names; ``_`` as some resolvers allow), colons and ``%zone``
+#: (IPv6 inside brackets).
+_HOST_CHARACTERS = frozenset(string.ascii_letters + string.digits + ".-_:%")
+
+T = TypeVar("T")
+
+
+def env_name(flag: str) -> str:
+    """The env variable that stands in for ``--flag``: ``HAMI_`` + the flag in upper snake case."""
+    return ENV_PREFIX + flag.upper().replace("-", "_")
+
+
+def env_default(flag: str, default: T, environ: Mapping[str, str]) -> str | T:
+    """The default of ``--flag``: its ``HAMI_<FLAG>`` variable when set, else ``default``."""
+    return environ.get(env_name(flag), default)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Address:
+    """A listen address; ``port`` 0 lets the OS choose."""
+
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+
+def parse_address(flag: str, text: str, error: type[Exception] = ValueError) -> Address:
+    """``HOST:PORT`` of ``--flag`` (``[::1]:PORT`` for IPv6, ``:PORT`` for every interface, port 0 for
+    an OS-chosen one); anything else raises ``error`` naming the flag and the text."""
+    message = f"--{flag} must be HOST:PORT, got {text!r}"
+    host, colon, port = text.rpartition(":")
+    if not colon or not (port.isascii() and port.isdigit()) or len(port) > 5 or int(port) > 65535:
+        raise error(message)
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        if not host:
+            raise error(message)
+    elif ":" in host:
+        raise error(f"{message}: an IPv6 address goes in brackets, e.g. [::1]:{port}")
+    elif not host:
+        host = ALL_INTERFACES
+    if not set(host) <= _HOST_CHARACTERS:
+        raise error(message)
+    return Address(host=host, port=int(port))
