@@ -49,8 +49,7 @@ from hami.annotations import (
     WEBHOOK_IGNORE_LABEL,
     pod_annotation_problems,
 )
-from hami.core.quantity import QuantityError, parse_quantity
-from hami.core.requests import Bounds, lookup, parse_container
+from hami.core.requests import Bounds, lookup, parse_container, whole_number
 from webhook import typos
 from webhook.config import MutationSettings
 from webhook.isolation import isolation_problems, visible_devices_problems
@@ -305,15 +304,6 @@ def _names(container: Mapping[str, Any]) -> list[str]:
     return [*_texts(resources, "limits"), *_texts(resources, "requests")]
 
 
-def _int_or_none(text: str | None) -> int | None:
-    if text is None:
-        return None
-    try:
-        return parse_quantity(text).plain_int
-    except QuantityError:
-        return None
-
-
 def _mutate_container(
     container: _Container, settings: MutationSettings, problems: list[_Problem], notes: list[str]
 ) -> None:
@@ -378,5 +368,5 @@ def _exclusive(settings: MutationSettings, limits: Mapping[str, str], requests: 
     res = settings.device.resources
     percentage = lookup(res.memory_percentage, limits, requests)
     if percentage is not None:
-        return _int_or_none(percentage) == 100
+        return whole_number(percentage) == 100
     return not res.memory or lookup(res.memory, limits, requests) is None

@@ -48,8 +48,7 @@ from hami.annotations import (
     POD_VGPU_MODE,
     WEBHOOK_IGNORE_LABEL,
 )
-from hami.core.quantity import QuantityError, parse_quantity
-from hami.core.requests import lookup
+from hami.core.requests import lookup, whole_number
 from hami.settings import ResourceNames
 
 UNKNOWN_RESOURCE = "unknown_resource"
@@ -160,23 +159,14 @@ def zero_card_problem(
     container: str, limits: Mapping[str, str], requests: Mapping[str, str], resources: ResourceNames
 ) -> str | None:
     """The message when the card count is 0 but a share (memory, percentage, cores) is not."""
-    if _number(lookup(resources.count, limits, requests)) != 0:
+    if whole_number(lookup(resources.count, limits, requests)) != 0:
         return None
     for share in (resources.memory, resources.memory_percentage, resources.cores):
         text = lookup(share, limits, requests) if share else None
-        value = _number(text)  # None: malformed, which the value checks report
+        value = whole_number(text)  # None: malformed, which the value checks report
         if value is not None and value != 0:
             return (
                 f'container "{container}": {resources.count} "0" with {share} "{text}" asks for a share of '
                 f"no card; ask for 1 or more cards, or remove {share}"
             )
     return None
-
-
-def _number(text: str | None) -> int | None:
-    if text is None:
-        return None
-    try:
-        return parse_quantity(text).plain_int
-    except QuantityError:
-        return None

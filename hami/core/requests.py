@@ -61,6 +61,17 @@ def lookup(name: str, limits: Mapping[str, str], requests: Mapping[str, str]) ->
     return requests.get(name)
 
 
+def whole_number(text: str | None) -> int | None:
+    """The plain integer a resource text names (``"100"``, not ``"1e2"`` or ``"0.5"``), else None
+    (absent, not a quantity, or not a plain integer for Go: the value checks report those)."""
+    if text is None:
+        return None
+    try:
+        return parse_quantity(text).plain_int
+    except QuantityError:
+        return None
+
+
 def parse_container(
     name: str,
     limits: Mapping[str, str],

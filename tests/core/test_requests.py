@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hami.core.model import ContainerRequest
-from hami.core.requests import Bounds, ParsedContainer, parse_container
+from hami.core.requests import Bounds, ParsedContainer, parse_container, whole_number
 from hami.settings import DeviceConfig, ResourceNames
 
 GPU, MEM, PCT, CORES = (
@@ -278,3 +278,10 @@ def test_bounds_take_the_configured_card_limit_and_resource_names() -> None:
     assert [p.message for p in parsed.problems] == [
         'container "t": example.com/cores "101" must be between 0 and 100 (percent of a card)'
     ]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"), [("100", 100), ("0", 0), ("-3", -3), ("0.5", None), ("lots", None), (None, None)]
+)
+def test_whole_number_reads_a_plain_integer_or_nothing(text: str | None, expected: int | None) -> None:
+    assert whole_number(text) == expected
