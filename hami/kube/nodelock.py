@@ -16,7 +16,10 @@ unmarked) — is taken over at once, and the reason is reported
 (:attr:`LockGrant.takeover`, one of :data:`TAKEOVER_REASONS`); the same pod re-acquiring succeeds
 without a write (re-entrant), or with ``refresh`` rewrites the lock with its new time (a later
 attempt of that pod re-takes it, so that its earlier failure no longer frees it); a fresh legacy lock
-is busy until it expires; an unreadable value is busy. Release removes the key only when this pod
+is busy until it expires. Busy is :class:`NodeLockBusy`, whose text ends in HAMi's ``node lock
+contention``; an unreadable value is :class:`NodeLockUnreadable` instead, as HAMi returns its parse
+error rather than contention: not waited for (it never changes by itself) and never taken over (nobody
+can tell who holds it, or since when). Release removes the key only when this pod
 owns it (or it is a legacy value, which anyone may release), and, given ``value``, only while the
 lock still carries exactly that value. Imports ``hami.kube`` modules and the codec only.
 """
@@ -65,15 +68,32 @@ TAKEOVER_REASONS = (
 _ADMISSION_REASONS = ("UnexpectedAdmissionError", "NodeAffinity", "NodeName", "NodePorts", "Taint")
 
 
+#: HAMi's ``ErrNodeLockContention`` text, which ends every busy-lock error.
+CONTENTION = "node lock contention"
+
+
 class NodeLockBusy(KubeError):
-    """Another pod holds the node lock (HAMi's contention error)."""
+    """Another pod holds the node lock (HAMi's contention error): ``<message>: node lock contention``."""
 
     def __init__(self, node: str, message: str) -> None:
-        super().__init__(0, "NodeLocked", message)
+        super().__init__(0, "NodeLocked", f"{message}: {CONTENTION}")
         self.node = node
 
     def __str__(self) -> str:
         return self.message  # HAMi's contention text, as is
+
+
+class NodeLockUnreadable(KubeError):
+    """The node lock's value cannot be read (HAMi's parse error, not contention): not to be waited for
+    and not to be taken over; ``value`` is the text found."""
+
+    def __init__(self, node: str, value: str, error: AnnotationError) -> None:
+        super().__init__(0, "NodeLockUnreadable", f"node {node} has an unreadable lock: {error}")
+        self.node = node
+        self.value = value
+
+    def __str__(self) -> str:
+        return self.message
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -196,8 +216,9 @@ async def take_node_lock(
     """Take the lock on ``node`` for ``namespace/pod`` (``refresh``: rewrite it with ``now`` when
     this pod already holds it under another value; ``bind_timeout``: see :func:`orphan_reason`).
 
-    Raises :class:`NodeLockBusy` when a live holder has it, :class:`~hami.kube.client.NotFound` when
-    the node is gone, and :class:`KubeError` for other API failures of the reads.
+    Raises :class:`NodeLockBusy` when a live holder has it, :class:`NodeLockUnreadable` when its value
+    cannot be read, :class:`~hami.kube.client.NotFound` when the node is gone, and :class:`KubeError`
+    for other API failures of the reads.
     """
     now = _aware(now)
     value = encode_node_lock(NodeLockValue(time=now, namespace=namespace, name=pod))
@@ -211,7 +232,7 @@ async def take_node_lock(
             try:
                 held = decode_node_lock(current)
             except AnnotationError as exc:
-                raise NodeLockBusy(node, f"node {node} has an unreadable lock {current!r}: {exc}") from exc
+                raise NodeLockUnreadable(node, str(current), exc) from exc
             if held.namespace == namespace and held.name == pod:
                 # re-entrant (also: our own earlier patch that timed out but landed)
                 if not refresh or current == value:

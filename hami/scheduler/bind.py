@@ -38,6 +38,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hami.annotations import (
+    NODE_LOCK,
     POD_BIND_PHASE,
     POD_DEVICES_ALLOCATED,
     POD_VGPU_NODE,
@@ -52,7 +53,8 @@ from hami.core.allocate import fit_node
 from hami.core.model import Allocation, PodRequest
 from hami.core.usage import pod_usage
 from hami.kube.client import KubeError, NotFound
-from hami.kube.nodelock import NodeLockBusy
+from hami.kube.nodelock import NodeLockBusy, NodeLockUnreadable
+from hami.kube.nodes import get_node
 from hami.kube.pods import bind_pod, get_pod, json_patch_pod, unchanged_tests, write_operations
 from hami.scheduler.attempt import (
     Attempt,
@@ -124,6 +126,12 @@ async def _bind(ctx: Context, att: Attempt) -> ExtenderBindingResult:
         request = read_pod_request(pod, ctx.settings.device_config)
     except AnnotationError as exc:
         return _failed(ctx, pod, att.node, str(exc), "invalid")
+    try:
+        await _node_exists(ctx, att)
+    except (KubeError, BindFailure) as exc:
+        if locks_node(request):
+            await abandon(ctx, att, pod, mark=True)
+        return _failed_on(ctx, pod, att.node, exc)
     if not locks_node(request):  # no GPU request: only the Binding
         return await _bind_plain(ctx, att, pod)
     try:
@@ -133,17 +141,28 @@ async def _bind(ctx: Context, att: Attempt) -> ExtenderBindingResult:
         )
     except (KubeError, BindFailure) as exc:
         await abandon(ctx, att, pod, mark=True)
-        return _failed(ctx, pod, att.node, str(exc), _result_of(exc))
+        return _failed_on(ctx, pod, att.node, exc)
     count_grant(ctx, att.node, att.grant)
     try:
         return await _allocate(ctx, att, request)
     except (KubeError, BindFailure) as exc:
         if att.written is None:
             await abandon(ctx, att, pod, mark=isinstance(exc, BindFailure))
-            return _failed(ctx, pod, att.node, str(exc), _result_of(exc))
+            return _failed_on(ctx, pod, att.node, exc)
         if await undo(ctx, att) is Outcome.BOUND:
             return _succeeded(ctx, pod, att.node)
-        return _failed(ctx, pod, att.node, str(exc), _result_of(exc))
+        return _failed_on(ctx, pod, att.node, exc)
+
+
+async def _node_exists(ctx: Context, att: Attempt) -> None:
+    """HAMi's step 2: the node is read before anything is written; a missing one fails the bind with
+    ``not found`` (a Binding to it would be accepted and strand the pod on a node that never runs it)."""
+    try:
+        await get_node(ctx.api, att.node)
+    except NotFound:
+        raise BindFailure(f"node {att.node} not found") from None
+    except KubeError as exc:
+        raise KubeError(exc.status, exc.reason, f"reading node {att.node}: {exc.message}") from exc
 
 
 async def _allocate(ctx: Context, att: Attempt, request: PodRequest) -> ExtenderBindingResult:
@@ -260,7 +279,20 @@ ADVICE = {
 def _result_of(exc: Exception) -> str:
     if isinstance(exc, NodeLockBusy):
         return "lock_busy"
+    if isinstance(exc, NodeLockUnreadable):
+        return "invalid"
     return exc.result if isinstance(exc, BindFailure) else "api_error"
+
+
+def _failed_on(ctx: Context, pod: dict[str, Any], node: str, exc: Exception) -> ExtenderBindingResult:
+    """:func:`_failed` for an exception: its text, its result, and what to do about it."""
+    advice = None
+    if isinstance(exc, NodeLockUnreadable):
+        advice = (
+            "It never expires: once no pod is being allocated on the node, remove it "
+            f"(kubectl annotate node {exc.node} {NODE_LOCK}-); kube-scheduler retries the pod"
+        )
+    return _failed(ctx, pod, node, str(exc), _result_of(exc), advice)
 
 
 def _refused(ctx: Context, att: Attempt, message: str, result: str) -> ExtenderBindingResult:
@@ -276,10 +308,12 @@ def _already_bound(ctx: Context, att: Attempt, message: str) -> ExtenderBindingR
     return ExtenderBindingResult(Error="")
 
 
-def _failed(ctx: Context, pod: dict[str, Any], node: str, message: str, result: str) -> ExtenderBindingResult:
+def _failed(
+    ctx: Context, pod: dict[str, Any], node: str, message: str, result: str, advice: str | None = None
+) -> ExtenderBindingResult:
     logger.info("bind to %s failed: %s", node, message)
     ctx.metrics.bound(result)
-    advice = ADVICE.get(result)
+    advice = advice or ADVICE.get(result)
     ctx.event(pod, "BindingFailed", f"{message}. {advice}" if advice else message, warning=True)
     return ExtenderBindingResult(Error=message)
 

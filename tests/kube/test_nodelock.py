@@ -13,8 +13,10 @@ from kmock._internal.rendering import Response  # a reaction's status from a cal
 from hami.annotations import NODE_LOCK
 from hami.kube.client import NotFound
 from hami.kube.nodelock import (
+    CONTENTION,
     LOCK_POINTER,
     NodeLockBusy,
+    NodeLockUnreadable,
     acquire_node_lock,
     go_duration,
     release_node_lock,
@@ -107,12 +109,47 @@ async def test_legacy_locks_block_until_expiry_and_anyone_releases_them(
     assert await acquire_node_lock(api, "n1", "default", "p1", now=NOW) == OURS
 
 
-async def test_an_unreadable_lock_is_busy_and_named(apiserver: Emulator, api: Any) -> None:
-    await _node(apiserver, {NODE_LOCK: "yesterday,ns"})
-    with pytest.raises(NodeLockBusy, match="'yesterday,ns'"):
+@pytest.mark.parametrize(
+    "value",
+    [
+        "yesterday,ns",
+        "yesterday",
+        "2026-05-01T09:59:00Z,default",
+        "2026-05-01T09:59:00Z,a,b,c",
+        "x,default,p1",
+    ],
+)
+async def test_an_unreadable_lock_is_an_error_not_contention(
+    apiserver: Emulator, api: Any, value: str
+) -> None:
+    # HAMi's ParseNodeLock error is returned as is, not as ErrNodeLockContention: it is not retried
+    # (a PodGroup member would otherwise wait 28 s for a lock that never changes) and not taken over
+    # (nobody can tell who holds it, or since when); even "our own" name in it does not make it ours
+    await _node(apiserver, {NODE_LOCK: value})
+    with pytest.raises(NodeLockUnreadable) as caught:
         await acquire_node_lock(api, "n1", "default", "p1", now=NOW)
+    assert not isinstance(caught.value, NodeLockBusy)
+    message = str(caught.value)
+    assert message.startswith(f'node n1 has an unreadable lock: {NODE_LOCK} "{value}": malformed lock')
+    assert CONTENTION not in message
+    assert len(apiserver["patch", NODES]) == 0
     assert await release_node_lock(api, "n1", "default", "p1") is False
-    assert await _lock(apiserver) == "yesterday,ns"
+    assert await _lock(apiserver) == value
+
+
+async def test_contention_errors_end_with_hamis_wording(apiserver: Emulator, api: Any) -> None:
+    # HAMi wraps every busy-lock error around ErrNodeLockContention ("node lock contention")
+    await _node(apiserver, {NODE_LOCK: "2026-05-01T09:58:00Z,default,holder"})
+    await _pod(apiserver, "holder")
+    with pytest.raises(NodeLockBusy) as caught:
+        await acquire_node_lock(api, "n1", "default", "p1", now=NOW)
+    assert str(caught.value) == "node n1 has been locked within 5m0s by default/holder: node lock contention"
+    legacy = {NODE_LOCK: "2026-05-01T09:59:00Z"}  # no holder to name: HAMi's text exactly
+    await apiserver.patch("/api/v1/nodes/n1", json={"metadata": {"annotations": legacy}})
+    with pytest.raises(NodeLockBusy) as caught:
+        await acquire_node_lock(api, "n1", "default", "p1", now=NOW)
+    assert str(caught.value) == "node n1 has been locked within 5m0s: node lock contention"
+    assert caught.value.reason == "NodeLocked"
 
 
 async def test_release_only_removes_our_own_lock(apiserver: Emulator, api: Any) -> None:

@@ -75,7 +75,7 @@ async def test_a_lock_held_by_a_live_pod_blocks(start_extender: StartExtender) -
     ext = await start_extender(nodes=[make_node("n1")], pods=[make_pod("p"), make_pod("q")])
     assert await ext.bind("p", "n1") == {"Error": ""}
     result = await ext.bind("q", "n1")
-    assert result["Error"] == "node n1 has been locked within 5m0s by default/p"
+    assert result["Error"] == "node n1 has been locked within 5m0s by default/p: node lock contention"
     assert await _lock(ext) == LOCK  # not ours: left alone
     assert (await ext.pod("q"))["metadata"]["annotations"] == {
         POD_BIND_PHASE: "failed",
@@ -86,7 +86,8 @@ async def test_a_lock_held_by_a_live_pod_blocks(start_extender: StartExtender) -
     (event,) = _events(ext, "BindingFailed")
     assert event["type"] == "Warning"
     assert event["message"] == (  # the error, then what to do about it
-        "node n1 has been locked within 5m0s by default/p. kube-scheduler retries the pod; the lock goes "
+        "node n1 has been locked within 5m0s by default/p: node lock contention. kube-scheduler retries "
+        "the pod; the lock goes "
         "once that pod's GPUs are allocated by the node agent, or after --node-lock-timeout if the agent "
         "never does (check hami-monitor there)"
     )
@@ -119,6 +120,29 @@ async def test_missing_pods_and_gpu_less_pods(start_extender: StartExtender) -> 
     assert await ext.bind("plain", "n1") == {"Error": ""}
     assert (await ext.pod("plain"))["spec"]["nodeName"] == "n1"
     assert await _lock(ext) is None  # no devices, no lock
+
+
+@pytest.mark.parametrize("gpus", [1, 0], ids=["gpu-pod", "gpu-less-pod"])
+async def test_a_node_that_does_not_exist_fails_with_not_found(
+    start_extender: StartExtender, gpus: int
+) -> None:
+    # HAMi reads the node before anything else: not found -> the lister's `not found` error and a
+    # BindingFailed Event; no lock, no annotation, no Binding (a Binding to a missing node is accepted
+    # by kube-apiserver and leaves the pod on a node that never runs it)
+    ext = await start_extender(nodes=[make_node("n1")], pods=[make_pod("p", gpus=gpus)])
+    result = await ext.bind("p", "gone")
+    assert result == {"Error": "node gone not found"}
+    pod = await ext.pod("p")
+    assert "nodeName" not in pod["spec"]
+    assert "hami.io/vgpu-node" not in pod["metadata"]["annotations"]
+    assert len(ext.apiserver["post", PODS, kmock.subresource("binding")]) == 0
+    assert len(ext.apiserver["patch", kmock.resource("v1/nodes")]) == 0
+    assert ext.ctx.snapshot.record(("default", "p")) is None
+    await ext.settle()
+    (event,) = _events(ext, "BindingFailed")
+    assert event["type"] == "Warning"
+    assert event["involvedObject"]["name"] == "p"
+    assert event["message"].startswith("node gone not found. ")
 
 
 async def test_twenty_concurrent_binds_on_room_for_ten(start_extender: StartExtender) -> None:
@@ -235,7 +259,7 @@ async def test_a_pod_watch_that_ends_is_resumed(
     }
     await apiserver.post("/api/v1/namespaces/default/pods", json=busy)
     await until(lambda: ext.ctx.snapshot.record(("default", "busy")) is not None, "the pod created later")
-    assert len(apiserver[kmock.action.WATCH, PODS]) >= 1  # the replacement watch (the first was cut)
+    assert len(apiserver[kmock.action.WATCH, PODS]) >= 2  # the first (cut) and its replacement
     result = await ext.filter(make_pod("p", memory=1000), ["n1"])
     assert result["FailedNodes"] == {"n1": "1/1 CardInsufficientMemory"}
 
@@ -248,5 +272,5 @@ async def test_a_bounded_wait_for_a_busy_lock_gives_up(start_extender: StartExte
         node_lock_wait=0.2,
     )
     result = await ext.bind("p", "n1")
-    assert result["Error"] == "node n1 has been locked within 5m0s by default/holder"
+    assert result["Error"] == "node n1 has been locked within 5m0s by default/holder: node lock contention"
     assert await _lock(ext) == held

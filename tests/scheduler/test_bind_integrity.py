@@ -254,7 +254,9 @@ async def test_a_binding_whose_answer_is_lost_is_a_success(start_extender: Start
     assert await lock_of(ext) == "2026-05-01T10:00:00Z,default,p"  # kept for the node agent
     assert used(ext) == [(1, 6000, 30)]
     # the next pod neither gets the lock nor the card
-    assert (await ext.bind("q", "n1"))["Error"] == "node n1 has been locked within 5m0s by default/p"
+    assert (await ext.bind("q", "n1"))[
+        "Error"
+    ] == "node n1 has been locked within 5m0s by default/p: node lock contention"
     await ext.settle()
     failed = [
         r for r in ext.apiserver["post", kmock.resource("v1/events")] if r.data["reason"] == "BindingFailed"
@@ -426,7 +428,9 @@ async def test_a_lock_whose_holder_can_never_be_allocated_here_is_taken_over_at_
     ext = await start_extender(nodes=[locked("n1"), make_node("n2")], pods=[lost, make_pod("p")])
     result = await ext.bind("p", "n1")
     if reason is None:
-        assert result["Error"] == "node n1 has been locked within 5m0s by default/holder"
+        assert (
+            result["Error"] == "node n1 has been locked within 5m0s by default/holder: node lock contention"
+        )
         assert await lock_of(ext) == HELD
     else:
         assert result == {"Error": ""}

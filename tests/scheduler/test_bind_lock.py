@@ -16,7 +16,10 @@ from hami.kube.nodelock import release_node_lock
 from .kit import Extender, StartExtender, make_node, make_pod, until
 
 PODS = kmock.resource("v1/pods")
+EVENTS = kmock.resource("v1/events")
+NODES = kmock.resource("v1/nodes")
 HELD = "2026-05-01T09:59:00Z,default,holder"  # a fresh lock of a live pod
+BUSY = "node n1 has been locked within 5m0s by default/holder: node lock contention"
 
 
 def group_pod(name: str, group: str = "training") -> dict[str, Any]:
@@ -79,7 +82,7 @@ async def test_other_binds_fail_at_once_on_a_busy_lock(
 ) -> None:
     ext = await _start(start_extender, pod, **overrides)
     result = await ext.bind("g", "n1")
-    assert result["Error"] == "node n1 has been locked within 5m0s by default/holder"
+    assert result["Error"] == BUSY
     assert _holder_checks(ext) == 1  # one attempt, no retry
     assert await _lock(ext) == HELD
 
@@ -87,7 +90,7 @@ async def test_other_binds_fail_at_once_on_a_busy_lock(
 async def test_a_group_member_gives_up_after_the_retry_timeout(start_extender: StartExtender) -> None:
     ext = await _start(start_extender, group_pod("g"), node_lock_retry_timeout=0.3)
     result = await ext.bind("g", "n1")
-    assert result["Error"] == "node n1 has been locked within 5m0s by default/holder"
+    assert result["Error"] == BUSY
     assert _holder_checks(ext) >= 1
     assert await _lock(ext) == HELD
     assert (await ext.pod("g"))["metadata"]["annotations"] == {
@@ -96,13 +99,40 @@ async def test_a_group_member_gives_up_after_the_retry_timeout(start_extender: S
     }
 
 
+async def test_an_unreadable_lock_fails_a_group_member_at_once(start_extender: StartExtender) -> None:
+    # not contention (HAMi retries only ErrNodeLockContention): a value nobody can read never changes
+    # by itself, so waiting the 28 s retry timeout would only delay the same answer
+    unreadable = "2026-05-01T09:59:00Z,default"
+    ext = await start_extender(
+        nodes=[make_node("n1", annotations={NODE_LOCK: unreadable})],
+        pods=[group_pod("g")],
+        node_lock_retry_timeout=5.0,  # a wait, if any, would end with the contention error instead
+    )
+    result = await ext.bind("g", "n1")
+    assert result["Error"] == (
+        f'node n1 has an unreadable lock: {NODE_LOCK} "{unreadable}": malformed lock: expected '
+        "<time>,<namespace>,<pod>, got 2 parts"
+    )
+    # read twice: that the node exists, then its lock; never again (a wait would re-read every second)
+    assert len([r for r in ext.apiserver["get", NODES] if r.name == "n1"]) == 2
+    assert await _lock(ext) == unreadable  # not taken over: nobody can tell who holds it
+    assert len(ext.apiserver["patch", NODES]) == 0
+    assert (await ext.pod("g"))["metadata"]["annotations"][POD_BIND_PHASE] == "failed"
+    await ext.settle()
+    (event,) = [r.data for r in ext.apiserver["post", EVENTS] if r.data["reason"] == "BindingFailed"]
+    assert event["type"] == "Warning"
+    assert event["message"] == (
+        f"{result['Error']}. It never expires: once no pod is being allocated on the node, remove it "
+        f"(kubectl annotate node n1 {NODE_LOCK}-); kube-scheduler retries the pod"
+    )
+
+
 async def test_an_init_container_only_pod_takes_the_lock_too(start_extender: StartExtender) -> None:
     # HAMi lets it bind without the lock; then the node agent cannot tell its grant from the lock
     # owner's, and two scheduler replicas can both place such pods on the same room
     ext = await _start(start_extender, init_only_pod("warm"), make_pod("app"))
-    busy = "node n1 has been locked within 5m0s by default/holder"
-    assert (await ext.bind("app", "n1"))["Error"] == busy
-    assert (await ext.bind("warm", "n1"))["Error"] == busy  # waits its turn like every GPU pod
+    assert (await ext.bind("app", "n1"))["Error"] == BUSY
+    assert (await ext.bind("warm", "n1"))["Error"] == BUSY  # waits its turn like every GPU pod
     assert await _lock(ext) == HELD
     assert await release_node_lock(ext.ctx.api, "n1", "default", "holder")  # the agent's release
     assert await ext.bind("warm", "n1") == {"Error": ""}
