@@ -7,8 +7,9 @@ test API server), decoding raw JSON responses (``_preload_content=False``: objec
 dicts, never as client model classes) and the error hierarchy (:class:`KubeError`, :class:`NotFound`,
 :class:`Conflict`). Errors a person sees read as one line saying what to do: an unusable or absent
 kubeconfig is ``Config: ...``, a connection never made (refused, unknown host, TLS) ``Unreachable: ...``
-naming the server (:func:`check_reachable` asks once at a service's start-up). Imports: ``kubernetes``,
-``urllib3``; nothing from ``hami.scheduler`` or above.
+naming the server (:func:`check_reachable` asks once at a service's start-up). What callers may use of
+the client object is :class:`~hami.kube.protocol.KubeApi`. Imports: ``kubernetes``, ``urllib3``,
+``hami.kube.protocol``; nothing from ``hami.scheduler`` or above.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from typing import Any
 import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+
+from hami.kube.protocol import KubeApi
 
 #: Seconds one API request may take before it fails (a hanging apiserver must not hang a bind).
 DEFAULT_TIMEOUT = 30.0
@@ -61,7 +64,7 @@ class HamiApiClient(client.ApiClient):
 
 def load_api_client(
     kubeconfig: str | None, *, request_timeout: float = DEFAULT_TIMEOUT, component: str = "hami"
-) -> Any:
+) -> KubeApi:
     """Build an ``ApiClient``: the given kubeconfig file, else in-cluster, else ``~/.kube/config``.
 
     Requests carry the User-Agent ``<component>/<version>`` so audit logs (and our RBAC tests) can tell
@@ -127,13 +130,13 @@ def _version() -> str:
         return "dev"
 
 
-def timeout_of(api: Any) -> float:
+def timeout_of(api: KubeApi) -> float:
     """The per-request timeout for ``api`` (clients not built by :func:`load_api_client` get the default)."""
     value = getattr(api, "request_timeout", DEFAULT_TIMEOUT)
     return float(value)
 
 
-def core_api(api: Any) -> Any:
+def core_api(api: KubeApi) -> Any:
     return client.CoreV1Api(api)
 
 
@@ -200,7 +203,7 @@ def _unreachable(exc: BaseException, pool: Any) -> KubeError | None:
     )
 
 
-def check_reachable(api: Any) -> None:
+def check_reachable(api: KubeApi) -> None:
     """Ask the server for ``/version`` once (start-up of the services): raise :class:`KubeError` when no
     connection can be made or it does not answer in time. Any HTTP answer, even an error, counts as
     reachable (credentials and rights are the callers' business, with their own messages). One attempt,
@@ -235,7 +238,7 @@ def _call_json_sync(method: Callable[..., Any], *args: Any, timeout: float, **kw
 
 
 async def call_json(
-    api: Any, method: Callable[..., Any], *args: Any, limit: float | None = None, **kwargs: Any
+    api: KubeApi, method: Callable[..., Any], *args: Any, limit: float | None = None, **kwargs: Any
 ) -> Any:
     """Run one client call in a worker thread and return the decoded JSON body (``{}`` when empty).
 

@@ -6,7 +6,7 @@ absence), so a concurrent writer's entry is never overwritten. A lost race (the 
 ``test``: 422 on a real server, 500 on the embedded one; or a 409) re-reads and re-applies the same
 change to the new value. An unchanged list writes nothing; an emptied list removes the key. The list's
 text belongs to the codec (``encode_cordon``/``decode_cordon``); nothing here splits it. Imports
-``hami.kube`` modules and the codec only; must not import ``hami.scheduler`` or services.
+``hami.kube`` modules, ``hami.objects`` and the codec only; must not import ``hami.scheduler`` or services.
 """
 
 from __future__ import annotations
@@ -15,9 +15,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hami import objects
 from hami.annotations import NODE_DEVICE_CORDON, decode_cordon, encode_cordon
 from hami.kube.client import KubeError
 from hami.kube.nodes import get_node, json_patch_node
+from hami.kube.protocol import KubeApi
 
 #: JSON pointer of the cordon annotation (``/`` in the key escaped as ``~1``).
 CORDON_POINTER = "/metadata/annotations/" + NODE_DEVICE_CORDON.replace("~", "~0").replace("/", "~1")
@@ -43,8 +45,7 @@ class CordonUpdate:
 
 def cordon_of(node: Mapping[str, Any]) -> frozenset[str]:
     """The card uuids a Node object's annotation cordons."""
-    annotations = (node.get("metadata") or {}).get("annotations") or {}
-    return decode_cordon(annotations.get(NODE_DEVICE_CORDON))
+    return decode_cordon(objects.annotations(node).get(NODE_DEVICE_CORDON))
 
 
 def _operations(metadata: Mapping[str, Any], current: str | None, value: str | None) -> list[dict[str, Any]]:
@@ -69,7 +70,7 @@ def _operations(metadata: Mapping[str, Any], current: str | None, value: str | N
 
 
 async def update_device_cordon(
-    api: Any,
+    api: KubeApi,
     name: str,
     *,
     add: Iterable[str] = (),
@@ -87,8 +88,8 @@ async def update_device_cordon(
     for _ in range(CAS_ATTEMPTS):
         obj = node if node is not None else await get_node(api, name)
         node = None  # every retry reads afresh
-        metadata: Mapping[str, Any] = obj.get("metadata") or {}
-        current = (metadata.get("annotations") or {}).get(NODE_DEVICE_CORDON)
+        metadata = objects.meta(obj)  # as stored: the patch's test op echoes it
+        current = objects.annotations(obj).get(NODE_DEVICE_CORDON)
         before = decode_cordon(current)
         after = (before | adding) - removing
         if after == before:

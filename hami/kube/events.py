@@ -11,7 +11,7 @@ pod has been quiet for ``forget_after`` seconds), and all API calls share one to
 second, ``burst``). Checked: before its first write about a
 pod the recorder reads it from the API server and writes nothing unless a pod with that namespace, name
 and uid exists and ``accept(pod)`` holds; the Event goes into that pod's namespace and names the pod as
-read. Imports ``hami.kube.client`` only.
+read. Imports ``hami.kube.client``, ``hami.kube.protocol`` and ``hami.objects``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hami import objects
 from hami.kube.client import KubeError, NotFound, call_json, core_api
+from hami.kube.protocol import KubeApi
 
 logger = logging.getLogger(__name__)
 
@@ -53,25 +55,23 @@ def build_event(
     count: int = 1,
 ) -> dict[str, Any]:
     """The Event body for ``involved`` (a raw Pod or Node dict); ``first`` defaults to ``now``."""
-    metadata = involved.get("metadata") or {}
-    name = str(metadata.get("name") or "")
-    namespace = str(metadata.get("namespace") or "default")
+    name, namespace, uid = objects.name(involved), objects.namespace(involved), objects.uid(involved)
     last = now or _utc_now()
     # list items carry no kind; namespaced objects here are Pods, cluster-scoped ones Nodes
-    kind = str(involved.get("kind") or ("Pod" if metadata.get("namespace") else "Node"))
+    kind = str(involved.get("kind") or ("Pod" if namespace else "Node"))
     reference: dict[str, Any] = {
         "apiVersion": str(involved.get("apiVersion") or "v1"),
         "kind": kind,
         "name": name,
     }
-    if metadata.get("namespace"):
+    if namespace:
         reference["namespace"] = namespace
-    if metadata.get("uid"):
-        reference["uid"] = metadata["uid"]
+    if uid:
+        reference["uid"] = uid
     return {
         "apiVersion": "v1",
         "kind": "Event",
-        "metadata": {"name": f"{name}.{uuid.uuid4().hex[:16]}", "namespace": namespace},
+        "metadata": {"name": f"{name}.{uuid.uuid4().hex[:16]}", "namespace": namespace or "default"},
         "involvedObject": reference,
         "reason": reason,
         "message": message[:MAX_MESSAGE],
@@ -85,7 +85,7 @@ def build_event(
 
 
 async def record_event(
-    api: Any,
+    api: KubeApi,
     *,
     involved: Mapping[str, Any],
     reason: str,
@@ -154,7 +154,7 @@ class EventRecorder:
 
     def __init__(
         self,
-        api: Any,
+        api: KubeApi,
         *,
         component: str,
         clock: Callable[[], datetime.datetime] = _utc_now,
@@ -187,8 +187,7 @@ class EventRecorder:
         accept: Callable[[Mapping[str, Any]], bool] = lambda pod: True,
     ) -> bool:
         """Count one occurrence about ``pod`` (as the caller names it); never waits. False: not followed."""
-        metadata = pod.get("metadata") or {}
-        namespace, name, uid = (str(metadata.get(k) or "") for k in ("namespace", "name", "uid"))
+        namespace, name, uid = objects.namespace(pod), objects.name(pod), objects.uid(pod)
         if not (namespace and name and uid):
             return False  # not a stored pod: nothing to check it against
         key = (namespace, name, uid, reason, type)
@@ -260,11 +259,7 @@ class EventRecorder:
                 pod = await call_json(self._api, core.read_namespaced_pod, series.name, series.namespace)
             except NotFound:
                 pod = None
-            if (
-                not pod
-                or str((pod.get("metadata") or {}).get("uid") or "") != series.uid
-                or not series.accept(pod)
-            ):
+            if not pod or objects.uid(pod) != series.uid or not series.accept(pod):
                 series.refused = True
                 return
             series.involved = pod

@@ -1,19 +1,22 @@
 """Pod reads and writes as raw JSON dicts, and the pod → node Binding.
 
-Owns: get/list Pods (selectors are also applied client-side, since not every API server honours
-them), merge-patch of a Pod's annotations and labels, conditional (RFC 6902 JSON) patches of a Pod —
-the ``test`` operations that make a write apply only to the object as last read
-(:func:`unchanged_tests`) or only while it still carries given values (:func:`value_tests`) — and
-creating the ``pods/binding`` subresource. ``limit`` (seconds) shortens one call's timeout (a caller with a
-deadline). Imports ``hami.kube.client`` only; must not import ``hami.scheduler`` or services.
+Owns: get/list Pods (selectors are also applied client-side, since not every API server honours them),
+merge-patch of a Pod's annotations and labels, conditional (RFC 6902 JSON) patches of a Pod — the ``test``
+operations that make a write apply only to the object as last read (:func:`unchanged_tests`) or only while it
+still carries given values (:func:`value_tests`) — and creating the ``pods/binding`` subresource. ``limit``
+(seconds) shortens one call's timeout (a caller with a deadline). Imports ``hami.kube.client``,
+``hami.kube.protocol`` and ``hami.objects``; must not import ``hami.scheduler`` or services.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
+from hami import objects
 from hami.kube.client import call_json, core_api
+from hami.kube.protocol import KubeApi
+from hami.objects import RawPod
 
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
@@ -24,7 +27,7 @@ def pointer(*parts: str) -> str:
     return "".join("/" + part.replace("~", "~0").replace("/", "~1") for part in parts)
 
 
-async def get_pod(api: Any, namespace: str, name: str, *, limit: float | None = None) -> dict[str, Any]:
+async def get_pod(api: KubeApi, namespace: str, name: str, *, limit: float | None = None) -> dict[str, Any]:
     """The Pod; raises :class:`~hami.kube.client.NotFound` when it does not exist."""
     pod: dict[str, Any] = await call_json(
         api, core_api(api).read_namespaced_pod, name, namespace, limit=limit
@@ -32,39 +35,38 @@ async def get_pod(api: Any, namespace: str, name: str, *, limit: float | None = 
     return pod
 
 
-async def list_pods_with_version(
-    api: Any, *, node_name: str | None = None
-) -> tuple[list[dict[str, Any]], str]:
-    """Pods in every namespace (only those on ``node_name`` when given) and the list's resourceVersion."""
+async def list_pods_with_version(api: KubeApi, *, node_name: str | None = None) -> tuple[list[RawPod], str]:
+    """Pods in every namespace (only those on ``node_name`` when given) and the list's resourceVersion.
+    Items that are not objects are left out."""
     kwargs: dict[str, Any] = {"field_selector": f"spec.nodeName={node_name}"} if node_name else {}
     body = await call_json(api, core_api(api).list_pod_for_all_namespaces, **kwargs)
-    items: list[dict[str, Any]] = list(body.get("items") or [])
+    items = cast("list[RawPod]", objects.items(body))
     if node_name:
-        items = [p for p in items if (p.get("spec") or {}).get("nodeName") == node_name]
-    return items, str((body.get("metadata") or {}).get("resourceVersion") or "")
+        items = [p for p in items if objects.node_name(p) == node_name]
+    return items, objects.resource_version(body)
 
 
-async def list_pods(api: Any, *, node_name: str | None = None) -> list[dict[str, Any]]:
+async def list_pods(api: KubeApi, *, node_name: str | None = None) -> list[RawPod]:
     """Pods in every namespace, only those bound to ``node_name`` when given."""
     items, _ = await list_pods_with_version(api, node_name=node_name)
     return items
 
 
 async def patch_pod(
-    api: Any,
+    api: KubeApi,
     namespace: str,
     name: str,
     *,
     annotations: Mapping[str, str | None] | None = None,
     labels: Mapping[str, str | None] | None = None,
-) -> dict[str, Any]:
+) -> RawPod:
     """Merge-patch the Pod's annotations and labels in one request (``None`` deletes a key)."""
     metadata: dict[str, Any] = {}
     if annotations is not None:
         metadata["annotations"] = dict(annotations)
     if labels is not None:
         metadata["labels"] = dict(labels)
-    pod: dict[str, Any] = await call_json(
+    pod: RawPod = await call_json(
         api,
         core_api(api).patch_namespaced_pod,
         name,
@@ -85,14 +87,15 @@ def unchanged_tests(pod: Mapping[str, Any]) -> list[dict[str, Any]]:
     binding included), and the annotation and label maps — or the whole ``metadata`` when one of them
     is absent, since JSON patch cannot test that a key is missing.
     """
-    metadata: Mapping[str, Any] = pod.get("metadata") or {}
+    metadata = objects.meta(pod)  # as stored: the tests must echo the values exactly
     annotations, labels = metadata.get("annotations"), metadata.get("labels")
     if not isinstance(annotations, Mapping) or not isinstance(labels, Mapping):
         return [{"op": "test", "path": "/metadata", "value": dict(metadata)}]
     tests: list[dict[str, Any]] = []
     for key in ("uid", "resourceVersion"):
-        if metadata.get(key):
-            tests.append({"op": "test", "path": pointer("metadata", key), "value": metadata[key]})
+        value = metadata.get(key)
+        if value:
+            tests.append({"op": "test", "path": pointer("metadata", key), "value": value})
     tests.append({"op": "test", "path": "/metadata/annotations", "value": dict(annotations)})
     tests.append({"op": "test", "path": "/metadata/labels", "value": dict(labels)})
     return tests
@@ -103,12 +106,13 @@ def value_tests(
 ) -> list[dict[str, Any]]:
     """``test`` ops that pass only while the pod is the same object (uid; with ``fresh`` also the same
     resourceVersion as ``pod``) and carries exactly these annotation values."""
-    metadata: Mapping[str, Any] = pod.get("metadata") or {}
+    metadata = objects.meta(pod)
     tests: list[dict[str, Any]] = []
     keys = ("uid", "resourceVersion") if fresh else ("uid",)
     for key in keys:
-        if metadata.get(key):
-            tests.append({"op": "test", "path": pointer("metadata", key), "value": metadata[key]})
+        value = metadata.get(key)
+        if value:
+            tests.append({"op": "test", "path": pointer("metadata", key), "value": value})
     for key, value in annotations.items():
         tests.append({"op": "test", "path": pointer("metadata", "annotations", key), "value": value})
     return tests
@@ -121,7 +125,7 @@ def write_operations(
     labels: Mapping[str, str | None] | None = None,
 ) -> list[dict[str, Any]]:
     """``add``/``remove`` ops that set (``None``: remove) annotation and label keys of ``pod`` as read."""
-    metadata: Mapping[str, Any] = pod.get("metadata") or {}
+    metadata = objects.meta(pod)
     operations: list[dict[str, Any]] = []
     for field, values in (("annotations", annotations), ("labels", labels)):
         if not values:
@@ -141,16 +145,16 @@ def write_operations(
 
 
 async def json_patch_pod(
-    api: Any,
+    api: KubeApi,
     namespace: str,
     name: str,
     operations: Sequence[Mapping[str, Any]],
     *,
     limit: float | None = None,
-) -> dict[str, Any]:
+) -> RawPod:
     """Apply an RFC 6902 JSON patch to the Pod. With ``test`` ops it is a compare-and-set: a failed
     test is answered 422 by kube-apiserver (500 ``JsonPatchTestFailed`` by the embedded one)."""
-    pod: dict[str, Any] = await call_json(
+    pod: RawPod = await call_json(
         api,
         core_api(api).patch_namespaced_pod,
         name,
@@ -163,7 +167,7 @@ async def json_patch_pod(
 
 
 async def bind_pod(
-    api: Any,
+    api: KubeApi,
     namespace: str,
     name: str,
     node: str,

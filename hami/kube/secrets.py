@@ -1,7 +1,8 @@
 """Secret reads and writes as raw JSON dicts (values of ``data`` stay base64 text, as on the wire).
 
 Owns: get, create and merge-patch of one namespaced Secret. Used by the webhook's certificate command
-(``python -m webhook.certs secret``). Imports ``hami.kube.client`` only; must not import services.
+(``python -m webhook.certs secret``). Imports ``hami.kube.client`` and ``hami.kube.protocol``; must not import
+services.
 """
 
 from __future__ import annotations
@@ -10,17 +11,18 @@ from collections.abc import Mapping
 from typing import Any
 
 from hami.kube.client import call_json, core_api
+from hami.kube.protocol import KubeApi
 
 MERGE_PATCH = "application/merge-patch+json"
 
 
-async def get_secret(api: Any, namespace: str, name: str) -> dict[str, Any]:
+async def get_secret(api: KubeApi, namespace: str, name: str) -> dict[str, Any]:
     """The Secret; raises :class:`~hami.kube.client.NotFound` when it does not exist."""
     secret: dict[str, Any] = await call_json(api, core_api(api).read_namespaced_secret, name, namespace)
     return secret
 
 
-async def create_secret(api: Any, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
+async def create_secret(api: KubeApi, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
     """Create the Secret ``body``; raises :class:`~hami.kube.client.Conflict` when it already exists."""
     secret: dict[str, Any] = await call_json(
         api, core_api(api).create_namespaced_secret, namespace, dict(body)
@@ -29,7 +31,7 @@ async def create_secret(api: Any, namespace: str, body: Mapping[str, Any]) -> di
 
 
 async def patch_secret(
-    api: Any,
+    api: KubeApi,
     namespace: str,
     name: str,
     *,

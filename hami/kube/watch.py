@@ -18,7 +18,8 @@ watch event goes to ``on_event``. An exception from the handler for ONE object n
 the watch: the object is skipped (a listed one is left out of ``applied``), logged with its kind, name
 and reason, counted in ``skipped``, and reported to ``on_skip(kind, obj, error)`` (the caller records
 a Warning Event on it) once per object and reason until the object is handled well again or deleted.
-Imports ``hami.kube.client`` and ``urllib3``; nothing above ``hami.kube``.
+Imports ``hami.kube.client``, ``hami.kube.protocol``, ``hami.objects`` and ``urllib3``; nothing above
+``hami.kube``.
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ from typing import Any, Literal
 
 import urllib3
 
+from hami import objects
 from hami.kube.client import Gone, KubeError, core_api, error_from, timeout_of
+from hami.kube.protocol import KubeApi
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +83,7 @@ class ListWatcher:
 
     def __init__(
         self,
-        api: Any,
+        api: KubeApi,
         kind: Kind,
         *,
         loop: asyncio.AbstractEventLoop,
@@ -129,8 +132,8 @@ class ListWatcher:
 
     # ------------------------------------------------------------------------- dispatch (on the loop)
 
-    def _dispatch_list(self, items: list[Any]) -> None:
-        applied = [obj for obj in items if isinstance(obj, dict) and self._apply(ADDED, obj)]
+    def _dispatch_list(self, items: list[dict[str, Any]]) -> None:
+        applied = [obj for obj in items if self._apply(ADDED, obj)]  # objects only: objects.items
         try:
             self._on_list(applied)
         except Exception:
@@ -141,9 +144,7 @@ class ListWatcher:
 
     def _apply(self, kind: str, obj: dict[str, Any]) -> bool:
         """Hand one object to ``on_event``; True when it was handled, False when it was skipped."""
-        metadata = obj.get("metadata")
-        metadata = metadata if isinstance(metadata, dict) else {}
-        key = (str(metadata.get("namespace") or ""), str(metadata.get("name") or ""))
+        key = (objects.namespace(obj), objects.name(obj))
         try:
             self._on_event(kind, obj)
         except Exception as exc:
@@ -209,8 +210,8 @@ class ListWatcher:
         except Exception as exc:
             raise error_from(exc) from exc
         self.lists_done += 1
-        self._deliver(self._dispatch_list, list(body.get("items") or []))
-        return str((body.get("metadata") or {}).get("resourceVersion") or "")
+        self._deliver(self._dispatch_list, objects.items(body))
+        return objects.resource_version(body)
 
     def _watch(self, version: str) -> str:
         """One watch request; returns the last resourceVersion seen when the stream ends."""
@@ -262,7 +263,7 @@ class ListWatcher:
             raise KubeError(code, "WatchError", json.dumps(obj)[:500])
         if not isinstance(obj, dict):
             return version
-        version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+        version = objects.resource_version(obj) or version
         if kind != "BOOKMARK":
             self._deliver(self._dispatch_event, kind, obj)
         return version
