@@ -8,10 +8,11 @@ add/remove it applies to node usage. :meth:`QuotaBook.quota` answers the core's
 :class:`~hami.core.model.NamespaceQuota` for one namespace, optionally without one pod's own usage (the
 pod being decided, as ``Snapshot.candidate(..., exclude=key)`` does for nodes).
 
-Rules: quantities are parsed with :mod:`hami.core.quantity` and rounded up to a whole number (Go's
-``Quantity.Value``); the memory limit is multiplied by ``memoryFactor`` when it is > 1 (HAMi); with
-several quotas in one namespace each dimension takes the tightest (smallest) limit; a value that is
-not a non-negative quantity is logged once and ignored (the rest of that quota still counts). Every
+Rules: a quota's limits are read by the core (:func:`hami.core.quota.read_limits`, shared with the
+webhook's admission pre-check: whole numbers rounded up like Go's ``Quantity.Value``, the memory limit
+times ``memoryFactor`` when it is > 1); with several quotas in one namespace each dimension takes the
+tightest (smallest) limit; a value that is not a non-negative quantity is logged once and ignored (the
+rest of that quota still counts). Every
 other ``spec.hard`` key is ignored; the quota's ``status`` is never read (HAMi counts from its own pods).
 
 No I/O: must not import the Kubernetes client or aiohttp.
@@ -20,30 +21,16 @@ No I/O: must not import the Kubernetes client or aiohttp.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from hami.core.model import NamespaceQuota
-from hami.core.quantity import QuantityError, parse_quantity
+from hami.core.quota import QuotaKeys, QuotaLimits, read_limits
 from hami.core.usage import PodUsage
 
 logger = logging.getLogger(__name__)
 
 QuotaKey = tuple[str, str]  # (namespace, name) of one ResourceQuota
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class QuotaLimits:
-    """The two limits one ResourceQuota sets (``None`` = that quota does not set it)."""
-
-    memory: int | None = None
-    cores: int | None = None
-
-
-class QuotaError(ValueError):
-    """One ``spec.hard`` value that cannot be a limit; the message names the quota, key and text."""
 
 
 def _tightest(values: Iterable[int | None]) -> int | None:
@@ -55,9 +42,7 @@ class QuotaBook:
     """ResourceQuota limits and per-namespace usage; every method runs on the event loop."""
 
     def __init__(self, *, memory_resource: str, cores_resource: str, memory_factor: int = 1) -> None:
-        self.memory_key = f"limits.{memory_resource}"
-        self.cores_key = f"limits.{cores_resource}"
-        self._factor = memory_factor if memory_factor > 1 else 1
+        self.keys = QuotaKeys.of(memory_resource, cores_resource, memory_factor)
         self._limits: dict[QuotaKey, QuotaLimits] = {}
         self._by_namespace: dict[str, set[QuotaKey]] = {}
         self._used: dict[str, tuple[int, int]] = {}
@@ -108,18 +93,12 @@ class QuotaBook:
         hard = (obj.get("spec") or {}).get("hard") or {}
         if not isinstance(hard, Mapping):
             return QuotaLimits()
-        namespace, name = _key(obj)
-        found: dict[str, int | None] = {"memory": None, "cores": None}
-        for field, key, factor in (("memory", self.memory_key, self._factor), ("cores", self.cores_key, 1)):
-            if key not in hard:
-                continue
-            try:
-                found[field] = parse_limit(namespace, name, key, hard[key]) * factor
-            except QuotaError as exc:
-                if str(exc) not in self._reported:
-                    self._reported.add(str(exc))
-                    logger.warning("%s; the value is ignored", exc)
-        return QuotaLimits(memory=found["memory"], cores=found["cores"])
+        limits, errors = read_limits(*_key(obj), hard, self.keys)
+        for exc in errors:
+            if str(exc) not in self._reported:
+                self._reported.add(str(exc))
+                logger.warning("%s; the value is ignored", exc)
+        return limits
 
     # ----------------------------------------------------------------------------------- usage
 
@@ -162,20 +141,6 @@ class QuotaBook:
 
     def __len__(self) -> int:
         return len(self._limits)
-
-
-def parse_limit(namespace: str, name: str, key: str, text: Any) -> int:
-    """One ``spec.hard`` value -> a whole non-negative number (rounded up), or :class:`QuotaError`."""
-    where = f"resourcequota {namespace}/{name}: spec.hard[{key}]"
-    if not isinstance(text, str):
-        raise QuotaError(f"{where} = {text!r} is not a quantity string")
-    try:
-        value = parse_quantity(text).value
-    except QuantityError as exc:
-        raise QuotaError(f"{where}: {exc}") from None
-    if value < 0:
-        raise QuotaError(f"{where} = {text!r} is negative")
-    return math.ceil(value)
 
 
 def _key(obj: Mapping[str, Any]) -> QuotaKey:

@@ -1,9 +1,13 @@
-"""Namespace quota inside Fit (spec-scheduler §14)."""
+"""Namespace quotas (spec-scheduler §14): inside Fit, reading ResourceQuota limits, and the admission
+pre-check (§4, HAMi's ``fitResourceQuota``)."""
 
 from __future__ import annotations
 
+import pytest
+
 from hami.core.allocate import Policy, fit_node
-from hami.core.model import Allocation, NamespaceQuota, Rejection
+from hami.core.model import Allocation, ContainerRequest, NamespaceQuota, Rejection
+from hami.core.quota import QuotaAsk, QuotaKeys, QuotaLimits, admission_ask, over_quota, read_limits
 
 from .builders import make_cards, make_container, make_node, make_request
 
@@ -75,3 +79,116 @@ def test_quota_rejection_is_resolvable_when_usage_could_go_away() -> None:
     assert isinstance(busy, Rejection) and busy.resolvable
     never = fit_node(request, node, Policy(), quotas=quota(memory_limit=999))
     assert isinstance(never, Rejection) and not never.resolvable
+
+
+# ---------------------------------------------- reading ResourceQuotas and the admission pre-check
+KEYS = QuotaKeys.of("nvidia.com/gpumem", "nvidia.com/gpucores")
+MEM_KEY, CORES_KEY = "limits.nvidia.com/gpumem", "limits.nvidia.com/gpucores"
+
+
+@pytest.mark.parametrize(
+    ("hard", "expected"),
+    [
+        ({MEM_KEY: "8000", CORES_KEY: "150"}, QuotaLimits(memory=8000, cores=150)),
+        ({MEM_KEY: "1.5k"}, QuotaLimits(memory=1500)),  # Go's Value(): rounded up to a whole number
+        ({MEM_KEY: "100m"}, QuotaLimits(memory=1)),
+        ({"limits.cpu": "4", "requests.nvidia.com/gpumem": "10"}, QuotaLimits()),  # not ours
+        ({MEM_KEY: "0"}, QuotaLimits(memory=0)),  # set to 0: blocks every request of that dimension
+    ],
+)
+def test_read_limits_takes_the_two_gpu_keys(hard: dict[str, str], expected: QuotaLimits) -> None:
+    assert read_limits("team", "gpu", hard, KEYS) == (expected, ())
+
+
+def test_read_limits_multiplies_memory_by_the_memory_factor() -> None:
+    keys = QuotaKeys.of("nvidia.com/gpumem", "nvidia.com/gpucores", memory_factor=10)
+    assert read_limits("team", "gpu", {MEM_KEY: "400", CORES_KEY: "50"}, keys)[0] == QuotaLimits(
+        memory=4000, cores=50
+    )
+
+
+def test_read_limits_leaves_out_an_unreadable_value_and_says_why() -> None:
+    limits, errors = read_limits("team", "gpu", {MEM_KEY: "lots", CORES_KEY: 20}, KEYS)
+    assert limits == QuotaLimits()
+    memory, cores = (str(e) for e in errors)
+    assert memory.startswith(
+        "resourcequota team/gpu: spec.hard[limits.nvidia.com/gpumem]: 'lots' is not a quantity"
+    )
+    assert (
+        cores == "resourcequota team/gpu: spec.hard[limits.nvidia.com/gpucores] = 20 is not a quantity string"
+    )
+    limits, (negative,) = read_limits("team", "gpu", {MEM_KEY: "-5", CORES_KEY: "20"}, KEYS)
+    assert limits == QuotaLimits(cores=20) and "'-5' is negative" in str(negative)
+
+
+@pytest.mark.parametrize(
+    ("containers", "init_count", "expected"),
+    [
+        # app containers add up: memory x cards, cores x cards
+        (
+            (make_container(2, mem=3000, cores=30), make_container(1, mem=1000)),
+            0,
+            QuotaAsk(memory=7000, cores=60),
+        ),
+        # init containers run one after another: their peak; the pod asks max(app sum, init peak)
+        (
+            (
+                make_container(1, mem=9000),
+                make_container(2, mem=1000, cores=100),
+                make_container(1, mem=2000),
+            ),
+            2,
+            QuotaAsk(memory=9000, cores=200),
+        ),
+        # a percentage is not memory here (HAMi's memreq is 0; Fit resolves it per card)
+        ((make_container(1, pct=50, cores=20),), 0, QuotaAsk(memory=0, cores=20)),
+        ((None, make_container(1, mem=10)), 1, QuotaAsk(memory=10, cores=0)),  # no request: nothing
+        ((), 0, QuotaAsk(memory=0, cores=0)),
+    ],
+)
+def test_admission_ask_is_hamis_fit_resource_quota_sum(
+    containers: tuple[ContainerRequest | None, ...], init_count: int, expected: QuotaAsk
+) -> None:
+    assert admission_ask(containers, init_count) == expected
+
+
+def test_a_pod_over_its_quota_at_admission_never_fits_in_fit() -> None:
+    # what Fit books (collapsed per card, then summed) is at least the admission ask: a pod refused at
+    # admission is one Fit would reject on every node, whatever other pods free (not resolvable)
+    request = make_request(make_container(1, mem=9000), make_container(2, mem=1000), init_count=1)
+    ask = admission_ask(request.containers, request.init_count)
+    assert ask == QuotaAsk(memory=9000, cores=0)
+    node = make_node(cards=make_cards(2, memory=20000))
+    refused = fit_node(request, node, Policy(), quotas=quota(memory_limit=ask.memory - 1))
+    assert isinstance(refused, Rejection) and not refused.resolvable
+
+
+def test_over_quota_names_each_quota_and_resource_in_the_units_written() -> None:
+    quotas = [
+        ("team/gpu", QuotaLimits(memory=8000, cores=150)),
+        ("team/cores-only", QuotaLimits(cores=100)),
+        ("team/roomy", QuotaLimits(memory=99999, cores=999)),
+    ]
+    assert over_quota(QuotaAsk(memory=10000, cores=120), quotas, KEYS) == [
+        "the pod asks for 10000 of limits.nvidia.com/gpumem, more than resourcequota team/gpu allows "
+        "in all (8000)",
+        "the pod asks for 120 of limits.nvidia.com/gpucores, more than resourcequota team/cores-only "
+        "allows in all (100)",
+    ]
+    factor = QuotaKeys.of("nvidia.com/gpumem", "nvidia.com/gpucores", memory_factor=10)
+    (message,) = over_quota(QuotaAsk(memory=5000, cores=0), [("team/gpu", QuotaLimits(memory=4000))], factor)
+    assert "asks for 500 of limits.nvidia.com/gpumem" in message and "allows in all (400)" in message
+
+
+@pytest.mark.parametrize(
+    ("ask", "limits", "refused"),
+    [
+        (QuotaAsk(memory=8000, cores=150), QuotaLimits(memory=8000, cores=150), False),  # equality passes
+        (QuotaAsk(memory=8001, cores=0), QuotaLimits(memory=8000), True),
+        (QuotaAsk(memory=0, cores=1), QuotaLimits(memory=0, cores=0), True),  # a 0 limit blocks
+        (QuotaAsk(memory=0, cores=0), QuotaLimits(memory=0, cores=0), False),  # asking nothing passes
+        (QuotaAsk(memory=10**9, cores=10**9), QuotaLimits(), False),  # no GPU limit
+    ],
+)
+def test_over_quota_follows_fit_quota(ask: QuotaAsk, limits: QuotaLimits, refused: bool) -> None:
+    assert bool(over_quota(ask, [("team/q", limits)], KEYS)) is refused
