@@ -1,13 +1,14 @@
 """ENTRY POINT ``hami-monitor`` / ``python -m monitor``: the node agent wired in one function.
 
 Builds every collaborator at the top (settings, API client, backend, inventory, allocator, device
-plugin service, kubelet runner, registrar) and runs each loop as a named task. A node whose backend
-cannot start (no NVIDIA driver with ``--backend nvml``/``auto``, a bad sim file) logs one clear error
-and retries every minute instead of exiting, so the DaemonSet does not crash-loop; an unusable kubeconfig
-or an API server that cannot be reached at start-up is one line and exit 2 (a wrong flag, not a wait
-for hardware). The exporter
-(``monitor.exporter``) is two more tasks: the pod list behind its grant metrics and the ``/metrics``
-server, whose collector reads the same inventory through a registry built here.
+plugin service, kubelet runner, registrar, the exporter's registry) and runs each loop as a named task.
+A node whose backend cannot start (no NVIDIA driver with ``--backend nvml``/``auto``, a bad sim file)
+logs one clear error and retries every minute instead of exiting, so the DaemonSet does not
+crash-loop; an unusable kubeconfig or an API server that cannot be reached at start-up is one line and
+exit 2 (a wrong flag, not a wait for hardware). The exporter is two more tasks: the pod list behind its
+grant metrics and ``/metrics`` + ``/healthz`` (the shared listener of :mod:`hami.process.http`, its
+collector read in a worker thread), which reads the same inventory. Process set-up (logging, one-line
+errors, SIGTERM/SIGINT) is the shared :mod:`hami.process.entry`.
 """
 
 from __future__ import annotations
@@ -15,25 +16,27 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 import sys
 from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry
 
-from hami.kube.client import KubeError, check_reachable, load_api_client
+from hami.kube.client import KubeError
+from hami.process.entry import configure_logging, reachable_api, refuse, until_signalled
+from hami.process.http import alive, metrics_app, serve_retrying
 from monitor.allocate_call import Allocator
 from monitor.backends import Backend, BackendUnavailable, open_backend
 from monitor.config import AgentConfig, ConfigError, load_node_settings, parse_agent_config
 from monitor.deviceplugin.kubelet import KubeletRunner
 from monitor.deviceplugin.server import DevicePluginService
-from monitor.exporter import NodeCollector, parse_listen, serve_metrics
+from monitor.exporter import NodeCollector
 from monitor.grants import GrantBook
 from monitor.inventory import Inventory
 from monitor.registrar import Registrar
 
 log = logging.getLogger("monitor")
 
+PROGRAM = "hami-monitor"
 #: Seconds between attempts to start a backend that is unavailable (no driver yet, bad file).
 BACKEND_RETRY = 60.0
 
@@ -56,14 +59,8 @@ async def open_backend_patiently(config: AgentConfig, retry: float = BACKEND_RET
 
 async def run(config: AgentConfig) -> None:
     """Run the agent until cancelled."""
-    parse_listen(config.metrics_listen)  # a bad address is a start-up error (exit 2), not a retry loop
     settings = load_node_settings(config)
-    api = load_api_client(config.kubeconfig, component="hami-monitor")
-    try:
-        await asyncio.to_thread(check_reachable, api)  # a wrong server is a start-up error (exit 2)
-    except KubeError:
-        api.close()
-        raise
+    api = await asyncio.to_thread(reachable_api, config.kubeconfig, component=PROGRAM)
     backend = await open_backend_patiently(config)
     log.info(
         "node %s: using the %s backend, resource %s", config.node_name, backend.name, settings.resource_name
@@ -107,6 +104,7 @@ async def run(config: AgentConfig) -> None:
             legacy=config.legacy_metrics,
         )
     )
+
     try:
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(inventory.poll(config.health_interval), name="health-poll")
@@ -114,37 +112,32 @@ async def run(config: AgentConfig) -> None:
             tasks.create_task(runner.run(), name="kubelet-plugin")
             tasks.create_task(grants.run(config.health_interval), name="exporter-pods")
             tasks.create_task(
-                serve_metrics(registry, config.metrics_listen, retry=config.retry_interval), name="metrics"
+                serve_retrying(
+                    lambda: metrics_app(registry, blocking=True, routes={"/healthz": alive}),
+                    config.metrics_listen,
+                    retry=config.retry_interval,
+                    what="/metrics and /healthz",
+                    logger=log,
+                ),
+                name="metrics",
             )
     finally:
         await allocator.events.drain(seconds=2.0)  # the last Events, briefly; never blocks shutdown long
         backend.close()
+        api.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = parse_agent_config(argv, os.environ)
     except ConfigError as exc:
-        print(f"hami-monitor: {exc}", file=sys.stderr)
-        return 2
-    logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-    async def guarded() -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, task.cancel)
-        try:
-            await run(config)
-        except asyncio.CancelledError:
-            log.info("node %s: stopping", config.node_name)
-
+        return refuse(PROGRAM, exc)
+    configure_logging(config.log_level)
     try:
-        asyncio.run(guarded())
-    except (ConfigError, KubeError) as exc:  # bad flags or files, an unusable kubeconfig, no API server
-        print(f"hami-monitor: {exc}", file=sys.stderr)
-        return 2
+        if asyncio.run(until_signalled(run(config))):
+            log.info("node %s: stopping", config.node_name)
+    except (ConfigError, KubeError) as exc:  # bad files, an unusable kubeconfig, no API server
+        return refuse(PROGRAM, exc)
     return 0
 
 

@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 
 from hami.core.model import DeviceMode
+from hami.process.flags import Address, env_default, env_name, parse_address
 from hami.settings import DeviceConfig, from_device_config
 
 
@@ -72,7 +73,7 @@ class AgentConfig:
     device_config: Path | None = None
     hook_path: Path | None = None
     topology_score: bool = False
-    metrics_listen: str = "0.0.0.0:9394"
+    metrics_listen: Address = field(default_factory=lambda: Address(host="0.0.0.0", port=9394))
     legacy_metrics: bool = False
     scheduler_name: str = "hami-scheduler"  # Allocate serves only pods this scheduler placed
     log_level: str = "INFO"
@@ -112,8 +113,8 @@ _FLAGS: dict[str, tuple[type, Any, str]] = {
 def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hami-monitor", description="HAMi-compatible node agent.")
     for flag, (kind, default, help_text) in _FLAGS.items():
-        env = "HAMI_" + flag.upper().replace("-", "_")
-        value = environ.get(env, default)
+        env = env_name(flag)
+        value = env_default(flag, default, environ)
         if flag == "node-name" and value is None:
             value = environ.get("NODE_NAME")
         choices = ("auto", "nvml", "sim") if flag == "backend" else None
@@ -156,7 +157,7 @@ def parse_agent_config(argv: Sequence[str] | None, environ: Mapping[str, str]) -
         device_config=_path(args.device_config),
         hook_path=_path(args.hook_path),
         topology_score=_flag_bool("topology-score", args.topology_score),
-        metrics_listen=args.metrics_listen,
+        metrics_listen=parse_address("metrics-listen", args.metrics_listen, ConfigError),
         legacy_metrics=_flag_bool("legacy-metrics", args.legacy_metrics),
         scheduler_name=_scheduler_name(args.scheduler_name),
         log_level=str(args.log_level).upper(),

@@ -1,4 +1,4 @@
-"""The node exporter: ``/metrics`` (Prometheus text or OpenMetrics) and ``/healthz`` on ``--metrics-listen``.
+"""The node exporter's collector: what ``/metrics`` on ``--metrics-listen`` reports.
 
 Owns :class:`NodeCollector`, a prometheus-client collector that computes every value at scrape time
 from what the agent already holds: the cards (``Inventory``, refreshed by the health poll), the node's
@@ -8,26 +8,23 @@ attributed to pod containers through their cgroup. Metric names follow HAMi's mo
 one (spec-node-chart §B.4; its legacy camel-case names too with ``--legacy-metrics``), ours are
 ``hami_node_*``; all but the legacy ones pass ``promtool check metrics`` (``tests/test_promlint.py``).
 Every series carries HAMi's constant ``zone="vGPU"`` label, and ``node`` + ``device_uuid``. The full
-list is ``docs/metrics.md``. The registry is built by the entry point and passed in: no global registry.
-Must not import grpc, pynvml or the Kubernetes client.
+list is ``docs/metrics.md``. The registry is built by the entry point and passed in: no global registry;
+the entry point serves it (text or OpenMetrics, with ``/healthz``) through the shared listener of
+:mod:`hami.process.http`, reading it in a worker thread. Must not import grpc, pynvml or the
+Kubernetes client.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import AsyncIterator, Iterable
-from contextlib import asynccontextmanager
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from aiohttp import web
-from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from monitor.backends.base import BackendError, Card, LiveUsage, live_usage
 from monitor.cgroups import ProcessOwners
-from monitor.config import ConfigError, NodeSettings
+from monitor.config import NodeSettings
 from monitor.grants import PodGrants, TrackedPods, card_totals
 from monitor.inventory import Inventory
 from monitor.registrar import build_registration, card_type
@@ -303,63 +300,3 @@ def _add(f: dict[str, GaugeMetricFamily | None], key: str, labels: list[str], va
     family = f[key]
     if family is not None:
         family.add_metric(labels, value)
-
-
-# ---------------------------------------------------------------------------------------- HTTP server
-def parse_listen(text: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[::]:9394`` for IPv6; port 0 = any free port); raises :class:`ConfigError`."""
-    host, _, port = text.rpartition(":")
-    host = host.strip("[]")
-    try:
-        number = int(port)
-    except ValueError:
-        number = -1
-    if not host or not 0 <= number <= 65535:
-        raise ConfigError(f"--metrics-listen must be HOST:PORT, got {text!r}")
-    return host, number
-
-
-def metrics_app(registry: CollectorRegistry) -> web.Application:
-    """``GET /metrics`` (format negotiated from ``Accept``) and ``GET /healthz``."""
-
-    async def metrics(request: web.Request) -> web.Response:
-        encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
-        body = await asyncio.to_thread(encoder, registry)  # collectors may block (NVML, /proc)
-        return web.Response(body=body, headers={"Content-Type": content_type})
-
-    async def healthz(request: web.Request) -> web.Response:
-        return web.Response(text="ok\n")
-
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/healthz", healthz)
-    return app
-
-
-@asynccontextmanager
-async def metrics_server(registry: CollectorRegistry, listen: str) -> AsyncIterator[tuple[str, int]]:
-    """Serve the registry while inside; yields the bound ``(host, port)``. Raises OSError when the
-    address is taken."""
-    host, port = parse_listen(listen)
-    runner = web.AppRunner(metrics_app(registry), access_log=None)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, host, port)
-        await site.start()
-        bound = runner.addresses[0]
-        yield str(bound[0]), int(bound[1])
-    finally:
-        await runner.cleanup()
-
-
-async def serve_metrics(registry: CollectorRegistry, listen: str, *, retry: float = 5.0) -> None:
-    """Serve until cancelled. A taken port is logged and retried: metrics must never stop the device
-    plugin."""
-    while True:
-        try:
-            async with metrics_server(registry, listen) as (host, port):
-                log.info("serving /metrics and /healthz on %s:%d", host, port)
-                await asyncio.Event().wait()
-        except OSError as exc:
-            log.error("cannot serve metrics on %s, retrying in %gs: %s", listen, retry, exc)
-            await asyncio.sleep(retry)

@@ -1,41 +1,38 @@
 """ENTRY POINT ``hami-webhook`` (= ``python -m webhook``): flags -> settings -> the Kopf operator.
 
-Owns process set-up only: logging, parsing flags (env fallbacks ``HAMI_<FLAG>``), clear errors for bad
-configuration (exit code 2: flags, an unusable kubeconfig, an API server that cannot be reached at
-start-up) and running :func:`webhook.handlers.run` until SIGINT/SIGTERM.
+Owns process set-up only, through the shared :mod:`hami.process.entry`: logging, parsing flags (env
+fallbacks ``HAMI_<FLAG>``), one-line errors for bad configuration (exit code 2: flags, an unusable
+kubeconfig, an API server that cannot be reached at start-up) and running :func:`webhook.handlers.run`
+until SIGINT/SIGTERM (Kopf handles the signals itself).
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import sys
 from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry
 
-from hami.kube.client import KubeError, check_reachable, load_api_client
+from hami.kube.client import KubeError
+from hami.process.entry import FAILED, configure_logging, reachable_api, refuse
 from webhook.certs import CertificateError
 from webhook.config import ConfigError, parse_settings
+
+PROGRAM = "hami-webhook"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = parse_settings(argv, os.environ)
     except ConfigError as exc:
-        print(f"hami-webhook: {exc}", file=sys.stderr)
-        return 2
-    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        return refuse(PROGRAM, exc)
+    configure_logging(settings.log_level)
     try:  # before Kopf, whose login handler would log the same problem as a traceback, retried forever
-        api = load_api_client(settings.kubeconfig, component="hami-webhook")
-        try:
-            check_reachable(api)
-        finally:
-            api.close()
+        reachable_api(settings.kubeconfig, component=PROGRAM).close()  # Kopf has its own client
     except KubeError as exc:
-        print(f"hami-webhook: {exc}", file=sys.stderr)
-        return 2
+        return refuse(PROGRAM, exc)
     # Imported here so `hami-webhook --help` and flag errors do not pay for importing Kopf.
     from webhook.handlers import run
 
@@ -44,8 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         asyncio.run(run(settings, registry=registry))
     except (CertificateError, OSError) as exc:
-        print(f"hami-webhook: {exc}", file=sys.stderr)
-        return 1
+        return refuse(PROGRAM, exc, FAILED)
     except KeyboardInterrupt:
         pass
     return 0

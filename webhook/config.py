@@ -1,7 +1,8 @@
 """The webhook's settings: command-line flags (each with an ``HAMI_<FLAG>`` env fallback) and HAMi's
 device-config YAML, folded into one frozen :class:`WebhookSettings` built once in ``__main__``.
 
-Owns flag parsing, ``HOST:PORT`` parsing and the Service DNS names the serving certificate must cover.
+Owns the flags and the Service DNS names the serving certificate must cover; the env fallback and the
+``HOST:PORT`` parser (:class:`Address`) are :mod:`hami.process.flags`, shared with the other services.
 Errors name the flag (or env variable, or file) and the offending text. Must not import kopf, aiohttp
 or the Kubernetes client: the pure mutation reads these settings too.
 """
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hami import devicefile
+from hami.process.flags import Address, env_default, env_name, parse_address
 from hami.settings import DeviceConfig
 
 #: The Kopf handler id: Kopf serves each admission handler at ``/<id>``, so this is the URL path.
@@ -26,15 +28,6 @@ FAILURE_POLICIES = ("Fail", "Ignore")
 
 class ConfigError(ValueError):
     """A flag, env value or config file is wrong; the message names it and the offending text."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Address:
-    host: str
-    port: int
-
-    def __str__(self) -> str:
-        return f"{self.host}:{self.port}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -86,19 +79,6 @@ def service_hostnames(service: str, namespace: str) -> tuple[str, ...]:
     )
 
 
-def parse_address(flag: str, text: str) -> Address:
-    """``HOST:PORT`` (``[::1]:PORT`` for IPv6); port 0 means an OS-chosen port."""
-    host, sep, port = text.rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise ConfigError(f"{flag} must be HOST:PORT, got {text!r}")
-    return Address(host=host, port=int(port))
-
-
-def _flag_env(flag: str) -> str:
-    return "HAMI_" + flag.upper().replace("-", "_")
-
-
 # flag -> (default text, help). Booleans are listed in _BOOL_FLAGS.
 _FLAGS: dict[str, tuple[str | None, str]] = {
     "kubeconfig": (None, "kubeconfig file (default: in-cluster, then ~/.kube/config)"),
@@ -128,10 +108,11 @@ _BOOL_FLAGS: dict[str, tuple[bool, str]] = {
 def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> None:
     """Declare every flag; a flag's default comes from ``HAMI_<FLAG>`` when that is set."""
     for flag, (default, help_text) in _FLAGS.items():
-        name = _flag_env(flag)
-        parser.add_argument(f"--{flag}", default=env.get(name, default), help=f"{help_text} [env {name}]")
+        name = env_name(flag)
+        default = env_default(flag, default, env)
+        parser.add_argument(f"--{flag}", default=default, help=f"{help_text} [env {name}]")
     for flag, (default_bool, help_text) in _BOOL_FLAGS.items():
-        name = _flag_env(flag)
+        name = env_name(flag)
         value = _env_bool(name, env[name]) if name in env else default_bool
         parser.add_argument(
             f"--{flag}",
@@ -182,15 +163,15 @@ def settings_from_args(args: argparse.Namespace) -> WebhookSettings:
     )
     return WebhookSettings(
         kubeconfig=args.kubeconfig or None,
-        listen=parse_address("--listen", args.listen),
+        listen=parse_address("listen", args.listen, ConfigError),
         tls_dir=Path(args.tls_dir),
         manage_config=args.manage_config,
         config_name=args.config_name,
         service_name=args.service_name,
         service_namespace=args.service_namespace,
         failure_policy=args.failure_policy,
-        health_listen=parse_address("--health-listen", args.health_listen),
-        metrics_listen=parse_address("--metrics-listen", args.metrics_listen),
+        health_listen=parse_address("health-listen", args.health_listen, ConfigError),
+        metrics_listen=parse_address("metrics-listen", args.metrics_listen, ConfigError),
         cert_check_interval=_number("cert-check-interval", args.cert_check_interval, float, 0.01),
         log_level=args.log_level.upper(),
         mutation=mutation,

@@ -2,24 +2,22 @@
 
 Owns the metric families (in a ``CollectorRegistry`` built by the entry point and passed in: no
 global registry), how one admission response is classified (``mutated``, ``unchanged``, ``refused``,
-``error``), and ``GET /metrics`` on ``--metrics-listen``. The metrics have their own port because
-Kopf's liveness server is a closed aiohttp app with one route (``kopf/_core/engines/probing.py``).
-A metrics port that cannot be bound is logged and retried: metrics must never stop admission.
-Must not import kopf or the Kubernetes client.
+``error``), and ``GET /metrics`` on ``--metrics-listen`` (the shared listener of
+:mod:`hami.process.http`). The metrics have their own port because Kopf's liveness server is a closed
+aiohttp app with one route (``kopf/_core/engines/probing.py``). A metrics port that cannot be bound is
+logged and retried: metrics must never stop admission. Must not import kopf or the Kubernetes client.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import Mapping
 from typing import Any
 
-from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from webhook.config import Address
+from hami.process.flags import Address
+from hami.process.http import metrics_app, serve_retrying
 from webhook.mutation import REFUSAL_REASONS
 
 logger = logging.getLogger("hami.webhook.metrics")
@@ -70,9 +68,6 @@ class WebhookMetrics:
         self.duration.observe(seconds)
         self.admissions.labels(classify(response)).inc()
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
-
 
 def classify(response: Mapping[str, Any] | None) -> str:
     """The result of an AdmissionReview response (None: no review came back, e.g. a malformed request).
@@ -89,36 +84,6 @@ def classify(response: Mapping[str, Any] | None) -> str:
     return REFUSED if int(code) < 500 else ERROR
 
 
-def metrics_app(metrics: WebhookMetrics) -> web.Application:
-    async def serve(_request: web.Request) -> web.Response:
-        return web.Response(body=metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-    app = web.Application()
-    app.router.add_get("/metrics", serve)
-    return app
-
-
-@asynccontextmanager
-async def metrics_server(metrics: WebhookMetrics, listen: Address) -> AsyncIterator[tuple[str, int]]:
-    """Serve ``/metrics`` while inside; yields the bound ``(host, port)`` (port 0 = OS-chosen)."""
-    runner = web.AppRunner(metrics_app(metrics), access_log=None, handle_signals=False)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, listen.host, listen.port)
-        await site.start()
-        bound = runner.addresses[0]
-        yield str(bound[0]), int(bound[1])
-    finally:
-        await runner.cleanup()
-
-
 async def serve_metrics(metrics: WebhookMetrics, listen: Address, *, retry: float = 5.0) -> None:
-    """Serve until cancelled; a taken port is logged and retried."""
-    while True:
-        try:
-            async with metrics_server(metrics, listen) as (host, port):
-                logger.info("serving /metrics on %s:%d", host, port)
-                await asyncio.Event().wait()
-        except OSError as exc:
-            logger.error("cannot serve /metrics on %s, retrying in %gs: %s", listen, retry, exc)
-            await asyncio.sleep(retry)
+    """Serve ``GET /metrics`` until cancelled; a taken port is logged and retried."""
+    await serve_retrying(lambda: metrics_app(metrics.registry), listen, retry=retry, logger=logger)

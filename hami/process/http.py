@@ -1,7 +1,8 @@
 """The Prometheus listener of every service: ``GET /metrics`` (and the probes beside it) on an address.
 
 Owns :func:`metrics_app` (``/metrics`` in Prometheus' text format, or OpenMetrics when the ``Accept``
-header asks for it, plus the service's own GET routes such as ``/healthz``), :func:`listening` (one
+header asks for it, plus the service's own GET routes such as ``/healthz``: :func:`alive`),
+:func:`listening` (one
 aiohttp app served on one address while inside; yields the bound address, port 0 chosen by the OS;
 raises ``OSError`` when it cannot bind) and :func:`serve_retrying` (serve until cancelled; an address
 that cannot be bound is logged and retried, since metrics must never stop the service they
@@ -29,6 +30,11 @@ log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 #: Probe and scrape requests have no body worth more than this.
 SMALL_BODY = 64 * 1024
+
+
+async def alive(_request: web.Request) -> web.Response:
+    """``GET /healthz``: the process answers."""
+    return web.Response(text="ok\n")
 
 
 def metrics_app(

@@ -2,7 +2,8 @@
 
 Owns :class:`SchedulerSettings` (frozen, built once in :func:`hami.scheduler.main.run` and passed
 down), the argparse flags, and reading HAMi's device-config YAML (top key ``nvidia:``). Precedence:
-flag, then env ``HAMI_<FLAG_IN_UPPER_SNAKE>`` (e.g. ``HAMI_LISTEN``), then the default. Two listeners:
+flag, then env ``HAMI_<FLAG_IN_UPPER_SNAKE>`` (e.g. ``HAMI_LISTEN``), then the default (the fallback
+and the ``HOST:PORT`` parser are :mod:`hami.process.flags`, shared with the other services). Two listeners:
 ``--listen`` (the extender verbs, loopback by default: kube-scheduler runs in the same pod) and
 ``--metrics-listen`` (``/healthz``, ``/readyz``, ``/metrics`` for the kubelet's probes and Prometheus).
 Must not import the Kubernetes client or aiohttp.
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field, replace
 
 from hami import devicefile
 from hami.core.allocate import Policy
+from hami.process.flags import Address, env_default, parse_address
 from hami.settings import DeviceConfig
 
 POLICIES = ("binpack", "spread")
@@ -60,9 +62,15 @@ class SchedulerSettings:
     def policy(self) -> Policy:
         return Policy(node_policy=self.node_policy, gpu_policy=self.gpu_policy)
 
+    @property
+    def listen(self) -> Address:
+        """Where the verbs are served."""
+        return Address(host=self.host, port=self.port)
 
-def _env_default(name: str, default: str | None, environ: Mapping[str, str]) -> str | None:
-    return environ.get("HAMI_" + name.upper().replace("-", "_"), default)
+    @property
+    def metrics_listen(self) -> Address:
+        """Where the probes and metrics are served."""
+        return Address(host=self.metrics_host, port=self.metrics_port)
 
 
 def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | None = None) -> None:
@@ -70,7 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | 
     env = os.environ if environ is None else environ
 
     def flag(name: str, default: str | None, help_text: str, **kwargs: object) -> None:
-        parser.add_argument(f"--{name}", default=_env_default(name, default, env), help=help_text, **kwargs)  # type: ignore[arg-type]
+        parser.add_argument(f"--{name}", default=env_default(name, default, env), help=help_text, **kwargs)  # type: ignore[arg-type]
 
     flag("kubeconfig", None, "kubeconfig file (default: in-cluster, then ~/.kube/config)")
     flag("listen", "127.0.0.1:8080", "HOST:PORT of the extender verbs (/filter /prioritize /bind)")
@@ -128,13 +136,6 @@ def _wait(name: str, text: str) -> float:
     return value
 
 
-def _listen(name: str, text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise SettingsError(f"--{name} must be HOST:PORT, got {text!r}")
-    return host.strip("[]") or "0.0.0.0", int(port)
-
-
 def _bytes(name: str, text: str) -> int:
     try:
         value = int(text)
@@ -154,10 +155,10 @@ def load_device_config(path: str | None) -> DeviceConfig:
 
 def from_args(args: argparse.Namespace) -> SchedulerSettings:
     """Validate the parsed flags into settings; raises :class:`SettingsError` naming the flag."""
-    host, port = _listen("listen", args.listen)
-    metrics_host, metrics_port = _listen("metrics-listen", args.metrics_listen)
-    if port == metrics_port != 0:
-        raise SettingsError(f"--listen and --metrics-listen must use different ports, both are {port}")
+    listen = parse_address("listen", args.listen, SettingsError)
+    metrics = parse_address("metrics-listen", args.metrics_listen, SettingsError)
+    if listen.port == metrics.port != 0:
+        raise SettingsError(f"--listen and --metrics-listen must use different ports, both are {listen.port}")
     for name, value in (("node-scheduler-policy", args.node_scheduler_policy),):
         if value not in POLICIES:
             raise SettingsError(f"--{name} must be one of {', '.join(POLICIES)}, got {value!r}")
@@ -178,10 +179,10 @@ def from_args(args: argparse.Namespace) -> SchedulerSettings:
         device_config = replace(device_config, resources=replace(device_config.resources, **names))
     return SchedulerSettings(
         kubeconfig=args.kubeconfig or None,
-        host=host,
-        port=port,
-        metrics_host=metrics_host,
-        metrics_port=metrics_port,
+        host=listen.host,
+        port=listen.port,
+        metrics_host=metrics.host,
+        metrics_port=metrics.port,
         max_body_bytes=_bytes("max-body-bytes", args.max_body_bytes),
         tls_cert=args.tls_cert or None,
         tls_key=args.tls_key or None,

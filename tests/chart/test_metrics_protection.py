@@ -75,7 +75,7 @@ def metrics_listen(component: str, ours: dict[str, Any], tmp_path: Path) -> str:
     """Where the component binds /metrics, as its own flag parser reads its command line."""
     command = [str(p) for p in [*ours.get("command", []), *ours.get("args", [])]]
     if component == "node-agent":
-        return parse_agent_config(command[1:], {"NODE_NAME": "n1"}).metrics_listen
+        return str(parse_agent_config(command[1:], {"NODE_NAME": "n1"}).metrics_listen)
     if component == "webhook":
         device_config = tmp_path / "device-config.yaml"
         device_config.write_text("nvidia: {}\n")

@@ -514,7 +514,7 @@ def test_node_agent_flags_are_accepted_and_match_its_mounts(value_set: str, tmp_
     device_map = rendered.component("ConfigMap", "device-config")["metadata"]["name"]
     assert Path(given["device-config"]).parent == Path(mount_of_volume(agent, ours, configMap=device_map))
     # metrics port = container port = Service target
-    assert config.metrics_listen == f"0.0.0.0:{port(ours, 'metrics')}"
+    assert str(config.metrics_listen) == f"0.0.0.0:{port(ours, 'metrics')}"
     assert config.backend == values.get("nodeAgent", {}).get("backend", "auto")
     gpu_policy = values.get("scheduler", {}).get("gpuSchedulerPolicy", "spread")
     assert config.topology_score is ("topology-aware" in gpu_policy)
@@ -583,7 +583,7 @@ def test_network_policies_admit_only_what_each_component_needs(
     if values.get("nodeAgent", {}).get("enabled", True):
         agent = container(rendered.component("DaemonSet", "node-agent"), "node-agent")
         metrics_listen = parse_agent_config(argv(agent)[1:], {"NODE_NAME": "n1"}).metrics_listen
-        expected["node-agent"] = {int(metrics_listen.rpartition(":")[2]): metrics_from}
+        expected["node-agent"] = {metrics_listen.port: metrics_from}
 
     assert sorted(labels(p)["app.kubernetes.io/component"] for p in policies) == sorted(expected)
     for component, ports in expected.items():

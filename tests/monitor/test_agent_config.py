@@ -136,6 +136,18 @@ def test_bad_overrides_name_the_key(entry: dict[str, object], message: str) -> N
     assert message in str(caught.value) and "config.json" in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "0.0.0.0:٩٣٩٤",  # Arabic-Indic digits: int() reads 9394
+        "::1:9394",  # the host ::1 on port 9394, or the address ::1:9394 without a port
+    ],
+)
+def test_hostile_metrics_addresses_are_refused_at_start(text: str) -> None:
+    with pytest.raises(ConfigError, match=r"^--metrics-listen must be HOST:PORT"):
+        parse_agent_config(["--metrics-listen", text], {"NODE_NAME": "n1"})
+
+
 def test_main_refuses_bad_config_with_exit_code_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--node-name", "n1", "--register-interval", "-1"]) == 2
     assert "--register-interval must be positive" in capsys.readouterr().err

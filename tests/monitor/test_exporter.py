@@ -13,7 +13,6 @@ from typing import Any
 
 import aiohttp
 import kmock
-import pytest
 from agent_helpers import card, write_cards
 from exporter_helpers import (
     MIB,
@@ -31,11 +30,13 @@ from exporter_helpers import (
 )
 from prometheus_client import CollectorRegistry
 
-from hami.annotations import POD_DEVICES_ALLOCATED
+from hami.annotations import POD_DEVICES_ALLOCATED, POD_VGPU_NODE
+from hami.process.flags import Address
+from hami.process.http import alive, listening, metrics_app
 from monitor.backends.sim import SimBackend
 from monitor.cgroups import ProcessOwners
 from monitor.config import NodeSettings
-from monitor.exporter import NodeCollector, metrics_server
+from monitor.exporter import NodeCollector
 from monitor.grants import GrantBook
 from monitor.inventory import Inventory
 
@@ -79,9 +80,10 @@ async def running_exporter(
             legacy=legacy,
         )
     )
-    async with metrics_server(registry, "127.0.0.1:0") as (host, port):
-        assert port != 0
-        yield Exporter(url=f"http://{host}:{port}", inventory=inventory, grants=grants, cards_file=cards_file)
+    app = metrics_app(registry, blocking=True, routes={"/healthz": alive})  # as the agent serves it
+    async with listening(app, Address(host="127.0.0.1", port=0)) as bound:
+        assert bound.port != 0
+        yield Exporter(url=f"http://{bound}", inventory=inventory, grants=grants, cards_file=cards_file)
     backend.close()
 
 
@@ -171,6 +173,51 @@ async def test_init_container_grants_collapse_like_the_scheduler(
     assert value(after, "hami_node_card_memory_allocated_bytes", **a) == 4000 * MIB
     assert not values(after, "hami_vgpu_memory_limit_bytes", container="setup")
     assert value(after, "hami_vgpu_memory_limit_bytes", container="app") == 4000 * MIB
+
+
+async def test_released_init_grants_stay_released_like_the_scheduler(
+    apiserver: kmock.KubernetesEmulator, api: Any, tmp_path: Path
+) -> None:
+    """The scheduler never re-inflates a pod whose init containers once all exited 0 (spec-scheduler
+    §6, sticky); a restarted pod whose init statuses go back to running must not re-inflate here."""
+    devices = [[grant("GPU-0000", 5000, 20)], [grant("GPU-0000", 4000, 20)]]
+    finished = [{"name": "setup", "state": {"terminated": {"exitCode": 0}}}]
+    await create_gpu_pod(
+        apiserver, "staged", devices, containers=["app"], init_containers=["setup"], init_statuses=finished
+    )
+    async with running_exporter(api, tmp_path, TWO_CARDS) as exporter:
+        await exporter.grants.refresh()
+        done = await exporter.scrape()
+        rerun = [{"name": "setup", "state": {"running": {"startedAt": "2026-01-01T00:05:00Z"}}}]
+        await apiserver.patch(POD + "staged", json={"status": {"initContainerStatuses": rerun}})
+        await exporter.grants.refresh()
+        restarted = await exporter.scrape()
+    a = {"device_uuid": "GPU-0000"}
+    # The app container only (4000 MiB), before and after the init statuses reset.
+    assert value(done, "hami_node_card_memory_allocated_bytes", **a) == 4000 * MIB
+    assert value(restarted, "hami_node_card_memory_allocated_bytes", **a) == 4000 * MIB
+    assert not values(restarted, "hami_vgpu_memory_limit_bytes", container="setup")
+
+
+async def test_only_the_grant_annotation_says_where_a_pod_holds_cards(
+    apiserver: kmock.KubernetesEmulator, api: Any, tmp_path: Path
+) -> None:
+    """A pod bound here whose ``hami.io/vgpu-node`` annotation names another node holds no card here
+    for the scheduler (docs/scheduler.md); the exporter must agree, whatever the label says."""
+    await create_gpu_pod(apiserver, "ours", [[grant("GPU-0000", 1000, 10)]], containers=["m"])
+    await create_gpu_pod(
+        apiserver,
+        "rewritten",  # label and nodeName say this node, the grant names n2
+        [[grant("GPU-0000", 6000, 30)]],
+        containers=["m"],
+        annotations={POD_VGPU_NODE: "n2"},
+    )
+    async with running_exporter(api, tmp_path, TWO_CARDS) as exporter:
+        tracked = await exporter.grants.refresh()
+        samples = await exporter.scrape()
+    assert [p.name for p in tracked] == ["ours"]
+    assert value(samples, "hami_node_card_memory_allocated_bytes", device_uuid="GPU-0000") == 1000 * MIB
+    assert not values(samples, "hami_vgpu_memory_limit_bytes", pod="rewritten")
 
 
 async def test_health_flips_when_the_cards_file_marks_a_card_unhealthy(api: Any, tmp_path: Path) -> None:
@@ -323,11 +370,3 @@ async def test_healthz_openmetrics_and_unknown_paths(api: Any, tmp_path: Path) -
             assert 'hami_node_card_slots_capacity{device_index="0",device_type=' in body
         async with session.get(exporter.url + "/other") as response:
             assert response.status == 404
-
-
-async def test_a_taken_port_fails_to_bind(api: Any, tmp_path: Path) -> None:
-    async with running_exporter(api, tmp_path, TWO_CARDS) as exporter:
-        taken = exporter.url.removeprefix("http://")
-        with pytest.raises(OSError):
-            async with metrics_server(CollectorRegistry(), taken):
-                pass

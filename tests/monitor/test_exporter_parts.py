@@ -16,13 +16,14 @@ import yaml
 from agent_helpers import card, create_node, write_cards
 from exporter_helpers import MIB, NODE, create_gpu_pod, eventually, grant, scrape, value
 
+from hami.process.flags import Address
 from monitor.__main__ import main, run
 from monitor.backends.base import BackendError, LiveUsage, ProcessUsage, live_usage
 from monitor.backends.nvml import NvmlBackend
 from monitor.backends.sim import SimBackend, parse_sim_usage
 from monitor.cgroups import ProcessOwners, owner_of_cgroup
-from monitor.config import AgentConfig, ConfigError, NodeSettings
-from monitor.exporter import NodeCollector, parse_listen
+from monitor.config import AgentConfig, NodeSettings
+from monitor.exporter import NodeCollector
 from monitor.grants import GrantBook
 from monitor.inventory import Inventory
 
@@ -65,20 +66,6 @@ def test_process_owners_read_proc_and_tolerate_gone_processes(tmp_path: Path) ->
     owners = ProcessOwners(tmp_path)
     assert owners.owner(42) == (UID, CID)
     assert owners.owner(43) is None
-
-
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [("0.0.0.0:9394", ("0.0.0.0", 9394)), ("[::]:9394", ("::", 9394)), ("127.0.0.1:0", ("127.0.0.1", 0))],
-)
-def test_parse_listen(text: str, expected: tuple[str, int]) -> None:
-    assert parse_listen(text) == expected
-
-
-@pytest.mark.parametrize("text", ["9394", ":9394", "host:port", "host:70000", ""])
-def test_parse_listen_rejects_with_the_flag_and_text(text: str) -> None:
-    with pytest.raises(ConfigError, match=rf"--metrics-listen must be HOST:PORT, got {text!r}"):
-        parse_listen(text)
 
 
 def test_sim_usage_fields(tmp_path: Path) -> None:
@@ -226,7 +213,7 @@ async def test_the_agent_serves_metrics_next_to_its_other_tasks(
         backend="sim",
         sim_devices=write_cards(tmp_path / "cards.yaml", [card("GPU-a", used_memory_mib=1200)]),
         kubelet_dir=sock_dir,
-        metrics_listen=f"127.0.0.1:{port}",
+        metrics_listen=Address(host="127.0.0.1", port=port),
         legacy_metrics=True,
     )
     agent = asyncio.create_task(run(config))

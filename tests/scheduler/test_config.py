@@ -94,6 +94,22 @@ def test_run_refuses_bad_flags_with_exit_code_2(capsys: pytest.CaptureFixture[st
     assert "--listen must be HOST:PORT" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("flag", "text"),
+    [
+        ("listen", "127.0.0.1:²"),  # str.isdigit says yes, int() raises its own ValueError
+        ("listen", "127.0.0.1:" + "9" * 5000),  # int() refuses more than 4300 digits
+        ("metrics-listen", "0.0.0.0:٩٣٩٥"),  # Arabic-Indic digits: int() reads 9395
+        ("listen", "::1:9000"),  # the host ::1 on port 9000, or the address ::1:9000 without a port
+    ],
+)
+def test_hostile_listen_addresses_are_one_line_and_exit_2(
+    flag: str, text: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run(_parse([f"--{flag}", text])) == 2
+    assert capsys.readouterr().err.startswith(f"hami scheduler: --{flag} must be HOST:PORT, got {text!r}")
+
+
 def test_bind_timeout_sets_the_deadline_and_the_allocating_horizon() -> None:
     default = from_args(_parse([]))
     # kube-scheduler's extender httpTimeout (its default and the chart's): 30 s; the horizon is twice it

@@ -100,3 +100,25 @@ def test_bad_device_config_names_the_file(tmp_path: Path) -> None:
 def test_main_reports_configuration_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--listen", "nowhere"]) == 2
     assert capsys.readouterr().err == "hami-webhook: --listen must be HOST:PORT, got 'nowhere'\n"
+
+
+@pytest.mark.parametrize(
+    ("flag", "text"),
+    [
+        ("listen", "0.0.0.0:²"),  # str.isdigit says yes, int() raises its own ValueError
+        ("health-listen", "0.0.0.0:" + "9" * 5000),  # int() refuses more than 4300 digits
+        ("metrics-listen", "0.0.0.0:٨٠٨٢"),  # Arabic-Indic digits: int() reads 8082
+        ("listen", "::1:9443"),  # the host ::1 on port 9443, or the address ::1:9443 without a port
+    ],
+)
+def test_hostile_listen_addresses_are_one_line_and_exit_2(
+    flag: str, text: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([f"--{flag}", text]) == 2
+    assert capsys.readouterr().err.startswith(f"hami-webhook: --{flag} must be HOST:PORT, got {text!r}")
+
+
+def test_an_ipv6_listen_address_prints_with_brackets() -> None:
+    settings = parse_settings(["--metrics-listen", "[::1]:9100"], {})
+    assert str(settings.metrics_listen) == "[::1]:9100"  # passed on as a flag, it parses the same
+    assert parse_settings(["--metrics-listen", str(settings.metrics_listen)], {}) == settings
