@@ -17,11 +17,13 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
+from hami import objects
 from hami.annotations import NODE_REGISTER, AnnotationError, decode_node_devices
 from hami.core.model import Device
 from hami.kube import nodes as kube_nodes
 from hami.kube.client import KubeError, NotFound, load_api_client
 from hami.kube.cordon import cordon_of, update_device_cordon
+from hami.kube.protocol import KubeApi
 
 
 class CordonError(Exception):
@@ -64,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def cordon_command(
-    api: Any, node: str, cards: Sequence[str], *, cordon: bool, show: bool, out: TextIO
+    api: KubeApi, node: str, cards: Sequence[str], *, cordon: bool, show: bool, out: TextIO
 ) -> int:
     """Apply the change (if any cards are named), print it, then the card list when ``show``; 0 on success.
 
@@ -102,7 +104,7 @@ async def cordon_command(
 
 def registered_cards(node: Mapping[str, Any]) -> tuple[tuple[Device, ...], str | None]:
     """The node's registered cards, or none and why (no or unreadable registration)."""
-    text = ((node.get("metadata") or {}).get("annotations") or {}).get(NODE_REGISTER)
+    text = objects.annotations(node).get(NODE_REGISTER)
     if text is None:
         return (), f"it has no {NODE_REGISTER} annotation (no device plugin registered it)"
     try:

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from hami import objects
 from hami.annotations import read_vgpu_node
 from hami.sim.admission_standin import Admitted, Refused
 from hami.sim.cluster import ClusterFileError, load_cluster
@@ -109,8 +110,7 @@ async def submit_all(system: EmbeddedSystem, pods: list[JsonDict]) -> tuple[list
     for pod in pods:
         outcome = await system.admission.submit(pod)
         if isinstance(outcome, Admitted):
-            meta = outcome.pod["metadata"]
-            names.append(f"{meta['namespace']}/{meta['name']}")
+            names.append(f"{objects.namespace(outcome.pod)}/{objects.name(outcome.pod)}")
         else:
             names.append(f"{outcome.namespace}/{outcome.name}")
             refused[names[-1]] = outcome

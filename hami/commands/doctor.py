@@ -14,13 +14,14 @@ import asyncio
 import datetime
 import sys
 from collections import Counter
-from typing import Any, TextIO
+from typing import TextIO
 
 from hami.doctor.checks import run_checks
 from hami.doctor.findings import DoctorSettings, Finding, exit_code
 from hami.kube import nodes as kube_nodes
 from hami.kube import pods as kube_pods
 from hami.kube.client import KubeError, load_api_client
+from hami.kube.protocol import KubeApi
 from hami.kube.webhookconfigs import list_mutating_webhook_configurations
 from hami.scheduler.config import load_device_config
 from hami.scheduler.quotas import QuotaBook
@@ -70,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
 
-async def diagnose(api: Any, settings: DoctorSettings, *, now: datetime.datetime) -> list[Finding]:
+async def diagnose(api: KubeApi, settings: DoctorSettings, *, now: datetime.datetime) -> list[Finding]:
     """Read the cluster and return every finding, in report order."""
     configs = await list_mutating_webhook_configurations(api)
     nodes, _ = await kube_nodes.list_nodes(api)
@@ -101,7 +102,7 @@ async def diagnose(api: Any, settings: DoctorSettings, *, now: datetime.datetime
 
 
 async def doctor(
-    api: Any, settings: DoctorSettings, *, out: TextIO, now: datetime.datetime | None = None
+    api: KubeApi, settings: DoctorSettings, *, out: TextIO, now: datetime.datetime | None = None
 ) -> int:
     """Print the findings and a count per severity; 0 when nothing FAILs, 1 otherwise."""
     findings = await diagnose(api, settings, now=now or datetime.datetime.now(datetime.UTC))

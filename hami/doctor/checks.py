@@ -14,6 +14,7 @@ import datetime
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
+from hami import objects
 from hami.annotations import (
     NO_GPU,
     NODE_HANDSHAKE,
@@ -140,12 +141,11 @@ def check_webhooks(configs: Iterable[Mapping[str, Any]], settings: DoctorSetting
 
 
 def _labelled(node: Mapping[str, Any]) -> bool:
-    labels = (node.get("metadata") or {}).get("labels") or {}
-    return bool(labels.get(GPU_NODE_LABEL[0]) == GPU_NODE_LABEL[1])
+    return objects.labels(node).get(GPU_NODE_LABEL[0]) == GPU_NODE_LABEL[1]
 
 
 def _allocatable(node: Mapping[str, Any], resource: str) -> int:
-    text = ((node.get("status") or {}).get("allocatable") or {}).get(resource, "0")
+    text = objects.allocatable(node).get(resource, "0")
     try:
         return int(str(text))
     except ValueError:

@@ -1,7 +1,7 @@
 """What ``hami doctor`` reports: :class:`Finding` (severity, check, subject, message, what to do), the
 settings the rules read, the exit code, and small readers of raw objects shared by the rules.
 
-Pure: stdlib, ``hami.settings``; no I/O, no clock.
+Pure: stdlib, ``hami.settings``, ``hami.objects``; no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from hami import objects
 from hami.settings import DeviceConfig
 
 #: The subject of a finding about the whole cluster rather than one object.
@@ -58,13 +59,12 @@ def exit_code(findings: Iterable[Finding]) -> int:
 
 
 def name_of(obj: Mapping[str, Any]) -> str:
-    return str((obj.get("metadata") or {}).get("name") or "")
+    return objects.name(obj)
 
 
 def pod_key(pod: Mapping[str, Any]) -> str:
     """``namespace/name``."""
-    metadata = pod.get("metadata") or {}
-    return f"{metadata.get('namespace') or ''}/{metadata.get('name') or ''}"
+    return f"{objects.namespace(pod)}/{objects.name(pod)}"
 
 
 def seconds(delta: datetime.timedelta) -> str:

@@ -14,6 +14,7 @@ import datetime
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from hami import objects
 from hami.annotations import (
     POD_DEVICES_ALLOCATED,
     WEBHOOK_IGNORE_LABEL,
@@ -37,21 +38,23 @@ OK, WARN, FAIL = Severity.OK, Severity.WARN, Severity.FAIL
 
 def gpu_resources(pod: Mapping[str, Any], config: DeviceConfig) -> list[str]:
     """The managed resource names the pod's containers (init included) ask for, in limits or requests."""
-    spec = pod.get("spec") or {}
     asked: set[str] = set()
-    for container in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
-        resources = container.get("resources") or {}
+    for container in [*objects.init_containers(pod), *objects.containers(pod)]:
+        resources = container.get("resources")
         for which in ("limits", "requests"):
-            asked.update(k for k in resources.get(which) or {} if k in config.resources.managed)
+            values = resources.get(which) if isinstance(resources, Mapping) else None
+            if isinstance(values, Mapping):
+                asked.update(k for k in values if k in config.resources.managed)
     return sorted(asked)
 
 
 def _routing(pod: Mapping[str, Any], asked: Sequence[str], settings: DoctorSettings) -> Finding | None:
-    scheduler = str((pod.get("spec") or {}).get("schedulerName") or DEFAULT_SCHEDULER)
+    scheduler = objects.scheduler_name(pod) or DEFAULT_SCHEDULER
     if not asked or scheduler == settings.scheduler_name:
         return None
-    labels = (pod.get("metadata") or {}).get("labels") or {}
-    ignored = f" (labelled {WEBHOOK_IGNORE_LABEL}=ignore)" if labels.get(WEBHOOK_IGNORE_LABEL) else ""
+    ignored = (
+        f" (labelled {WEBHOOK_IGNORE_LABEL}=ignore)" if objects.labels(pod).get(WEBHOOK_IGNORE_LABEL) else ""
+    )
     message = (
         f"asks for {', '.join(asked)} but its schedulerName is {scheduler!r}, not "
         f"{settings.scheduler_name!r}{ignored}: the webhook did not route it"
@@ -92,7 +95,7 @@ def check_pods(
     found: list[Finding] = []
     gpu_pods = 0
     for pod in sorted(pods, key=pod_key):
-        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        if objects.pod_phase(pod) in ("Succeeded", "Failed"):
             continue
         asked = gpu_resources(pod, settings.config)
         if not asked and read_vgpu_node(pod) is None:

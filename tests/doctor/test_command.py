@@ -212,3 +212,33 @@ async def test_cli_exit_codes(
         cli.main(["doctor", "--lock-timeout", "soon"])
     assert exited.value.code == 2
     assert "--lock-timeout: must be a number of seconds, got 'soon'" in capsys.readouterr().err
+
+
+async def test_objects_of_hostile_shapes_read_as_absent(
+    apiserver: kmock.KubernetesEmulator, kubeconfig: Path
+) -> None:
+    """A Node or Pod whose labels, status, containers or schedulerName are not of their JSON type (a test
+    server stores anything) is read as lacking them: the report goes on, nothing raises."""
+    odd_node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "odd", "labels": ["gpu=on"]}}
+    gpu = {"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+    odd_pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "odd", "namespace": "default", "labels": "x", "annotations": ["a"]},
+        "spec": {"schedulerName": 3, "containers": ["c", {"name": "d", "resources": "many"}, gpu]},
+        "status": "Running",
+    }
+    gpu_node = node("gpu-a", card("GPU-a0"), labels={"gpu": "on"})
+    await seed(apiserver, configs=[webhook_config()], nodes=[gpu_node, odd_node], pods=[odd_pod])
+    code, lines = await run_doctor(kubeconfig)
+    assert lines[1:] == [
+        "OK    node     node gpu-a: 1 card registered, all healthy",
+        "OK    lock     cluster: no node lock is unreadable, expired or dangling (0 held)",
+        # schedulerName 3 reads as absent: the API server's default
+        "FAIL  pod      pod default/odd: asks for nvidia.com/gpu but its schedulerName is 'default-scheduler', "
+        "not 'hami-scheduler': the webhook did not route it -> check the webhook findings and the "
+        "namespace's hami.io/webhook label, then recreate the pod",
+        "OK    usage    cluster: no card is granted beyond its memory, cores or slots (1 card)",
+        "1 FAIL, 0 WARN, 4 OK",
+    ]
+    assert code == 1
