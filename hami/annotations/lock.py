@@ -4,6 +4,10 @@ spec-scheduler §5.3).
 Lock value: ``<RFC3339 time>,<namespace>,<pod name>``; a bare RFC3339 time is the legacy form (no
 owner). With commas there must be exactly three parts; anything else, or a bad time, is an error.
 
+Lock expiry: a Go duration (``5m0s``), as HAMi reads ``HAMI_NODELOCK_EXPIRE`` (Go's
+``time.ParseDuration``: :func:`parse_go_duration`) and prints the expiry in its contention error
+(``Duration.String``: :func:`go_duration`).
+
 Handshake: ``Requesting_<YYYY-MM-DD HH:MM:SS>`` written by the scheduler (local wall-clock time, no
 zone); older agents wrote ``Reported <time>`` and older schedulers ``Deleted_<time>``. HAMi treats an
 unreadable handshake as "no stamp" rather than an error, so :func:`decode_handshake` never raises.
@@ -26,6 +30,18 @@ _RFC3339 = re.compile(
     r"(?P<date>[0-9]{4}-[0-9]{2}-[0-9]{2})T(?P<clock>[0-9]{2}:[0-9]{2}:[0-9]{2})(?:\.(?P<frac>[0-9]+))?"
     r"(?P<zone>Z|[+-][0-9]{2}:[0-9]{2})"
 )
+_GO_DURATION_PART = re.compile(r"([0-9]*)(?:\.([0-9]*))?(ns|us|\u00b5s|\u03bcs|ms|s|m|h)")
+_GO_UNIT_NS = {
+    "ns": 1,
+    "us": 1_000,
+    "\u00b5s": 1_000,  # micro sign
+    "\u03bcs": 1_000,  # Greek mu
+    "ms": 1_000_000,
+    "s": 1_000_000_000,
+    "m": 60_000_000_000,
+    "h": 3_600_000_000_000,
+}
+_GO_MAX_NS = 2**63 - 1
 _HANDSHAKE_TIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]+)?")
 HANDSHAKE_TIME_FORMAT = "%Y-%m-%d %H:%M:%S"
 
@@ -106,6 +122,64 @@ def decode_node_lock(text: str) -> NodeLockValue:
     if len(parts) == 1:
         return NodeLockValue(time=moment)
     return NodeLockValue(time=moment, namespace=parts[1], name=parts[2])
+
+
+# --------------------------------------------------------------------------------------- lock expiry
+
+
+def parse_go_duration(text: str) -> datetime.timedelta:
+    """Go's ``time.ParseDuration``: ``[+-]`` then one or more ``<number><unit>`` (``1h30m``, ``1.5s``,
+    ``300ms``; units ns, us/µs, ms, s, m, h), or ``0``; beyond Go's int64 nanoseconds is an error.
+    Nanoseconds below a microsecond are dropped (``timedelta`` resolution). Raises ValueError."""
+    refused = ValueError(f"{text!r} is not a Go duration (e.g. 5m, 90s, 1h30m)")
+    body = text[1:] if text[:1] in ("+", "-") else text
+    if body == "0":
+        return datetime.timedelta(0)
+    if not body or len(body) > 64:
+        raise refused
+    total = 0  # nanoseconds, exact: each part's fraction scaled by its unit
+    position = 0
+    while position < len(body):
+        part = _GO_DURATION_PART.match(body, position)
+        if part is None or not (part[1] or part[2]):
+            raise refused
+        whole, fraction, unit = part[1] or "0", part[2] or "", part[3]
+        scale = _GO_UNIT_NS[unit]
+        total += int(whole) * scale + (int(fraction) * scale // 10 ** len(fraction) if fraction else 0)
+        if total > _GO_MAX_NS:
+            raise refused
+        position = part.end()
+    micros = total // 1000
+    return datetime.timedelta(microseconds=-micros if text[:1] == "-" else micros)
+
+
+def go_duration(delta: datetime.timedelta) -> str:
+    """Go's ``time.Duration.String`` (to the microsecond): ``5m0s``, ``1h0m5s``, ``1.5s``, ``300ms``."""
+    micros = delta // datetime.timedelta(microseconds=1)
+    if micros == 0:
+        return "0s"
+    sign, micros = ("-", -micros) if micros < 0 else ("", micros)
+    if micros < 1_000:
+        return f"{sign}{micros}\u00b5s"
+    if micros < 1_000_000:
+        return f"{sign}{_decimal(micros, 1_000)}ms"
+    hours, rest = divmod(micros, 3_600_000_000)
+    minutes, rest = divmod(rest, 60_000_000)
+    seconds = f"{_decimal(rest, 1_000_000)}s"
+    if hours:
+        return f"{sign}{hours}h{minutes}m{seconds}"
+    if minutes:
+        return f"{sign}{minutes}m{seconds}"
+    return sign + seconds
+
+
+def _decimal(value: int, unit: int) -> str:
+    """``value / unit`` written as Go does: no trailing zeros after the point, no point when whole."""
+    whole, part = divmod(value, unit)
+    if not part:
+        return str(whole)
+    digits = str(part).rjust(len(str(unit)) - 1, "0").rstrip("0")
+    return f"{whole}.{digits}"
 
 
 # ------------------------------------------------------------------------------------------ handshake

@@ -42,6 +42,7 @@ from hami.annotations import (
     decode_unix_time,
     encode_node_lock,
 )
+from hami.annotations.lock import go_duration
 from hami.kube.client import KubeError, NotFound
 from hami.kube.nodes import get_node, json_patch_node
 from hami.kube.pods import get_pod
@@ -105,18 +106,6 @@ class LockGrant:
     written: bool
     takeover: str | None = None
     previous: str | None = None
-
-
-def go_duration(delta: datetime.timedelta) -> str:
-    """Format like Go's ``time.Duration.String`` for whole seconds: ``5m0s``, ``1h0m0s``, ``30s``."""
-    seconds = int(delta.total_seconds())
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours}h{minutes}m{secs}s"
-    if minutes:
-        return f"{minutes}m{secs}s"
-    return f"{secs}s"
 
 
 def _aware(moment: datetime.datetime) -> datetime.datetime:

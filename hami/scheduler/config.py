@@ -18,12 +18,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from hami import devicefile
+from hami.annotations.lock import parse_go_duration
 from hami.core.allocate import Policy
 from hami.process.flags import Address, env_default, parse_address
 from hami.settings import DeviceConfig
 
 POLICIES = ("binpack", "spread")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+#: HAMi's env var for the node lock's expiry (a Go duration), read when --node-lock-timeout is not given.
+NODELOCK_EXPIRE = "HAMI_NODELOCK_EXPIRE"
+DEFAULT_LOCK_TIMEOUT = datetime.timedelta(minutes=5)
 #: HAMi reads extender request bodies up to 1 MiB.
 MAX_BODY_BYTES = 1024 * 1024
 
@@ -41,7 +45,7 @@ class SchedulerSettings:
     scheduler_name: str = "hami-scheduler"
     node_policy: str = "binpack"
     gpu_policy: str = "spread"
-    node_lock_timeout: datetime.timedelta = datetime.timedelta(minutes=5)
+    node_lock_timeout: datetime.timedelta = DEFAULT_LOCK_TIMEOUT
     node_lock_wait: float = 0.0  # seconds a bind waits for a busy node lock; 0 = fail at once (HAMi)
     # seconds a PodGroup member's bind waits for a busy node lock (HAMi's retry); 0 = like other pods
     node_lock_retry_timeout: float = 28.0
@@ -89,7 +93,13 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | 
     flag("scheduler-name", "hami-scheduler", "scheduler name; also the Events' component")
     flag("node-scheduler-policy", "binpack", "default node policy: binpack or spread")
     flag("gpu-scheduler-policy", "spread", "default GPU policy: binpack, spread, topology-aware, ...")
-    flag("node-lock-timeout", "300", "seconds after which a node lock may be taken over")
+    flag(
+        "node-lock-timeout",
+        None,
+        "seconds (or a Go duration: 5m) after which a node lock may be taken over "
+        f"(default: HAMi's {NODELOCK_EXPIRE}, else 300)",
+    )
+    parser.set_defaults(nodelock_expire=env.get(NODELOCK_EXPIRE) or None)
     flag("node-lock-wait", "0", "seconds a bind waits for another pod's node lock (0: fail at once)")
     flag(
         "node-lock-retry-timeout",
@@ -122,6 +132,35 @@ def _seconds(name: str, text: str) -> float:
         raise SettingsError(f"--{name} must be a number of seconds, got {text!r}") from None
     if value <= 0:
         raise SettingsError(f"--{name} must be positive, got {text!r}")
+    return value
+
+
+def _lock_timeout(args: argparse.Namespace) -> datetime.timedelta:
+    """``--node-lock-timeout`` (seconds, or a Go duration like HAMi's flag), else HAMi's
+    ``HAMI_NODELOCK_EXPIRE`` (a Go duration, as HAMi's node-lock library reads it), else 5 minutes."""
+    text = args.node_lock_timeout
+    if text is None:
+        expire = getattr(args, "nodelock_expire", None)
+        if expire is None:
+            return DEFAULT_LOCK_TIMEOUT
+        try:
+            value = parse_go_duration(expire)
+        except ValueError as exc:
+            raise SettingsError(f"{NODELOCK_EXPIRE} must be a positive Go duration: {exc}") from None
+        if value <= datetime.timedelta(0):
+            raise SettingsError(f"{NODELOCK_EXPIRE} must be a positive Go duration, got {expire!r}")
+        return value
+    try:
+        value = datetime.timedelta(seconds=float(text))
+    except (ValueError, OverflowError):
+        try:
+            value = parse_go_duration(text)
+        except ValueError:
+            raise SettingsError(
+                f"--node-lock-timeout must be a number of seconds, got {text!r} (or a Go duration: 5m, 90s)"
+            ) from None
+    if value <= datetime.timedelta(0):
+        raise SettingsError(f"--node-lock-timeout must be positive, got {text!r}")
     return value
 
 
@@ -189,7 +228,7 @@ def from_args(args: argparse.Namespace) -> SchedulerSettings:
         scheduler_name=args.scheduler_name,
         node_policy=args.node_scheduler_policy,
         gpu_policy=args.gpu_scheduler_policy,
-        node_lock_timeout=datetime.timedelta(seconds=_seconds("node-lock-timeout", args.node_lock_timeout)),
+        node_lock_timeout=_lock_timeout(args),
         node_lock_wait=_wait("node-lock-wait", args.node_lock_wait),
         node_lock_retry_timeout=_wait("node-lock-retry-timeout", args.node_lock_retry_timeout),
         bind_timeout=_seconds("bind-timeout", args.bind_timeout),

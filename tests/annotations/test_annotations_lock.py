@@ -19,6 +19,7 @@ from hami.annotations import (
     encode_handshake,
     encode_node_lock,
 )
+from hami.annotations.lock import go_duration, parse_go_duration
 
 UTC = datetime.UTC
 T0 = datetime.datetime(2024, 5, 1, 10, 0, 0, tzinfo=UTC)
@@ -157,3 +158,63 @@ def test_handshake_decoding_never_raises(text: str | None, expected: Handshake) 
 )
 def test_handshake_round_trip(moment: datetime.datetime, kind: HandshakeKind) -> None:
     assert decode_handshake(encode_handshake(kind, moment)) == Handshake(kind=kind, time=moment)
+
+
+# ------------------------------------------------------------------------------- Go durations
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("5m", datetime.timedelta(minutes=5)),
+        ("300s", datetime.timedelta(minutes=5)),
+        ("1h30m", datetime.timedelta(hours=1, minutes=30)),
+        ("2h45m0s", datetime.timedelta(hours=2, minutes=45)),
+        ("1.5h", datetime.timedelta(minutes=90)),
+        ("1m30.5s", datetime.timedelta(seconds=90.5)),
+        ("1.h", datetime.timedelta(hours=1)),  # Go allows an empty fraction
+        (".5m", datetime.timedelta(seconds=30)),
+        ("300ms", datetime.timedelta(milliseconds=300)),
+        ("1500us", datetime.timedelta(microseconds=1500)),
+        ("1500\u00b5s", datetime.timedelta(microseconds=1500)),  # micro sign
+        ("1500\u03bcs", datetime.timedelta(microseconds=1500)),  # Greek mu
+        ("1000ns", datetime.timedelta(microseconds=1)),
+        ("0", datetime.timedelta(0)),
+        ("+5m", datetime.timedelta(minutes=5)),
+        ("-5m", datetime.timedelta(minutes=-5)),
+        ("1h1h", datetime.timedelta(hours=2)),  # Go adds repeated units
+    ],
+)
+def test_go_durations_parse_as_gos_time_parseduration(text: str, expected: datetime.timedelta) -> None:
+    # HAMI_NODELOCK_EXPIRE is read with Go's time.ParseDuration
+    assert parse_go_duration(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        *("", "5", "m", "5x", "5 m", " 5m", "5m ", ".m", "1.2.3s", "-", "+", "5M", "1d", "9999999h", "0x10s"),
+        "\u0665m",  # an Arabic-Indic digit: Go takes ASCII digits only
+    ],
+)
+def test_what_go_refuses_is_refused(text: str) -> None:
+    with pytest.raises(ValueError, match="Go duration"):
+        parse_go_duration(text)
+
+
+def test_go_duration_matches_go_formatting() -> None:
+    assert go_duration(datetime.timedelta(minutes=5)) == "5m0s"
+    assert go_duration(datetime.timedelta(seconds=30)) == "30s"
+    assert go_duration(datetime.timedelta(hours=1, seconds=5)) == "1h0m5s"
+    assert go_duration(datetime.timedelta(seconds=90.5)) == "1m30.5s"
+    assert go_duration(datetime.timedelta(milliseconds=1500)) == "1.5s"
+    assert go_duration(datetime.timedelta(milliseconds=300)) == "300ms"
+    assert go_duration(datetime.timedelta(microseconds=1500)) == "1.5ms"
+    assert go_duration(datetime.timedelta(microseconds=7)) == "7\u00b5s"
+    assert go_duration(datetime.timedelta(0)) == "0s"
+    assert go_duration(datetime.timedelta(minutes=-5)) == "-5m0s"
+
+
+@given(st.timedeltas(min_value=datetime.timedelta(days=-9000), max_value=datetime.timedelta(days=9000)))
+def test_go_duration_round_trip(delta: datetime.timedelta) -> None:
+    assert parse_go_duration(go_duration(delta)) == delta

@@ -18,7 +18,6 @@ from hami.kube.nodelock import (
     NodeLockBusy,
     NodeLockUnreadable,
     acquire_node_lock,
-    go_duration,
     release_node_lock,
     take_node_lock,
 )
@@ -202,12 +201,6 @@ async def test_concurrent_acquirers_get_exactly_one_winner(apiserver: Emulator, 
     assert len(winners) == 1
     assert all(isinstance(r, NodeLockBusy) for r in results if not isinstance(r, str))
     assert await _lock(apiserver) == winners[0]
-
-
-def test_go_duration_matches_go_formatting() -> None:
-    assert go_duration(datetime.timedelta(minutes=5)) == "5m0s"
-    assert go_duration(datetime.timedelta(seconds=30)) == "30s"
-    assert go_duration(datetime.timedelta(hours=1, seconds=5)) == "1h0m5s"
 
 
 async def _holder_pod(k: Emulator, name: str, *, node: str | None = None, **status: str) -> None:
