@@ -15,9 +15,12 @@ import asyncio
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from hami import objects
 from hami.kube import nodes as kube_nodes
 from hami.kube import pods as kube_pods
 from hami.kube.client import load_api_client
+from hami.kube.protocol import KubeApi
+from hami.objects import RawNode, RawPod
 from hami.scheduler.snapshot import Snapshot
 from hami.simulate.cluster import Cluster, NodeCapacity
 from hami.simulate.manifests import MIB, amount, pod_requests
@@ -32,17 +35,13 @@ def cluster_from_objects(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapp
     snapshot.replace_pods(pods)
     used: dict[str, list[int]] = {}
     for pod in pods:
-        node_name = (pod.get("spec") or {}).get("nodeName")
-        phase = (pod.get("status") or {}).get("phase")
-        if node_name and phase not in ("Succeeded", "Failed"):
+        node_name = objects.node_name(pod)
+        if node_name and objects.pod_phase(pod) not in ("Succeeded", "Failed"):
             cpu, memory = pod_requests(pod)
-            total = used.setdefault(str(node_name), [0, 0])
+            total = used.setdefault(node_name, [0, 0])
             total[0] += cpu
             total[1] += memory
-    allocatable = {
-        str((n.get("metadata") or {}).get("name")): (n.get("status") or {}).get("allocatable") or {}
-        for n in nodes
-    }
+    allocatable = {objects.name(n): objects.allocatable(n) for n in nodes}
     states = []
     capacity = []
     for entry in snapshot.entries():
@@ -64,7 +63,7 @@ def cluster_from_objects(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapp
     return Cluster(states=states, capacity=capacity, exact_card_mib=None)
 
 
-async def _read(api: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+async def _read(api: KubeApi) -> tuple[list[RawNode], list[RawPod]]:
     nodes, _ = await kube_nodes.list_nodes(api)
     pods = await kube_pods.list_pods(api)
     return nodes, pods

@@ -17,9 +17,11 @@ from typing import Any
 
 import yaml
 
+from hami import objects
 from hami.annotations import AnnotationError, read_pod_request
 from hami.core.model import PERCENT_NOT_GIVEN
 from hami.core.quantity import QuantityError, parse_quantity
+from hami.objects import RawContainer
 from hami.settings import from_device_config
 from hami.simulate.trace import MAX_BYTES, MILLI, TraceError, TracePod
 
@@ -39,14 +41,16 @@ def amount(text: Any, scale: int, divide: int = 1) -> int:
 
 def pod_requests(pod: Mapping[str, Any]) -> tuple[int, int]:
     """(milli-CPU, MiB) the pod holds on its node: app containers summed vs the largest init container."""
-    spec = pod.get("spec") or {}
 
-    def one(container: Mapping[str, Any]) -> tuple[int, int]:
-        requests = (container.get("resources") or {}).get("requests") or {}
+    def one(container: RawContainer) -> tuple[int, int]:
+        resources = container.get("resources")
+        requests = resources.get("requests") if isinstance(resources, Mapping) else None
+        if not isinstance(requests, Mapping):
+            return 0, 0
         return amount(requests.get("cpu", "0"), 1000), amount(requests.get("memory", "0"), 1, MIB)
 
-    apps = [one(c) for c in spec.get("containers") or []]
-    inits = [one(c) for c in spec.get("initContainers") or []]
+    apps = [one(c) for c in objects.containers(pod)]
+    inits = [one(c) for c in objects.init_containers(pod)]
     cpu = max([sum(a[0] for a in apps), *(i[0] for i in inits)])
     memory = max([sum(a[1] for a in apps), *(i[1] for i in inits)])
     return cpu, memory
@@ -70,8 +74,7 @@ def _documents(path: Path) -> Iterator[Mapping[str, Any]]:
 
 def trace_pod(pod: Mapping[str, Any], where: str) -> TracePod:
     """One manifest as a trace pod (see the module docstring for what can be replayed)."""
-    metadata = pod.get("metadata") or {}
-    name = f"{metadata.get('namespace') or 'default'}/{metadata.get('name') or '?'}"
+    name = f"{objects.namespace(pod) or 'default'}/{objects.name(pod) or '?'}"
     try:
         request = read_pod_request(pod, from_device_config(None))
     except AnnotationError as exc:

@@ -71,6 +71,36 @@ def test_what_a_trace_pod_cannot_express_is_refused(tmp_path: Path, pod: dict[st
     assert f"p.yaml: pod ml/{pod['metadata']['name']}" in str(caught.value) and says in str(caught.value)
 
 
+def test_parts_of_a_manifest_that_are_not_objects_read_as_absent(tmp_path: Path) -> None:
+    """A hand-written file may hold anything: metadata, containers or resources of the wrong JSON type
+    read as absent (no name, no containers, no requests) instead of failing with a traceback."""
+    gpu = manifest("named-later", {"nvidia.com/gpu": "1"})
+    odd = [
+        {"kind": "Pod", "metadata": "p", "spec": gpu["spec"]},
+        {"kind": "Pod", "metadata": {"name": "strings"}, "spec": {"containers": "abc", "initContainers": 3}},
+        {
+            "kind": "Pod",
+            "metadata": {"name": "boxes"},
+            "spec": {"containers": ["c", {"name": "c", "resources": "x"}]},
+        },
+        {
+            "kind": "Pod",
+            "metadata": {"name": "asks"},
+            "spec": {"containers": [{"resources": {"requests": "4"}}]},
+        },
+        {"kind": "Pod", "metadata": {"name": 5, "namespace": ["ml"]}, "spec": "c"},
+    ]
+    (tmp_path / "odd.json").write_text(json.dumps({"kind": "List", "items": odd}))
+    pods = read_manifest_pods(tmp_path)
+    assert [(p.name, p.num_gpu, p.cpu_milli, p.memory_mib) for p in pods] == [
+        ("default/?", 1, 2000, 1024),
+        ("default/strings", 0, 0, 0),
+        ("default/boxes", 0, 0, 0),
+        ("default/asks", 0, 0, 0),
+        ("default/?", 0, 0, 0),
+    ]
+
+
 def test_an_empty_or_broken_folder_is_refused(tmp_path: Path) -> None:
     with pytest.raises(TraceError, match="no Pod manifests"):
         read_manifest_pods(tmp_path)
