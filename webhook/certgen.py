@@ -40,11 +40,13 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 
+from hami import objects
 from hami.kube.admissionconfig import (
     get_mutating_webhook_configuration,
     json_patch_mutating_webhook_configuration,
 )
 from hami.kube.client import Conflict, KubeError, NotFound, load_api_client
+from hami.kube.protocol import KubeApi
 from hami.kube.secrets import create_secret, get_secret, patch_secret
 from webhook import certs
 from webhook.config import service_hostnames
@@ -184,7 +186,7 @@ def ca_bundle_patch(config: Mapping[str, Any], ca_bundle: str) -> list[dict[str,
     Each entry is guarded by a ``test`` of its name, so a list reordered meanwhile fails the patch
     instead of writing into the wrong entry.
     """
-    name = (config.get("metadata") or {}).get("name", "")
+    name = objects.name(config)
     webhooks = config.get("webhooks") or []
     if not webhooks:
         raise CertgenError(f"MutatingWebhookConfiguration {name} has no webhooks to inject the CA into")
@@ -202,7 +204,7 @@ def ca_bundle_patch(config: Mapping[str, Any], ca_bundle: str) -> list[dict[str,
 
 
 # ------------------------------------------------------------------------------------ API parts
-async def publish_ca_bundle(api: Any, config_name: str, ca_bundle: str) -> bool:
+async def publish_ca_bundle(api: KubeApi, config_name: str, ca_bundle: str) -> bool:
     """Write ``ca_bundle`` (base64 PEM) into every webhook of the configuration; True when it changed."""
     for attempt in range(1, ATTEMPTS + 1):
         config = await get_mutating_webhook_configuration(api, config_name)
@@ -222,7 +224,7 @@ async def publish_ca_bundle(api: Any, config_name: str, ca_bundle: str) -> bool:
 
 
 async def ensure_secret(
-    api: Any,
+    api: KubeApi,
     *,
     namespace: str,
     name: str,
@@ -278,7 +280,7 @@ async def ensure_secret(
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-async def _publish_first(api: Any, webhook_config: str | None, data: Mapping[str, str]) -> None:
+async def _publish_first(api: KubeApi, webhook_config: str | None, data: Mapping[str, str]) -> None:
     """Publish the new bundle before the certificate changes; absent configuration (install): skip."""
     if not webhook_config:
         return
@@ -291,7 +293,7 @@ async def _publish_first(api: Any, webhook_config: str | None, data: Mapping[str
         logger.info("published the new CA bundle in MutatingWebhookConfiguration %s", webhook_config)
 
 
-async def inject(api: Any, *, namespace: str, secret: str, webhook_config: str) -> bool:
+async def inject(api: KubeApi, *, namespace: str, secret: str, webhook_config: str) -> bool:
     """Copy the Secret's ``ca.crt`` into the configuration; True when something was written."""
     where = f"Secret {namespace}/{secret}"
     try:
