@@ -5,8 +5,10 @@ handlers it registers in its own ``OperatorRegistry`` (no decorators on a global
 shared state are passed in, never module globals):
 
 * ``on.login``: the kubeconfig (or in-cluster account) through ``hami.kube.client``.
-* ``on.mutate('v1', 'pods', id='webhook', operations={'CREATE'})``: applies :func:`webhook.mutation.plan`;
-  a refusal becomes ``kopf.AdmissionError``. Kopf turns ``patch`` into the JSONPatch it returns.
+* ``on.mutate('v1', 'pods', id='webhook', operations={'CREATE'})``: applies :func:`webhook.mutation.plan`,
+  then for a GPU pod it admits the ResourceQuota pre-check (:class:`webhook.quota.QuotaCheck`, the one
+  API read of admission); a refusal becomes ``kopf.AdmissionError``. Kopf turns ``patch`` into the
+  JSONPatch it returns.
 * with ``--manage-config``, ``on.event`` on our MutatingWebhookConfiguration re-applies the scoping
   Kopf cannot express (``webhook.registration``).
 
@@ -43,7 +45,8 @@ from hami.kube.client import load_api_client
 from webhook import certs, registration
 from webhook.config import HANDLER_ID, WebhookSettings
 from webhook.metrics import WebhookMetrics, serve_metrics
-from webhook.mutation import Refuse, plan
+from webhook.mutation import Admit, Refuse, plan
+from webhook.quota import QuotaCheck
 from webhook.tlsreload import CertificateSwitch
 
 logger = logging.getLogger("hami.webhook")
@@ -52,6 +55,8 @@ logger = logging.getLogger("hami.webhook")
 RENEW_CHECK_SECONDS = 3600.0
 #: Kopf's file-watch interval when the certificate is switched in place instead (never, in practice).
 KOPF_FILE_WATCH_OFF = 10 * 365 * 86400.0
+#: Seconds the ResourceQuota read of one admission may take (kube-apiserver waits 10 s for the answer).
+QUOTA_READ_SECONDS = 3.0
 
 
 @dataclass(slots=True)
@@ -148,7 +153,7 @@ def operator_settings(
 
 
 def build_registry(
-    settings: WebhookSettings, published: Published, metrics: WebhookMetrics
+    settings: WebhookSettings, published: Published, metrics: WebhookMetrics, quotas: QuotaCheck
 ) -> kopf.OperatorRegistry:
     """Register the handlers of one operator run; everything they need is closed over, not global."""
     registry = kopf.OperatorRegistry()
@@ -183,6 +188,10 @@ def build_registry(
         pod: dict[str, Any] = dict(body)
         decision = plan(pod, settings.mutation)
         metadata = pod.get("metadata") or {}
+        if isinstance(decision, Admit) and decision.quota_ask is not None:
+            decision = (
+                await quotas.refusal(str(metadata.get("namespace") or ""), decision.quota_ask) or decision
+            )
         name = f"{metadata.get('namespace')}/{metadata.get('name') or metadata.get('generateName', '')}"
         if isinstance(decision, Refuse):
             logger.info("refused pod %s (%s): %s", name, decision.reason, decision.message)
@@ -252,6 +261,8 @@ async def run(
     logger.info("certificates in %s %s %s", settings.tls_dir, outcome.action, outcome.reason)
     published = Published()
     metrics = WebhookMetrics(registry if registry is not None else CollectorRegistry())
+    api = load_api_client(settings.kubeconfig, request_timeout=QUOTA_READ_SECONDS, component="hami-webhook")
+    quotas = QuotaCheck(api, settings.mutation.device)
     # Created before kopf.operator starts, so Kopf's shutdown leaves them to us.
     renewer = asyncio.create_task(renew_forever(settings), name="hami-webhook-cert-renewal")
     exporter = asyncio.create_task(
@@ -260,7 +271,7 @@ async def run(
     health = settings.health_listen
     try:
         await kopf.operator(
-            registry=build_registry(settings, published, metrics),
+            registry=build_registry(settings, published, metrics, quotas),
             settings=operator_settings(settings, published, metrics),
             clusterwide=True,
             standalone=True,
@@ -273,3 +284,4 @@ async def run(
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        api.close()

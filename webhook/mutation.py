@@ -47,8 +47,10 @@ from hami.annotations import (
     INTERNAL_POD_ANNOTATIONS,
     POD_VGPU_NODE,
     WEBHOOK_IGNORE_LABEL,
+    parse_pod_containers,
     pod_annotation_problems,
 )
+from hami.core.quota import QuotaAsk, admission_ask
 from hami.core.requests import Bounds, lookup, parse_container, whole_number
 from webhook import typos
 from webhook.config import MutationSettings
@@ -82,6 +84,7 @@ ISOLATION_DISABLED = "isolation_disabled"
 VISIBLE_DEVICES = "visible_devices"
 NODE_ASSIGNED = "node_assigned"
 BAD_ANNOTATION = "bad_annotation"
+EXCEEDING_QUOTA = "exceeding_quota"  # decided by webhook.quota, after plan (it reads ResourceQuotas)
 REFUSAL_REASONS = (
     FORGED_ANNOTATION,
     FORGED_LABEL,
@@ -98,6 +101,7 @@ REFUSAL_REASONS = (
     VISIBLE_DEVICES,
     NODE_ASSIGNED,
     BAD_ANNOTATION,
+    EXCEEDING_QUOTA,
     *typos.REASONS,
 )
 
@@ -108,6 +112,10 @@ class Admit:
 
     spec: Mapping[str, Any] = field(default_factory=dict)
     notes: tuple[str, ...] = ()  # what changed or why nothing did, for the log
+    #: What a GPU pod we route asks of its namespace's GPU quota, as mutated (HAMi's ``fitResourceQuota``
+    #: sum); None for every other pod, or when it asks for no memory and no cores. ``webhook.quota``
+    #: checks it against the namespace's ResourceQuotas.
+    quota_ask: QuotaAsk | None = None
 
     @property
     def changed(self) -> bool:
@@ -252,7 +260,10 @@ def plan(pod: Mapping[str, Any], settings: MutationSettings) -> Admit | Refuse:
     if device.runtime_class_name and not spec.get("runtimeClassName"):
         changes["runtimeClassName"] = device.runtime_class_name
         notes.append(f"runtimeClassName set to {device.runtime_class_name}")
-    return Admit(spec=changes, notes=tuple(notes))
+    mutated = {"spec": {key: [c.result for c in group] for key, group in groups.items()}}
+    requests = (parsed.request for parsed in parse_pod_containers(mutated, device))
+    ask = admission_ask(requests, len(groups["initContainers"]))
+    return Admit(spec=changes, notes=tuple(notes), quota_ask=ask if ask.memory or ask.cores else None)
 
 
 def apply(pod: Mapping[str, Any], admit: Admit) -> dict[str, Any]:

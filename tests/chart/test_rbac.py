@@ -3,7 +3,8 @@
 The permission tables below are the chart's contract, one line per API call the component's code
 makes (see the comments in the templates). The certificate Jobs' command lines run against kmock
 here, and the requests they make map (``grant_for_request``) onto exactly their grants; the webhook's
-(none) is checked the same way in ``tests/webhook/test_chart_mode.py``.
+(the ResourceQuota list of its admission pre-check) is checked the same way in
+``tests/webhook/test_chart_mode.py``.
 """
 
 from __future__ import annotations
@@ -60,8 +61,9 @@ NODE_AGENT = {  # pods get is gone: Allocate pairs from the node's pod list (mon
     Grant("", "pods", "patch"),
     Grant("", "events", "create"),
 }
-#: Admission needs no API access; Kopf reads only discovery (tests/webhook/test_chart_mode.py).
-WEBHOOK: set[Grant] = set()
+#: The admission ResourceQuota pre-check lists a GPU pod's namespace's quotas; Kopf reads only
+#: discovery (tests/webhook/test_chart_mode.py).
+WEBHOOK = {Grant("", "resourcequotas", "list")}
 CERTGEN = {
     Grant("", "secrets", "create"),
     Grant("", "secrets", "get", "hami-webhook-tls"),

@@ -1,5 +1,6 @@
 """The operator as the Helm chart runs it (``--no-manage-config``): its Prometheus metrics, scraped
-over HTTP after real AdmissionReviews, and the API requests it makes (none that needs RBAC).
+over HTTP after real AdmissionReviews, and the API requests it makes (only the ResourceQuota list of
+the admission pre-check needs RBAC).
 
 The webhook is reached at the address it listens on, verified against the ``ca.crt`` it made in its
 tls dir (the chart's configuration points the API server at the Service instead).
@@ -141,12 +142,18 @@ def needs_permission(path: str) -> bool:
     return not re.fullmatch(r"version|healthz|readyz|livez", "/".join(parts))
 
 
-async def test_the_chart_mode_webhook_calls_nothing_that_needs_rbac(
-    operator: Operator, direct: Webhook
-) -> None:
-    """The chart binds the webhook's ServiceAccount to no role: Kopf may only read API discovery."""
-    response = await direct.admit(make_pod(ctr(limits={GPU: "1"})))
+async def test_the_chart_mode_webhook_reads_only_resource_quotas(operator: Operator, direct: Webhook) -> None:
+    """The chart grants the webhook's ServiceAccount one rule, ``list`` on ``resourcequotas`` (the
+    admission pre-check); otherwise Kopf may only read API discovery."""
+    before = len(list(operator.cluster.emulator))
+    response = await direct.admit(make_pod(ctr(limits={GPU: "1"})))  # a GPU pod: the pre-check reads
     assert response["allowed"] is True
+    cpu_only = await direct.admit(make_pod(ctr(limits={"cpu": "1"})))  # nothing to check: no read
+    assert cpu_only["allowed"] is True
     requests = [(str(r.method.value), r.url.path) for r in list(operator.cluster.emulator)]
     assert requests, "the operator made no request at all: is it connected to this API server?"
-    assert [r for r in requests if needs_permission(r[1])] == []
+    assert {r for r in requests if needs_permission(r[1])} == {
+        ("GET", "/api/v1/namespaces/default/resourcequotas")
+    }
+    admitting = [r for r in requests[before:] if needs_permission(r[1])]
+    assert admitting == [("GET", "/api/v1/namespaces/default/resourcequotas")]  # one read, for the GPU pod

@@ -29,6 +29,7 @@ from webhook_cases import (
 )
 
 from hami.annotations import INTERNAL_POD_ANNOTATIONS
+from hami.core.quota import QuotaAsk
 from hami.settings import DeviceConfig, ResourceNames
 from monitor.allocate_rules import hook_mounts
 from webhook.config import MutationSettings
@@ -89,6 +90,7 @@ def test_bare_card_changes_exactly_scheduler_and_cores() -> None:
             "container main: nvidia.com/gpucores set to 100 (a whole card)",
             "schedulerName set to hami-scheduler",
         ),
+        quota_ask=QuotaAsk(memory=0, cores=100),  # the exclusive default counts against a cores quota
     )
 
 
@@ -187,7 +189,7 @@ def test_our_pods_get_our_scheduler(scheduler: str) -> None:
 
 def test_already_ours_needs_no_scheduler_change() -> None:
     decision = plan(make_pod(ctr(limits={GPU: "1", MEM: "1"}), schedulerName="hami-scheduler"), DEFAULT)
-    assert decision == Admit(spec={}, notes=())
+    assert decision == Admit(spec={}, notes=(), quota_ask=QuotaAsk(memory=1, cores=0))
 
 
 BAD_STEERING = {NUMA_BIND: "yes", NODE_POLICY: "pack", GPU_POLICY: "pack", WEIGHTS: "slot=1"}
@@ -532,3 +534,60 @@ def test_visible_devices_use_the_configured_card_resource() -> None:
     assert plan(gpu, settings) == Refuse(
         message=visible_in_gpu_container("t"), code=403, reason="visible_devices"
     )
+
+
+# --------------------------------------------- what a routed GPU pod asks of its namespace's quota
+
+
+@pytest.mark.parametrize(
+    ("pod", "settings", "ask"),
+    [
+        # as mutated: the defaulted count (defaultGPUNum) and the exclusive cores count
+        (make_pod(ctr(limits={MEM: "3000"})), DEFAULT, QuotaAsk(memory=3000, cores=0)),
+        (make_pod(ctr(limits={PCT: "100"})), DEFAULT, QuotaAsk(memory=0, cores=100)),
+        (
+            make_pod(ctr(limits={GPU: "2", MEM: "1000", CORES: "30"})),
+            DEFAULT,
+            QuotaAsk(memory=2000, cores=60),
+        ),
+        # init containers at their peak, app containers summed (HAMi's fitResourceQuota)
+        (
+            make_pod(
+                ctr("a", limits={GPU: "1", MEM: "1000", CORES: "10"}),
+                ctr("b", limits={GPU: "1", MEM: "1000", CORES: "10"}),
+                init=(ctr("warm", limits={GPU: "1", MEM: "5000", CORES: "5"}),),
+            ),
+            DEFAULT,
+            QuotaAsk(memory=5000, cores=20),
+        ),
+        # memoryFactor: MiB as booked (the quota's memory limit is multiplied alike)
+        (
+            make_pod(ctr(limits={GPU: "1", MEM: "300", CORES: "5"})),
+            replace(DEFAULT, device=DeviceConfig(memory_factor=10)),
+            QuotaAsk(memory=3000, cores=5),
+        ),
+        # a percentage is 0 MiB here and cores 0 ask nothing: no pre-check at all
+        (make_pod(ctr(limits={GPU: "1", PCT: "50", CORES: "0"})), DEFAULT, None),
+    ],
+    ids=["default-count", "default-count-and-cores", "shared", "init-peak", "memory-factor", "nothing-to-check"],
+)
+def test_a_routed_gpu_pod_carries_its_quota_ask(
+    pod: dict[str, Any], settings: MutationSettings, ask: QuotaAsk | None
+) -> None:
+    decision = plan(pod, settings)
+    assert isinstance(decision, Admit)
+    assert decision.quota_ask == ask
+
+
+@pytest.mark.parametrize(
+    "pod",
+    [
+        make_pod(ctr(limits={GPU: "1"}), schedulerName="volcano"),
+        make_pod(ctr(limits={GPU: "1"}), labels={"hami.io/webhook": "ignore"}),
+        make_pod(ctr(limits={"cpu": "1"})),
+    ],
+    ids=["foreign-scheduler", "ignored", "no-gpu"],
+)
+def test_pods_we_do_not_route_carry_no_quota_ask(pod: dict[str, Any]) -> None:
+    decision = plan(pod, DEFAULT)
+    assert isinstance(decision, Admit) and decision.quota_ask is None
