@@ -1,0 +1,338 @@
+"""Device-aware preemption: the cheapest set of lower-priority pods whose eviction lets a pod fit a node.
+
+Owns :func:`preempt_node`. In: the pod's request and priority, one node's current state, the pods
+holding grants there (:class:`Holder`: uid, namespace, priority, start time, PDB flag, usage) and the
+victims kube-scheduler already chose (``required``: they go anyway; their usage is taken off first).
+Out: a :class:`Preemption` (the victims to add and the allocation the pod gets once they are gone),
+or None when no set of pods of strictly lower priority makes room (a required victim of equal or
+higher priority also gives None). Whether the pod fits is always asked of the allocation core
+(:func:`hami.core.allocate.allocate` / :func:`~hami.core.allocate.fit_node`), so type/uuid steering,
+NUMA, memory, cores, slots, MIG and the namespace quota are the scheduler's own rules.
+
+Choice, in order: the fewest victims; then the lowest priorities (the highest victim priority as low
+as possible, then the next ...); then the fewest PodDisruptionBudget violations; then the youngest
+pods (the oldest victim as young as possible, then the next ...); then the uids, so answers repeat.
+
+Search. A victim only frees the cards it holds, so the pods that matter sit on cards the pod could
+use. When one container asks for cards (and neither a quota nor a multi-instance MIG request couples
+them), each card is searched on its own: the sets of that card's pods whose eviction lets one card's
+share of the request fit there alone (smallest first), then sets of ``nums`` cards are combined and
+checked on the whole node, cheapest first. Otherwise candidate sets are tried by size (only sets
+whose pods can sit on at most as many cards as the pod asks for). Both stop after ``budget`` fit
+questions; then, and whenever they find nothing, a greedy pass answers: evict every candidate, then
+give back the most important ones (kube-scheduler's reprieve) while the pod still fits — never
+optimal by proof, always a set that fits. ``Preemption.exact`` says which answered.
+
+Pure: stdlib only; must not import a Kubernetes client, aiohttp, kopf, grpc, pynvml, ``logging``,
+``os`` or ``time``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from itertools import combinations, product
+
+from hami.core.allocate import Policy, allocate, fit_node
+from hami.core.model import Allocation, DeviceMode, NamespaceQuota, NodeState, PodRequest, is_vendor_card
+from hami.core.usage import PodUsage, apply_usage
+
+__all__ = ["BUDGET", "Holder", "Preemption", "cost", "preempt_node"]
+
+#: Fit questions one node may ask before the greedy pass answers instead of the exact search.
+BUDGET = 400
+#: Candidate sets one node may build for the exact search.
+GENERATED = 5000
+#: Options kept per card (cheapest first) when combining cards.
+OPTIONS_PER_CARD = 8
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Holder:
+    """A pod holding grants on the node. ``started``: Unix seconds it started (larger = younger)."""
+
+    uid: str
+    namespace: str = ""
+    priority: int = 0
+    started: float = 0.0
+    violates_pdb: bool = False  # evicting it would violate a PodDisruptionBudget
+    usage: PodUsage
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Preemption:
+    """Evict ``added`` (besides the required victims): the pod then gets ``allocation``."""
+
+    node: str
+    added: tuple[Holder, ...]  # cheapest first: by priority, then youngest, then uid
+    allocation: Allocation
+    exact: bool  # the search proved this set the cheapest (False: the greedy pass answered)
+
+
+Cost = tuple[int, tuple[int, ...], int, tuple[float, ...], tuple[str, ...]]
+
+
+def cost(victims: Iterable[Holder]) -> Cost:
+    """The order sets are compared in (smaller is better): see the module docstring."""
+    chosen = list(victims)
+    return (
+        len(chosen),
+        tuple(sorted((h.priority for h in chosen), reverse=True)),
+        sum(1 for h in chosen if h.violates_pdb),
+        tuple(-t for t in sorted(h.started for h in chosen)),
+        tuple(sorted(h.uid for h in chosen)),
+    )
+
+
+def _importance(holder: Holder) -> tuple[bool, int, float, str]:
+    """Most important first (reprieved first): PDB-protected, higher priority, older, then uid."""
+    return (not holder.violates_pdb, -holder.priority, holder.started, holder.uid)
+
+
+def _remove(node: NodeState, victims: Sequence[Holder]) -> NodeState:
+    """The node without the victims' usage (one pass over their cards)."""
+    if not victims:
+        return node
+    return apply_usage(node, PodUsage(cards=tuple(c for h in victims for c in h.usage.cards)), sign=-1)
+
+
+def _release(
+    quota: NamespaceQuota | None, namespace: str, victims: Sequence[Holder]
+) -> NamespaceQuota | None:
+    """The namespace quota once the victims of that namespace are gone."""
+    if quota is None:
+        return None
+    same = [h.usage for h in victims if h.namespace == namespace]
+    return replace(
+        quota,
+        memory_used=quota.memory_used - sum(u.memory for u in same),
+        cores_used=quota.cores_used - sum(u.cores for u in same),
+    )
+
+
+def _coverable(card_sets: Sequence[frozenset[str]], limit: int) -> bool:
+    """Whether at most ``limit`` cards touch every set (the pods could all sit on the pod's cards)."""
+    if not card_sets:
+        return True
+    if limit <= 0:
+        return False
+    return any(_coverable([s for s in card_sets if card not in s], limit - 1) for card in card_sets[0])
+
+
+class _Search:
+    """One node's search; fit questions are cached and counted against the budget."""
+
+    def __init__(
+        self,
+        request: PodRequest,
+        node: NodeState,
+        policy: Policy,
+        quota: NamespaceQuota | None,
+        pool: Sequence[Holder],
+        budget: int,
+    ) -> None:
+        self.request, self.node, self.policy, self.quota = request, node, policy, quota
+        self.pool = tuple(pool)
+        self.by_uid = {h.uid: h for h in pool}
+        self.cards = {h.uid: frozenset(c.uuid for c in h.usage.cards) for h in pool}
+        self.budget = budget
+        self.asked = 0
+        self.exact = True
+        self._known: dict[tuple[int, frozenset[str]], bool] = {}
+
+    @property
+    def spent(self) -> bool:
+        return self.asked >= self.budget
+
+    def _without(self, node: NodeState, uids: Iterable[str]) -> NodeState:
+        return _remove(node, [self.by_uid[u] for u in sorted(uids)])
+
+    def _quotas(self, uids: Iterable[str]) -> dict[str, NamespaceQuota]:
+        quota = _release(self.quota, self.request.namespace, [self.by_uid[u] for u in uids])
+        return {} if quota is None else {self.request.namespace: quota}
+
+    def fits(self, uids: Iterable[str], *, card: int = -1, request: PodRequest | None = None) -> bool:
+        """Does the pod fit once ``uids`` are gone (on card ``card`` alone with ``request``, if given)?"""
+        chosen = frozenset(uids)
+        known = self._known.get((card, chosen))
+        if known is None:
+            self.asked += 1
+            node = self.node if card < 0 else replace(self.node, devices=(self.node.devices[card],))
+            state = self._without(node, chosen)
+            asked = request or self.request
+            known = allocate(asked, [state], self.policy, quotas=self._quotas(chosen)).fits(state.name)
+            self._known[(card, chosen)] = known
+        return known
+
+    def place(self, uids: Iterable[str]) -> Allocation | None:
+        """The allocation once ``uids`` are gone (the core's full Fit), or None."""
+        chosen = frozenset(uids)
+        decision = fit_node(
+            self.request, self._without(self.node, chosen), self.policy, quotas=self._quotas(chosen)
+        )
+        return decision if isinstance(decision, Allocation) else None
+
+    # ------------------------------------------------------------------------------- strategies
+
+    def per_card(self) -> tuple[frozenset[str], Allocation] | None:
+        """One container asking for ``nums`` cards: card-by-card options, combined; None if it
+        does not apply or finds nothing within the budget."""
+        asking = [i for i, c in enumerate(self.request.containers) if c is not None and c.nums > 0]
+        if len(asking) != 1 or self.quota is not None:
+            return None
+        container = self.request.containers[asking[0]]
+        assert container is not None
+        vendor = [i for i, s in enumerate(self.node.devices) if is_vendor_card(s.device)]
+        if container.nums > 1 and any(self.node.devices[i].device.mode == DeviceMode.MIG for i in vendor):
+            return None  # one MIG card may supply several instances: cards are not independent
+        one = replace(container, nums=1)
+        containers = tuple(one if i == asking[0] else c for i, c in enumerate(self.request.containers))
+        share = replace(self.request, containers=containers)
+        options = [(i, self._options(i, share, container.nums > 1)) for i in vendor]
+        usable = [(i, found) for i, found in options if found]
+        if len(usable) < container.nums:
+            return None
+        candidates: set[frozenset[str]] = set()
+        for chosen in combinations(usable, container.nums):
+            for picks in product(*(found for _, found in chosen)):
+                candidates.add(frozenset().union(*picks))
+                if len(candidates) >= GENERATED:
+                    self.exact = False
+                    break
+        return self._first(candidates)
+
+    def _options(self, card: int, share: PodRequest, several: bool) -> list[frozenset[str]]:
+        """Minimal sets of this card's pods whose eviction lets one card's share fit there, cheapest
+        first: the smallest size only when the pod asks for one card; with ``several`` cards also
+        one size more (a pod holding two of them may serve both), at most ``OPTIONS_PER_CARD``."""
+        uuid = self.node.devices[card].device.uuid
+        here = sorted((h for h in self.pool if uuid in self.cards[h.uid]), key=lambda h: cost([h]))
+        if self.fits((), card=card, request=share):
+            return [frozenset()]  # room for a share already
+        everyone = frozenset(h.uid for h in here)
+        if not here or not self.fits(everyone, card=card, request=share):
+            return []
+        found: list[frozenset[str]] = []
+        smallest = len(here)
+        generated = 0
+        for size in range(1, len(here) + 1):
+            if size > smallest + (1 if several else 0):
+                break
+            for combo in combinations(here, size):
+                uids = frozenset(h.uid for h in combo)
+                generated += 1
+                if any(f <= uids for f in found):
+                    continue
+                if self.spent or generated > GENERATED:
+                    self.exact = False
+                    return self._cheapest(found, several)
+                if self.fits(uids, card=card, request=share):
+                    found.append(uids)
+                    smallest = min(smallest, size)
+        return self._cheapest(found, several)
+
+    def _cheapest(self, found: list[frozenset[str]], several: bool) -> list[frozenset[str]]:
+        found.sort(key=lambda s: cost(self.by_uid[u] for u in s))
+        if not several:
+            return found[:1]  # one card: only its cheapest option can win
+        if len(found) > OPTIONS_PER_CARD:
+            self.exact = False
+        return found[:OPTIONS_PER_CARD]
+
+    def _first(self, candidates: Iterable[frozenset[str]]) -> tuple[frozenset[str], Allocation] | None:
+        """The cheapest candidate the whole node confirms (``budget`` permitting)."""
+        for uids in sorted(candidates, key=lambda s: cost(self.by_uid[u] for u in s)):
+            if self.spent:
+                self.exact = False
+                return None
+            self.asked += 1
+            allocation = self.place(uids)
+            if allocation is not None:
+                return uids, allocation
+        return None
+
+    def by_size(self) -> tuple[frozenset[str], Allocation] | None:
+        """Candidate sets of 1, 2, ... pods (the ones that can sit on the pod's cards), cheapest first."""
+        limit = sum(c.nums for c in self.request.containers if c is not None and c.nums > 0)
+        for size in range(1, len(self.pool) + 1):
+            if self.spent:
+                self.exact = False
+                return None
+            batch: list[frozenset[str]] = []
+            for combo in combinations(self.pool, size):
+                if self.quota is None and not _coverable([self.cards[h.uid] for h in combo], limit):
+                    continue
+                batch.append(frozenset(h.uid for h in combo))
+                if len(batch) >= GENERATED:
+                    self.exact = False
+                    return None
+            for uids in sorted(batch, key=lambda s: cost(self.by_uid[u] for u in s)):
+                if self.spent:
+                    self.exact = False
+                    return None
+                if self.fits(uids):
+                    allocation = self.place(uids)
+                    if allocation is not None:
+                        return uids, allocation
+        return None
+
+    def greedy(self) -> frozenset[str]:
+        """Evict every candidate, then give back the most important ones while the pod still fits."""
+        chosen = frozenset(self.by_uid)
+        for holder in sorted(self.pool, key=_importance):
+            trial = chosen - {holder.uid}
+            if self.fits(trial):
+                chosen = trial
+        return chosen
+
+
+def preempt_node(
+    request: PodRequest,
+    priority: int,
+    node: NodeState,
+    holders: Iterable[Holder],
+    policy: Policy,
+    *,
+    required: Sequence[Holder] = (),
+    quotas: Mapping[str, NamespaceQuota] | None = None,
+    budget: int = BUDGET,
+) -> Preemption | None:
+    """The victims to add on ``node`` for a pod of ``priority`` (see the module docstring)."""
+    if any(h.priority >= priority for h in required):
+        return None
+    quota = (quotas or {}).get(request.namespace)
+    quota = quota if quota is not None and quota.limited else None
+    unique = list({h.uid: h for h in required}.values())
+    gone = {h.uid for h in unique}
+    start = _remove(node, unique)
+    quota_left = _release(quota, request.namespace, unique)
+    vendor = {s.device.uuid for s in node.devices if is_vendor_card(s.device)}
+    pool = sorted(
+        (
+            h
+            for h in {h.uid: h for h in holders}.values()
+            if h.uid not in gone and h.priority < priority and any(c.uuid in vendor for c in h.usage.cards)
+        ),
+        key=lambda h: h.uid,
+    )
+    search = _Search(request, start, policy, quota_left, pool, budget)
+    if search.fits(()):
+        allocation = search.place(())
+        return (
+            None
+            if allocation is None
+            else Preemption(node=node.name, added=(), allocation=allocation, exact=True)
+        )
+    if not search.fits(search.by_uid):
+        return None
+    found = search.per_card() or search.by_size()
+    exact = search.exact and found is not None
+    if found is None:
+        chosen = search.greedy()
+        allocation = search.place(chosen)
+        if allocation is None:
+            return None
+        found = (chosen, allocation)
+    uids, allocation = found
+    added = sorted((search.by_uid[u] for u in uids), key=lambda h: (h.priority, -h.started, h.uid))
+    return Preemption(node=node.name, added=tuple(added), allocation=allocation, exact=exact)
