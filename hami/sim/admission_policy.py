@@ -38,6 +38,8 @@ import cel
 import cel.stdlib
 import yaml
 
+from hami import objects
+
 JsonDict = dict[str, Any]
 
 POLICY_GROUP_VERSION = "admissionregistration.k8s.io/v1"
@@ -197,7 +199,7 @@ def review(
     policies: Iterable[Mapping[str, Any]], bindings: Iterable[Mapping[str, Any]], request: Mapping[str, Any]
 ) -> Denial | None:
     """The first denial among the bound policies matching ``request`` (AdmissionRequest-shaped), or None."""
-    by_name = {str((p.get("metadata") or {}).get("name")): p for p in policies}
+    by_name = {objects.name(p): p for p in policies}
     for binding in bindings:
         spec = binding.get("spec") or {}
         policy = by_name.get(str(spec.get("policyName")))
@@ -208,8 +210,7 @@ def review(
         policy_spec = policy.get("spec") or {}
         if not _matches(policy_spec, request):
             continue
-        policy_name = str(policy["metadata"]["name"])
-        binding_name = str((binding.get("metadata") or {}).get("name"))
+        policy_name, binding_name = objects.name(policy), objects.name(binding)
         try:
             verdict = _verdict(policy_spec, copy.deepcopy(dict(request)))
         except _EvaluationError as exc:

@@ -31,6 +31,7 @@ from typing import Any
 import aiohttp
 import jsonpatch
 
+from hami import objects
 from hami.kube.admissionreview import pod_create_review
 from hami.sim.admission_policy import ConditionError, conditions_hold
 from hami.sim.kubeapi import MWC_PATH, ApiError, JsonDict, SimApi, pods_path
@@ -237,8 +238,7 @@ def _matches(hook: Mapping[str, Any], pod: Mapping[str, Any]) -> bool:
             and ("pods" in kinds or "*" in kinds)
         ):
             selected = True
-    labels = (pod.get("metadata") or {}).get("labels") or {}
-    return selected and selector_matches(hook.get("objectSelector") or {}, labels)
+    return selected and selector_matches(hook.get("objectSelector") or {}, objects.labels(pod))
 
 
 def selector_matches(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:

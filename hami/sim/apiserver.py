@@ -29,6 +29,7 @@ import aiohttp.web
 import jsonpatch
 import kmock
 
+from hami import objects
 from hami.sim.admission_policy import review
 from hami.sim.admission_standin import AdmissionStandIn
 from hami.sim.kubeapi import SimApi
@@ -129,8 +130,8 @@ class AdmittingEmulator(kmock.KubernetesEmulator, LeanHandler):
         if resource is None or resource.group != "" or resource.plural != "pods":
             return None
         if request.action == kmock.action.CREATE and isinstance(request.data, dict):
-            meta = request.data.get("metadata") or {}
-            name, namespace = meta.get("name"), request.namespace or meta.get("namespace")
+            name = objects.name(request.data) or None
+            namespace = request.namespace or objects.namespace(request.data) or None
             operation, old, new = "CREATE", None, request.data
         elif request.action == kmock.action.UPDATE and request.name is not None:
             name, namespace, operation = request.name, request.namespace, "UPDATE"

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from hami import objects
 from hami.sim.kubeapi import ApiError, JsonDict, SimApi
 from hami.sim.processes import python_argv
 
@@ -62,12 +63,11 @@ class JobStandIn:
         """Watch Jobs until cancelled; cancelling also stops the Jobs still running."""
         try:
             async for kind, job in self._api.watch(JOBS):
-                meta = job.get("metadata") or {}
-                uid = str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")
-                if kind == "DELETED" or uid in self._seen or (job.get("status") or {}).get("conditions"):
+                uid = objects.uid(job) or f"{objects.namespace(job)}/{objects.name(job)}"
+                if kind == "DELETED" or uid in self._seen or objects.status(job).get("conditions"):
                     continue
                 self._seen.add(uid)
-                task = asyncio.create_task(self._run(job), name=f"job {meta.get('name')}")
+                task = asyncio.create_task(self._run(job), name=f"job {objects.name(job)}")
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
         finally:
@@ -78,8 +78,7 @@ class JobStandIn:
                     await task
 
     async def _run(self, job: JsonDict) -> None:
-        meta = job.get("metadata") or {}
-        namespace, name = str(meta.get("namespace") or "default"), str(meta.get("name") or "")
+        namespace, name = objects.namespace(job) or "default", objects.name(job)
         argv = job_argv(job)
         started = _now()
         if argv is None:

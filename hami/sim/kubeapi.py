@@ -15,6 +15,8 @@ from typing import Any
 
 import aiohttp
 
+from hami import objects
+
 JsonDict = dict[str, Any]
 
 MERGE_PATCH = "application/merge-patch+json"
@@ -132,5 +134,4 @@ class SimApi:
 
 def key_of(obj: Mapping[str, Any]) -> tuple[str, str]:
     """``(namespace, name)`` of an object."""
-    meta = obj.get("metadata") or {}
-    return str(meta.get("namespace") or ""), str(meta.get("name") or "")
+    return objects.namespace(obj), objects.name(obj)

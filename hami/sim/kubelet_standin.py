@@ -36,7 +36,9 @@ from typing import Any
 
 import grpc
 
+from hami import objects
 from hami.kube.client import KubeError, NotFound, call_json, core_api, load_api_client
+from hami.kube.protocol import KubeApi
 from hami.kube.watch import ListWatcher
 from hami.kubeletapi import api_pb2, api_pb2_grpc
 
@@ -73,7 +75,7 @@ class Assigned:
 class NodeKubelet:
     """The device-manager half of one node's kubelet (see the module docstring)."""
 
-    def __init__(self, api: Any, node: str, kubelet_dir: Path, *, plugin_wait: float) -> None:
+    def __init__(self, api: KubeApi, node: str, kubelet_dir: Path, *, plugin_wait: float) -> None:
         self.api = api
         self.node = node
         self.dir = kubelet_dir
@@ -164,10 +166,8 @@ class NodeKubelet:
 
     def observe(self, kind: str, pod: dict[str, Any]) -> None:
         """A pod event for this node (called on the loop by the shared watcher)."""
-        meta = pod.get("metadata") or {}
-        key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
-        uid = str(meta.get("uid") or "")
-        if kind == "DELETED" or meta.get("deletionTimestamp"):
+        key, uid = (objects.namespace(pod), objects.name(pod)), objects.uid(pod)
+        if kind == "DELETED" or objects.meta(pod).get("deletionTimestamp"):
             self.release(key)
             return
         held = self.assigned.get(key)

@@ -28,6 +28,8 @@ import aiohttp.web
 import kmock
 from kmock._internal import rendering as _rendering  # kmock is pinned (==0.8): its request parser
 
+from hami import objects
+
 #: kmock's "this reaction does not apply after all" (exported by kmock, missing from its ``__all__``).
 _MISMATCH: type[Exception] = getattr(kmock, "ReactionMismatchError")  # noqa: B009
 
@@ -134,17 +136,17 @@ class LeanHandler(kmock.RawHandler):
 
     def _trim_object(self, request: kmock.Request) -> None:
         """Keep only the latest version (and a deletion marker) of the object this request wrote."""
-        objects = getattr(self, "objects", None)
-        if objects is None or request.resource is None or request.action is None:
+        stored = getattr(self, "objects", None)
+        if stored is None or request.resource is None or request.action is None:
             return
         name, namespace = request.name, request.namespace
         if name is None and isinstance(request.data, dict):  # a create names its object in the body
-            meta = request.data.get("metadata") or {}
-            name, namespace = meta.get("name"), namespace or meta.get("namespace")
+            name = objects.name(request.data) or None
+            namespace = namespace or objects.namespace(request.data) or None
         key = (request.resource, namespace, name)
-        if name is None or key not in objects:
+        if name is None or key not in stored:
             return
-        history = objects[key].history
+        history = stored[key].history
         keep = max((i for i, version in enumerate(history) if version is not None), default=0)
         if keep > 0:
             del history[:keep]

@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from hami import objects
 from hami.sim.cluster import ClusterFileError, unknown_field
 from hami.sim.kubeapi import JsonDict
 
@@ -65,8 +66,8 @@ class Example:
 
     @property
     def key(self) -> str:
-        meta = self.pod.get("metadata") or {}
-        return f"{meta.get('namespace') or 'default'}/{meta.get('name') or meta.get('generateName') or ''}"
+        name = objects.name(self.pod) or str(objects.meta(self.pod).get("generateName") or "")
+        return f"{objects.namespace(self.pod) or 'default'}/{name}"
 
 
 def default_examples_dir() -> Traversable:

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hami import objects
 from hami.annotations import (
     POD_BIND_PHASE,
     POD_DEVICES_ALLOCATED,
@@ -79,10 +80,9 @@ def describe(
         return PodReport(name=name, status="Refused", details=(refused.message,))
     if pod is None:
         return PodReport(name=name, status="Missing", details=("the pod does not exist",))
-    spec, status = pod.get("spec") or {}, pod.get("status") or {}
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    phase = status.get("phase") or "Pending"
-    node = str(spec.get("nodeName") or "")
+    spec, status, annotations = objects.spec(pod), objects.status(pod), objects.annotations(pod)
+    phase = objects.pod_phase(pod) or "Pending"
+    node = objects.node_name(pod)
     if not node:
         attempt = scheduler.attempt(pod)
         if attempt is None:

@@ -30,6 +30,7 @@ from typing import Any
 import kmock
 from kmock._internal import parsing as _parsing  # kmock is pinned (==0.8): its path parser
 
+from hami import objects
 from hami.sim.selectors import Selector, SelectorError
 from hami.sim.tables import as_table, wants_table
 from hami.sim.watching import watch_stream
@@ -183,7 +184,7 @@ def install(k: kmock.KubernetesEmulator, clock: Callable[[], datetime.datetime] 
         assert request.resource is not None and request.name is not None
         found = store.objects(request)
         if request.namespace is None:  # cluster-scoped only: a namespaced object needs its namespace
-            found = [o for o in found if not (o.get("metadata") or {}).get("namespace")]
+            found = [o for o in found if not objects.namespace(o)]
         if not found:
             plural, group = str(request.resource.plural), str(request.resource.group or "")
             return answer(404, not_found(plural, request.name, group))

@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 import aiohttp
 
+from hami import objects
 from hami.annotations import NODE_HANDSHAKE, NODE_LOCK
 from hami.sim.kubeapi import ApiError, JsonDict, SimApi, key_of, nodes_path, pods_path
 
@@ -127,14 +128,11 @@ class SchedulerStandIn:
         return None, wake_at
 
     def _ours(self, pod: Mapping[str, Any]) -> bool:
-        spec = pod.get("spec") or {}
-        meta = pod.get("metadata") or {}
-        phase = (pod.get("status") or {}).get("phase") or "Pending"
         return (
-            spec.get("schedulerName") == self.scheduler_name
-            and not spec.get("nodeName")
-            and phase == "Pending"
-            and not meta.get("deletionTimestamp")
+            objects.scheduler_name(pod) == self.scheduler_name
+            and not objects.node_name(pod)
+            and (objects.pod_phase(pod) or "Pending") == "Pending"
+            and not objects.meta(pod).get("deletionTimestamp")
         )
 
     # ------------------------------------------------------------------------------- one pod
@@ -164,7 +162,7 @@ class SchedulerStandIn:
                 {
                     "PodName": name,
                     "PodNamespace": namespace,
-                    "PodUID": (pod.get("metadata") or {}).get("uid", ""),
+                    "PodUID": objects.uid(pod),
                     "Node": node,
                 },
             )
@@ -199,10 +197,10 @@ class SchedulerStandIn:
         excluded: Counter[str] = Counter()
         for name in sorted(self.nodes):
             node = self.nodes[name]
-            labels = (node.get("metadata") or {}).get("labels") or {}
+            labels = objects.labels(node)
             ready = any(
                 c.get("type") == "Ready" and c.get("status") == "True"
-                for c in (node.get("status") or {}).get("conditions") or []
+                for c in objects.status(node).get("conditions") or []
             )
             if not ready:
                 excluded["node(s) were not ready"] += 1
@@ -274,7 +272,7 @@ class SchedulerStandIn:
                 "apiVersion": "v1",
                 "namespace": namespace,
                 "name": name,
-                "uid": (pod.get("metadata") or {}).get("uid", ""),
+                "uid": objects.uid(pod),
             },
             "reason": reason,
             "message": message,
@@ -292,7 +290,7 @@ class SchedulerStandIn:
 
     async def _watch_nodes(self) -> None:
         async for kind, node in self._api.watch(nodes_path()):
-            name = str((node.get("metadata") or {}).get("name") or "")
+            name = objects.name(node)
             if kind == "DELETED":
                 self.nodes.pop(name, None)
                 self._fingerprints.pop(name, None)
@@ -332,16 +330,14 @@ class _ExtenderError(Exception):
 
 
 def _ident(pod: Mapping[str, Any]) -> str:
-    meta = pod.get("metadata") or {}
-    return str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")
+    return objects.uid(pod) or f"{objects.namespace(pod)}/{objects.name(pod)}"
 
 
 def _node_fingerprint(node: Mapping[str, Any]) -> Any:
-    meta = node.get("metadata") or {}
-    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k not in _VOLATILE}
-    status = node.get("status") or {}
+    annotations = {k: v for k, v in objects.annotations(node).items() if k not in _VOLATILE}
+    status = objects.status(node)
     return (
-        sorted((meta.get("labels") or {}).items()),
+        sorted(objects.labels(node).items()),
         sorted(annotations.items()),
         bool((node.get("spec") or {}).get("unschedulable")),
         sorted((status.get("allocatable") or {}).items()),

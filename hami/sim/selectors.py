@@ -15,6 +15,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from hami import objects
+
 _KEY = r"[A-Za-z0-9][-A-Za-z0-9_./]*"
 _VALUE = r"[-A-Za-z0-9_.]*"
 _SET = re.compile(rf"^\s*({_KEY})\s+(in|notin)\s+\(([^)]*)\)\s*$")
@@ -112,7 +114,7 @@ class Selector:
         return bool(self.labels or self.fields)
 
     def matches(self, obj: Mapping[str, Any]) -> bool:
-        labels = (obj.get("metadata") or {}).get("labels") or {}
+        labels = objects.labels(obj)
         if not all(test(labels) for test in self.labels):
             return False
         return all((field_value(obj, path) == value) == equal for path, equal, value in self.fields)

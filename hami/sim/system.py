@@ -32,6 +32,7 @@ import aiohttp
 import kmock
 import yaml
 
+from hami import objects
 from hami.annotations import NODE_REGISTER
 from hami.settings import from_device_config
 from hami.sim.admission_policy import BINDINGS_PATH, POLICIES_PATH, annotation_policy, service_account
@@ -205,12 +206,11 @@ class EmbeddedSystem:
 
     async def _all_registered(self) -> bool | None:
         for node in await self.api.list_objects(nodes_path()):
-            meta, status = node.get("metadata") or {}, node.get("status") or {}
-            if meta.get("name") not in self.node_files:
+            if objects.name(node) not in self.node_files:
                 continue
-            if not (meta.get("annotations") or {}).get(NODE_REGISTER):
+            if not objects.annotations(node).get(NODE_REGISTER):
                 return None
-            if int((status.get("allocatable") or {}).get(self.resource) or 0) <= 0:
+            if int(objects.allocatable(node).get(self.resource) or 0) <= 0:
                 return None  # the device plugin has not registered with the kubelet stand-in yet
         return True
 

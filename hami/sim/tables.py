@@ -17,6 +17,8 @@ import datetime
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from hami import objects
+
 JsonDict = dict[str, Any]
 NONE = "<none>"
 
@@ -102,7 +104,7 @@ def _since(stamp: Any, now: datetime.datetime) -> str:
 
 
 def _pod_cells(pod: Mapping[str, Any], now: datetime.datetime) -> list[Any]:
-    meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
+    meta, spec, status = objects.meta(pod), objects.spec(pod), objects.status(pod)
     containers = spec.get("containers") or []
     reason = status.get("reason") or status.get("phase") or ""
     ready = restarts = 0
@@ -149,7 +151,7 @@ def _pod_cells(pod: Mapping[str, Any], now: datetime.datetime) -> list[Any]:
 
 
 def _node_cells(node: Mapping[str, Any], now: datetime.datetime) -> list[Any]:
-    meta, spec, status = node.get("metadata") or {}, node.get("spec") or {}, node.get("status") or {}
+    meta, spec, status = objects.meta(node), objects.spec(node), objects.status(node)
     ready = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
     state = {"True": "Ready", "False": "NotReady"}.get(str((ready or {}).get("status")), "Unknown")
     if spec.get("unschedulable"):
@@ -180,7 +182,7 @@ def _node_cells(node: Mapping[str, Any], now: datetime.datetime) -> list[Any]:
 
 
 def _event_cells(event: Mapping[str, Any], now: datetime.datetime) -> list[Any]:
-    meta, involved = event.get("metadata") or {}, event.get("involvedObject") or {}
+    meta, involved = objects.meta(event), event.get("involvedObject") or {}
     source = event.get("source") or {}
     component = source.get("component") or event.get("reportingComponent") or ""
     host = source.get("host") or event.get("reportingInstance") or ""
@@ -207,9 +209,9 @@ def _cells(plural: str, obj: Mapping[str, Any], now: datetime.datetime) -> list[
         return _node_cells(obj, now)
     if plural == "events":
         return _event_cells(obj, now)
-    meta = obj.get("metadata") or {}
+    meta = objects.meta(obj)
     if plural == "namespaces":
-        phase = (obj.get("status") or {}).get("phase") or "Active"
+        phase = objects.status(obj).get("phase") or "Active"
         return [meta.get("name", ""), phase, _since(meta.get("creationTimestamp"), now)]
     return [meta.get("name", ""), meta.get("creationTimestamp") or None]
 
@@ -222,7 +224,7 @@ def _row_object(obj: Mapping[str, Any], include: str) -> JsonDict | None:
     return {
         "kind": "PartialObjectMetadata",
         "apiVersion": "meta.k8s.io/v1",
-        "metadata": obj.get("metadata") or {},
+        "metadata": objects.meta(obj),
     }
 
 

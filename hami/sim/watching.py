@@ -20,6 +20,7 @@ from typing import Any
 
 import kmock
 
+from hami import objects
 from hami.sim.selectors import Selector
 from hami.sim.tables import as_table
 
@@ -27,7 +28,7 @@ JsonDict = dict[str, Any]
 
 
 def revision_of(obj: Mapping[str, Any]) -> int:
-    value = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+    value = objects.resource_version(obj)
     return int(value) if value.isdigit() else 0
 
 
@@ -61,8 +62,7 @@ async def watch_stream(
         return json.dumps({"type": kind, "object": shown}).encode() + b"\n"
 
     def key(obj: Mapping[str, Any]) -> tuple[str, str]:
-        meta = obj.get("metadata") or {}
-        return str(meta.get("namespace") or ""), str(meta.get("name") or "")
+        return objects.namespace(obj), objects.name(obj)
 
     def in_scope(obj: Mapping[str, Any]) -> bool:
         namespace, name = key(obj)

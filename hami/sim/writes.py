@@ -35,6 +35,7 @@ import aiohttp.web
 import kmock
 import yaml
 
+from hami import objects
 from hami.sim import openapi
 from hami.sim.admission_standin import AdmissionStandIn, Refused, apply_defaults
 from hami.sim.restapi import JsonDict, kind_of, not_found, now_utc, stamp_create, stamp_update, status
@@ -93,8 +94,8 @@ def _as_merge_patch(k: Writable, request: kmock.Request, patch: JsonDict) -> Jso
 
 
 def _key(request: kmock.Request, body: Mapping[str, Any] | None = None) -> tuple[Any, Any, Any]:
-    meta = (body or {}).get("metadata") or {}
-    return request.resource, request.namespace or meta.get("namespace"), request.name or meta.get("name")
+    namespace, name = objects.namespace(body) or None, objects.name(body) or None
+    return request.resource, request.namespace or namespace, request.name or name
 
 
 async def before_store(k: Writable, request: kmock.Request) -> aiohttp.web.StreamResponse | None:
@@ -173,7 +174,7 @@ async def _replace(k: Writable, request: kmock.Request) -> aiohttp.web.StreamRes
     key = _key(request)
     if key not in k.objects or k.objects[key].deleted:
         return _json(404, not_found(plural, request.name, group))
-    old_meta = k.objects[key].raw.get("metadata") or {}
+    old_meta = objects.meta(k.objects[key].raw)
     body = request.data
     meta = body.setdefault("metadata", {})
     if meta.get("resourceVersion") and meta["resourceVersion"] != old_meta.get("resourceVersion"):
@@ -233,8 +234,7 @@ def error_status(exc: Exception, request: kmock.Request | None) -> tuple[int, Js
             return 404, status(404, "NotFound", "the server could not find the requested resource")
         if exc.status == 409 and exc.reason == "Object Already Exists" and named:
             assert resource is not None and request is not None
-            meta = request.data.get("metadata") if isinstance(request.data, dict) else None
-            name = name or str((meta or {}).get("name") or "")
+            name = name or objects.name(request.data)
             which = {"name": name, "kind": str(resource.plural)}
             return 409, status(409, "AlreadyExists", f'{resource.plural} "{name}" already exists', which)
         details: Mapping[str, Any] | None = None
