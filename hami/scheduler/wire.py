@@ -10,6 +10,7 @@ Imports the stdlib only.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, NotRequired, TypedDict, cast
 
 
@@ -81,6 +82,8 @@ def _object(data: bytes) -> dict[str, Any]:
         body = json.loads(data)
     except ValueError as exc:
         raise WireError(f"request body is not JSON: {exc}") from exc
+    except RecursionError:  # a few bytes per level: deep nesting fits far below the body cap
+        raise WireError("request body is not JSON: nested too deeply") from None
     if not isinstance(body, dict):
         raise WireError(f"request body must be a JSON object, got {type(body).__name__}")
     return body
@@ -98,12 +101,54 @@ def parse_extender_args(data: bytes) -> ExtenderArgs:
     names = body.get("NodeNames")
     if names is not None and not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
         raise WireError(f"NodeNames must be a list of strings, got {json.dumps(names)[:100]}")
+    for index, item in enumerate((nodes or {}).get("items") or []):
+        _check_node(index, item)
     listing = cast(NodeListWire | None, nodes)
     return ExtenderArgs(Pod=pod, Nodes=listing, NodeNames=names)
 
 
+def _check_node(index: int, item: Any) -> None:
+    """A template Node as Go would decode it into ``v1.Node``: an object whose metadata, name and
+    annotations have their types (null is Go's zero value)."""
+    where = f"Nodes.items[{index}]"
+    if not isinstance(item, dict):
+        raise WireError(f"{where} must be a Node object, got {json.dumps(item)[:100]}")
+    metadata = item.get("metadata")
+    if metadata is None:
+        return
+    if not isinstance(metadata, dict):
+        raise WireError(f"{where}.metadata must be an object, got {json.dumps(metadata)[:100]}")
+    name = metadata.get("name")
+    if name is not None and not isinstance(name, str):
+        raise WireError(f"{where}.metadata.name must be a string, got {json.dumps(name)[:100]}")
+    annotations = metadata.get("annotations")
+    if annotations is not None and not (
+        isinstance(annotations, dict) and all(isinstance(v, str) for v in annotations.values())
+    ):
+        raise WireError(f"{where}.metadata.annotations must map strings to strings")
+
+
+#: What the API server accepts (DNS-1123 subdomain for pod and node names, DNS-1123 label for a
+#: namespace; a uid as it writes them): anything else names no object, and is not sent to it.
+_SUBDOMAIN = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_NAMES = {
+    "PodName": _SUBDOMAIN,
+    "PodNamespace": re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"),
+    "PodUID": re.compile(r"[0-9A-Za-z][-0-9A-Za-z_.]{0,127}"),
+    "Node": _SUBDOMAIN,
+}
+_SUBDOMAIN_RULE = "a Kubernetes name (lower-case letters, digits, '-' and '.'; at most 253 characters)"
+_NAME_RULES = {
+    "PodName": _SUBDOMAIN_RULE,
+    "PodNamespace": "a Kubernetes namespace name (lower-case letters, digits and '-'; at most 63 characters)",
+    "PodUID": "a Kubernetes uid (letters, digits, '-', '_' and '.'; at most 128 characters)",
+    "Node": _SUBDOMAIN_RULE,
+}
+
+
 def parse_binding_args(data: bytes) -> ExtenderBindingArgs:
-    """The ``/bind`` body; every field must be a string, PodName/PodNamespace/Node non-empty."""
+    """The ``/bind`` body; every field must be a string, PodName/PodNamespace/Node non-empty, each a
+    name the API server could hold."""
     body = fold(_object(data), _BIND_KEYS)
     values: dict[str, str] = {}
     for key in ("PodName", "PodNamespace", "PodUID", "Node"):
@@ -112,6 +157,8 @@ def parse_binding_args(data: bytes) -> ExtenderBindingArgs:
             raise WireError(f"{key} must be a string, got {json.dumps(value)[:100]}")
         if not value and key != "PodUID":
             raise WireError(f"{key} is missing or empty")
+        if value and _NAMES[key].fullmatch(value) is None:
+            raise WireError(f"{key} must be {_NAME_RULES[key]}, got {json.dumps(value)[:100]}")
         values[key] = value
     return ExtenderBindingArgs(
         PodName=values["PodName"],
