@@ -1,12 +1,13 @@
 """What the scheduler granted on this node, read back from the pods for the exporter.
 
-Owns: which pods count (``hami.io/vgpu-node`` = this node as a label or annotation, phase neither
-Succeeded nor Failed: spec-scheduler §6), turning one pod's decoded ``hami.io/vgpu-devices-allocated``
-into per-container :class:`ContainerGrant` s with their container names, the per-card totals (the
-same §6 collapse the scheduler applies, through ``hami.core.usage``), and :class:`GrantBook`, the
-periodic pod list that keeps them fresh. Every annotation is decoded by the shared codec; nothing
-here splits annotation text. Imports the codec, the core and ``hami.kube``; must not import grpc,
-pynvml or the Kubernetes client.
+Owns turning one pod's decoded ``hami.io/vgpu-devices-allocated`` into per-container
+:class:`ContainerGrant` s with their container names, the per-card totals (the same §6 collapse the
+scheduler applies, through ``hami.core.usage``), and :class:`GrantBook`, the periodic pod list that keeps
+them fresh and remembers whose init containers already gave their cards back (sticky, as the
+scheduler's view). Which pods hold cards here is the shared rule ``hami.annotations.holding`` with the
+grant required, so the totals are exactly what the scheduler counts for the node's cards. Every
+annotation is decoded by the shared codec; nothing here splits annotation text. Imports the codec, the
+core and ``hami.kube``; must not import grpc, pynvml or the Kubernetes client.
 """
 
 from __future__ import annotations
@@ -17,22 +18,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from hami.annotations import (
-    POD_VGPU_NODE,
-    AnnotationError,
-    read_pod_devices,
-    read_pod_mig_allocations,
-    read_vgpu_node,
-)
+from hami.annotations import AnnotationError, read_pod_devices, read_pod_mig_allocations
+from hami.annotations.holding import holding, init_containers_done
 from hami.core.model import Device, DeviceState, NodeState
 from hami.core.usage import PodUsage, apply_usage, pod_usage
 from hami.kube.client import KubeError
 from hami.kube.pods import list_pods
 
 log = logging.getLogger(__name__)
-
-#: Phases whose containers no longer hold their cards (spec-scheduler §6).
-TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -59,6 +52,7 @@ class PodGrants:
     grants: tuple[ContainerGrant, ...]
     usage: PodUsage
     container_ids: Mapping[str, str] = field(default_factory=dict)
+    init_done: bool = False  # its init containers gave their cards back
 
 
 class TrackedPods(Protocol):
@@ -68,37 +62,27 @@ class TrackedPods(Protocol):
     def pods(self) -> tuple[PodGrants, ...]: ...
 
 
-def on_node(pod: Mapping[str, Any], node: str) -> bool:
-    """The scheduler put the pod on ``node``: label (what HAMi's monitor selects by) or annotation."""
-    labels = (pod.get("metadata") or {}).get("labels") or {}
-    return labels.get(POD_VGPU_NODE) == node or read_vgpu_node(pod) == node
-
-
-def init_done(pod: Mapping[str, Any]) -> bool:
-    """Every init container terminated with exit code 0 (statuses present): their grants are released."""
-    statuses = (pod.get("status") or {}).get("initContainerStatuses") or []
-    return bool(statuses) and all(
-        ((s.get("state") or {}).get("terminated") or {}).get("exitCode") == 0 for s in statuses
-    )
-
-
-def read_pod_grants(pod: Mapping[str, Any]) -> PodGrants | None:
-    """The pod's grants that hold now; None when it has no allocation or has finished.
+def read_pod_grants(
+    pod: Mapping[str, Any], node: str | None = None, *, init_done_before: bool = False
+) -> PodGrants | None:
+    """The pod's grants that hold now; None when it holds no card (on ``node``, when given: the rule of
+    ``hami.annotations.holding``). ``init_done_before``: its init containers were seen done earlier.
 
     Raises :class:`~hami.annotations.AnnotationError` (naming the key and text) for an unreadable
     annotation; the caller skips such a pod, as the scheduler does.
     """
+    where = holding(pod).node
+    if where is None or (node is not None and where != node):
+        return None
     metadata = pod.get("metadata") or {}
     status = pod.get("status") or {}
-    if status.get("phase") in TERMINAL_PHASES:
-        return None
     devices = read_pod_devices(pod)
     if devices is None:
         return None
     spec = pod.get("spec") or {}
     init = [str(c.get("name", "")) for c in spec.get("initContainers") or []]
     names = init + [str(c.get("name", "")) for c in spec.get("containers") or []]
-    done = init_done(pod)
+    done = init_done_before or init_containers_done(pod)
     start = len(init) if done else 0
     grants = tuple(
         ContainerGrant(
@@ -126,6 +110,7 @@ def read_pod_grants(pod: Mapping[str, Any]) -> PodGrants | None:
         grants=grants,
         usage=pod_usage(devices, len(init), init_done=done, mig=read_pod_mig_allocations(pod)),
         container_ids=ids,
+        init_done=done,
     )
 
 
@@ -141,8 +126,8 @@ def card_totals(node: str, devices: Sequence[Device], pods: Iterable[PodGrants])
 class GrantBook:
     """The tracked pods of one node, refreshed by a periodic list (``run``; cancel it to stop).
 
-    Lists the pods bound to the node (field selector, re-checked client-side) and keeps those the
-    scheduler assigned here. The tuple is replaced whole, so the exporter's scrape thread always
+    Lists the pods bound to the node (field selector, re-checked client-side) and keeps those that hold
+    cards here (:func:`read_pod_grants`). The tuple is replaced whole, so the exporter's scrape thread always
     reads one consistent list. A pod that cannot be read (an unreadable annotation, or any error reading
     it) is left out with a log line naming it; it never ends the loop, nor the agent.
     """
@@ -150,6 +135,7 @@ class GrantBook:
     def __init__(self, *, api: Any, node_name: str) -> None:
         self._api, self._node = api, node_name
         self._pods: tuple[PodGrants, ...] = ()
+        self._init_done: set[str] = set()  # uids of listed pods whose init containers were seen done
 
     @property
     def pods(self) -> tuple[PodGrants, ...]:
@@ -158,19 +144,24 @@ class GrantBook:
     async def refresh(self) -> tuple[PodGrants, ...]:
         """List now; raises :class:`~hami.kube.client.KubeError` (the previous list is kept)."""
         tracked = []
+        listed: set[str] = set()
         for pod in await list_pods(self._api, node_name=self._node):
-            if not on_node(pod, self._node):
-                continue
+            metadata = pod.get("metadata")
+            metadata = metadata if isinstance(metadata, Mapping) else {}
+            uid = str(metadata.get("uid") or f"{metadata.get('namespace')}/{metadata.get('name')}")
+            listed.add(uid)
             try:
-                grants = read_pod_grants(pod)
+                grants = read_pod_grants(pod, self._node, init_done_before=uid in self._init_done)
             except Exception as exc:  # one unreadable pod (AnnotationError, or an odd shape) is skipped
-                metadata = pod.get("metadata") or {}
                 reason = str(exc) if isinstance(exc, AnnotationError) else f"{type(exc).__name__}: {exc}"
                 namespace, name = metadata.get("namespace"), metadata.get("name")
                 log.warning("pod %s/%s: not exported: %s", namespace, name, reason[:500])
                 continue
             if grants is not None:
                 tracked.append(grants)
+                if grants.init_done:
+                    self._init_done.add(uid)
+        self._init_done &= listed
         self._pods = tuple(tracked)
         return self._pods
 

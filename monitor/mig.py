@@ -8,8 +8,8 @@ are merge-patched back into the annotation; the container sees ``NVIDIA_VISIBLE_
 UUIDs and no HAMi-core limits.
 
 Leftovers are reclaimed lazily, never by a background sweep: an instance overlapping the booked slices
-is destroyed only when no live pod on this node (any phase but Succeeded/Failed, deleting pods
-included) records its MIG UUID; an instance a live pod records is a conflict and the Allocate fails.
+is destroyed only when no live pod on this node records its MIG UUID (``hami.annotations.holding``
+without the grant: any pod bound here but Succeeded/Failed, deleting pods included); an instance a live pod records is a conflict and the Allocate fails.
 The agent owns every instance on a MIG-mode card, so an instance nobody records (a deleted pod's, a
 half-made one, one made by hand) counts as left over. Imports the codec, ``hami.kube`` and the
 backend protocol; must not import grpc or pynvml.
@@ -29,6 +29,7 @@ from hami.annotations import (
     encode_mig_allocations,
     read_pod_mig_allocations,
 )
+from hami.annotations.holding import holding
 from hami.core.model import Grant, MigAllocation
 from hami.kube.pods import list_pods, patch_pod
 from monitor.allocate_rules import AllocationError, ContainerAnswer, container_names, pod_key
@@ -51,12 +52,14 @@ class Claims:
         return dataclasses.replace(self, owners={**self.owners, mig_uuid: owner})
 
 
-def live_claims(pods: Iterable[Mapping[str, Any]]) -> Claims:
-    """Claims of every pod that still holds its cards (the scheduler's §6 rule: not Succeeded/Failed)."""
+def live_claims(pods: Iterable[Mapping[str, Any]], node: str) -> Claims:
+    """Claims of every pod that still holds what it records on ``node``: the shared rule
+    (``hami.annotations.holding``) without the grant, since an instance is in use while the pod's
+    containers may run, whatever its grant annotations say now (not Succeeded/Failed, bound here)."""
     owners: dict[str, Owner] = {}
     unreadable: list[str] = []
     for pod in pods:
-        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        if holding(pod, grant_required=False).node != node:
             continue
         namespace, name = pod_key(pod)
         try:
@@ -140,7 +143,7 @@ async def allocate_mig(
         )
     bookings = list(read_pod_mig_allocations(pod))  # AnnotationError (a ValueError) names key and text
     position = {(b.container_index, b.device_index): k for k, b in enumerate(bookings)}
-    claims = live_claims(await list_pods(api, node_name=node))
+    claims = live_claims(await list_pods(api, node_name=node), node)
     names = container_names(pod)
     answers = []
     for index, grants in served:

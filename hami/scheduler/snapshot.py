@@ -6,7 +6,8 @@ O(cards of that pod): the pod's previous usage is removed from its node and the 
 core's ``apply_usage``; nothing walks the cluster per request. A node's usage is rebuilt from its own
 pods only when its registration text changes.
 
-Usage accounting (spec-scheduler §6; the rules are ``hami.scheduler.podrecords``): a pod counts iff
+Usage accounting (spec-scheduler §6; the rule is ``hami.annotations.holding``, shared with the node
+agent, and ``hami.scheduler.podrecords`` decodes what a pod holds): a pod counts iff
 it carries ``hami.io/vgpu-node`` and a readable ``hami.io/vgpu-devices-allocated`` and is not
 Succeeded/Failed; init containers drop out once all of them exited 0 (sticky). Deviations, each about
 a pod that can hold no card on its ``vgpu-node``: an unbound pod whose bind failed
@@ -61,15 +62,10 @@ from hami.annotations import (
     decode_handshake,
     read_node,
 )
+from hami.annotations.holding import ALLOCATING_HORIZON, allocating_until, init_containers_done
 from hami.core.model import NamespaceQuota, NodeState
 from hami.core.usage import apply_usage
-from hami.scheduler.podrecords import (
-    ALLOCATING_HORIZON,
-    PodKey,
-    allocating_until,
-    init_containers_done,
-    pod_record,
-)
+from hami.scheduler.podrecords import PodKey, pod_record
 from hami.scheduler.podrecords import PodRecord as PodRecord
 from hami.scheduler.quotas import QuotaBook
 

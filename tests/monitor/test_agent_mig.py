@@ -344,6 +344,36 @@ async def test_a_live_pods_instance_in_the_way_fails_the_pod_and_is_left_alone(
     assert (await recorded(apiserver, "p"))[0].mig_uuid is None
 
 
+async def test_an_instance_stays_protected_when_its_pods_grant_annotations_are_gone(
+    apiserver: kmock.KubernetesEmulator, api: Any, plugin: Plugin
+) -> None:
+    """The reclaim counts every unfinished pod bound here, grant or not (``grant_required=False``): a
+    pod whose ``hami.io/vgpu-node`` and allocation were removed by hand still runs on its instance."""
+    mine = plugin.backend.create_mig_instance("GPU-m", "3g.20gb", 4, 4)
+    record = MigAllocation(
+        container_index=0,
+        device_index=0,
+        gpu_uuid="GPU-m",
+        profile="3g.20gb",
+        placement=MigPlacement(start=4, size=4),
+        mig_uuid=mine.mig_uuid,
+        gpu_instance_id=mine.gpu_instance_id,
+        compute_instance_id=mine.compute_instance_id,
+    )
+    await create_pod(
+        apiserver,
+        "stripped",  # only its MIG record is left
+        containers=[{"name": "c", "image": "x"}],
+        node="n1",
+        phase="Running",
+        scheduler=None,
+        annotations={POD_MIG_ALLOCATIONS: encode_mig_allocations([record])},
+    )
+    await bound_pod(apiserver, api, "p", [[Book("GPU-m", "2g.10gb", 4)]])
+    await assert_failed(apiserver, plugin.stub, "p", ["GPU-m-0"], "occupied by 3g.20gb", "default/stripped")
+    assert plugin.backend.mig_instances("GPU-m") == (mine,)
+
+
 async def test_an_entry_without_a_reservation_fails(
     apiserver: kmock.KubernetesEmulator, api: Any, plugin: Plugin
 ) -> None:

@@ -122,8 +122,8 @@ async def test_an_object_that_makes_its_handler_fail_is_skipped_with_an_event(
     odd_node = make_node("odd")
     odd_node["status"] = {"allocatable": "not a map"}
     odd_pod = _tracked("odd-pod", "good", "GPU-good-0,NVIDIA,1000,30:;")
-    odd_pod["status"] = {"phase": "Running", "initContainerStatuses": "not a list"}
-    odd_pod["spec"]["initContainers"] = [{"name": "init"}]
+    odd_pod["status"] = {"phase": "Running"}
+    odd_pod["spec"]["initContainers"] = 5  # no container list has a length of its own
     ext = await start_extender(
         nodes=[make_node("good"), odd_node, make_node("other")],
         pods=[odd_pod, _tracked("counted", "other", "GPU-other-0,NVIDIA,1000,30:;")],
