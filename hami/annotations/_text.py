@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hami.core.gobool import go_bool as go_bool  # Go strconv.ParseBool, re-exported: the core's rule
+from hami.core.gocompat import fold_keys
 
 INT32_MIN = -(2**31)
 INT32_MAX = 2**31 - 1
@@ -47,16 +48,6 @@ def split_list(text: str | None) -> tuple[str, ...]:
     if text is None:
         return ()
     return tuple(entry for entry in (part.strip() for part in text.split(",")) if entry)
-
-
-def fold_keys(obj: Mapping[str, Any]) -> dict[str, Any]:
-    """Keys lower-cased like Go's case-insensitive field matching; an exact lower-case key wins."""
-    folded: dict[str, Any] = {}
-    for key, value in obj.items():
-        lower = key.lower()
-        if lower not in folded or key == lower:
-            folded[lower] = value
-    return folded
 
 
 def json_kind(value: Any) -> str:

@@ -19,6 +19,7 @@ from hami.annotations import AnnotationError, read_pod_devices, read_pod_request
 from hami.core.allocate import Policy
 from hami.core.explain import NodeExplanation, explain_node
 from hami.core.model import PERCENT_NOT_GIVEN, PodRequest
+from hami.core.rejection import Rejection
 from hami.kube import nodes as kube_nodes
 from hami.kube import pods as kube_pods
 from hami.kube import quotas as kube_quotas
@@ -110,8 +111,8 @@ def explain_all(
     results = []
     for entry in sorted(snapshot.entries(), key=lambda e: e.name):
         state = snapshot.candidate(entry.name, now, exclude=key)
-        if isinstance(state, str):
-            results.append(NodeExplanation(node=entry.name, fits=False, reason=state, resolvable=False))
+        if isinstance(state, Rejection):
+            results.append(NodeExplanation(node=entry.name, rejection=state))
             continue
         results.append(explain_node(request, state, policy, quotas=quotas, pods=holders.get(entry.name, {})))
     return results

@@ -1,10 +1,11 @@
-"""READ FIRST: the one function the scheduler calls — place one pod on a set of nodes.
+"""READ FIRST: what the scheduler asks of the core — place one pod on a set of nodes, rank them.
 
-``allocate(request, nodes, policy, quotas=..., now=...)`` returns :class:`Decisions`: per node an
-:class:`~hami.core.model.Allocation` (grants per container, init containers first) or a
-:class:`~hami.core.model.Rejection` (HAMi's reason text + whether it is resolvable), and ``best()``,
-the node the node policy picks (binpack: highest node score, spread: lowest; ties by node name).
-``fit_node`` is the same decision for one node (bind recomputes with it on fresh state).
+``allocate(request, nodes, policy, quotas=...)`` returns :class:`Decisions`: which nodes fit (``/filter``'s
+``NodeNames``) and, per node, an :class:`~hami.core.model.Allocation` (grants per container, init
+containers first) or a :class:`~hami.core.rejection.Rejection` (reason codes with card counts, and whether
+it is resolvable). ``priorities(request, nodes, policy)`` is the one node ranking, kube-scheduler's 0..10
+per node under the pod's node policy (``/prioritize``'s answer; kube-scheduler binds the best).
+``fit_node`` is the decision for one node (bind recomputes with it on fresh state).
 
 Pod level per node (spec-scheduler §7 step 4): init containers each run on a fresh copy of the
 node's usage, app containers run in order on one shared copy that accumulates their picks;
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
-from datetime import datetime
 
 from hami.core import precheck
 from hami.core.fit import FitResult, Steering, fit_container
@@ -36,15 +36,22 @@ from hami.core.model import (
     NamespaceQuota,
     NodeState,
     PodRequest,
-    Reason,
-    Rejection,
     is_vendor_card,
 )
 from hami.core.quota import Entries, QuotaGate
-from hami.core.score import BINPACK, SPREAD, GpuPolicy, card_score, node_score, order_cards, parse_gpu_policy
+from hami.core.rejection import Reason, Rejection
+from hami.core.score import (
+    BINPACK,
+    SPREAD,
+    GpuPolicy,
+    card_score,
+    node_priority,
+    order_cards,
+    parse_gpu_policy,
+)
 from hami.core.usage import add_grant
 
-__all__ = ["Decisions", "Policy", "allocate", "fit_node", "node_rejection", "node_score"]
+__all__ = ["Decisions", "Policy", "allocate", "fit_node", "priorities"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -55,39 +62,30 @@ class Policy:
     gpu_policy: str = SPREAD
 
 
-def node_rejection(node: str, reason: str, *, resolvable: bool = False) -> Rejection:
-    """A node-level rejection (``NodeInsufficientDevice``, ``node unregistered``, ...): no card counts."""
-    return Rejection(node=node, reasons={}, total=0, message=str(reason), resolvable=resolvable)
-
-
 def fit_node(
     request: PodRequest,
     node: NodeState,
     policy: Policy,
     *,
     quotas: Mapping[str, NamespaceQuota] | None = None,
-    now: datetime | None = None,
 ) -> Decision:
-    """Place the pod on one node (§7 step 4), or say why not and whether it ever could.
-
-    ``now`` is accepted for interface stability; no rule of this commit depends on the time.
-    """
-    del now
+    """Place the pod on one node (§7 step 4), or say why not and whether it ever could."""
     quota = (quotas or {}).get(request.namespace)
     gpu = parse_gpu_policy(request.gpu_policy or policy.gpu_policy)
     outcome = _place(request, node, gpu, quota)
     if isinstance(outcome, Allocation):
         return outcome
-    reasons, total, message = outcome
+    reasons, total = outcome
     resolvable = False
-    if reasons:  # node-level reasons (too few cards, unknown type) never resolve
+    if all(reason.per_card for reason in reasons):  # node-level ones (too few cards, type) never resolve
         empty = replace(node, devices=tuple(DeviceState(device=s.device) for s in node.devices))
         idle_quota = replace(quota, memory_used=0, cores_used=0) if quota is not None else None
         resolvable = isinstance(_place(request, empty, gpu, idle_quota), Allocation)
-    return Rejection(node=node.name, reasons=reasons, total=total, message=message, resolvable=resolvable)
+    return Rejection(node=node.name, reasons=reasons, total=total, resolvable=resolvable)
 
 
-_Failure = tuple[Mapping[str, int], int, str]
+#: The reasons a pod fails a node, with their card counts, and how many cards Fit saw.
+_Failure = tuple[Mapping[Reason, int], int]
 
 
 def _place(
@@ -107,7 +105,7 @@ def _place(
             entries.append(())
             continue
         if container.type != NVIDIA:
-            return {}, 0, Reason.DEVICE_TYPE_NOT_FOUND.value
+            return {Reason.DEVICE_TYPE_NOT_FOUND: 1}, 0
         is_init = position < request.init_count
         cards = [(fresh if is_init else shared)[i] for i in vendor]
         scores = [card_score(c, container, request.weights) for c in cards]
@@ -116,7 +114,7 @@ def _place(
             c.device.mode == DeviceMode.MIG for c in cards
         )
         if container.nums > len(cards) and not mig_exempt:
-            return {}, 0, Reason.NODE_INSUFFICIENT_DEVICE.value
+            return {Reason.NODE_INSUFFICIENT_DEVICE: 1}, 0
         gate = None
         if gated is not None:
             gate = QuotaGate(
@@ -124,7 +122,7 @@ def _place(
             )
         result: FitResult = fit_container([cards[o] for o in order], container, steer, gate)
         if not result.ok:
-            return result.reasons, result.total, result.message
+            return result.reasons, result.total
         chosen: list[Grant] = []
         for k, pick in enumerate(result.picks):
             at = vendor[order[pick.slot]]
@@ -151,7 +149,7 @@ def _place(
 class Decisions:
     """The decision for every candidate node; full Allocations/Rejections are computed on demand."""
 
-    __slots__ = ("_cache", "_fits", "_gpu", "_nodes", "_policy", "_quotas", "_request", "_spread")
+    __slots__ = ("_cache", "_fits", "_gpu", "_nodes", "_policy", "_quotas", "_request")
 
     def __init__(
         self,
@@ -166,7 +164,6 @@ class Decisions:
         self._nodes: dict[str, NodeState] = {}
         self._fits: dict[str, bool] = {}
         self._cache: dict[str, Decision] = {}
-        self._spread = (request.node_policy or policy.node_policy) == SPREAD
         self._gpu = parse_gpu_policy(request.gpu_policy or policy.gpu_policy)
         quota = (quotas or {}).get(request.namespace)
         plan = precheck.plan(request, self._gpu, quota)
@@ -201,12 +198,8 @@ class Decisions:
     def fitting(self) -> tuple[str, ...]:
         return tuple(n for n, ok in self._fits.items() if ok)
 
-    def score(self, name: str) -> float:
-        """The node score (usage before this pod, 0..30) used to rank fitting nodes."""
-        return node_score(self._nodes[name])
-
     def rejections(self) -> dict[str, Rejection]:
-        """Every failing node's rejection (computes the texts; meant for the total-failure path)."""
+        """Every failing node's rejection (runs the full Fit on each: the reasons are counted per card)."""
         out: dict[str, Rejection] = {}
         for name, ok in self._fits.items():
             if not ok:
@@ -215,27 +208,6 @@ class Decisions:
                 out[name] = decision
         return out
 
-    def ranked(self) -> list[str]:
-        """Fitting nodes, best first: binpack highest score first, spread lowest; ties by name."""
-        sign = 1.0 if self._spread else -1.0
-        return sorted(self.fitting, key=lambda n: (sign * self._nodes[n].summary.score, n))
-
-    def best(self) -> Allocation | None:
-        """The node the node policy picks, with its full allocation; None when nothing fits."""
-        sign = 1.0 if self._spread else -1.0
-        best_name: str | None = None
-        best_key = (0.0, "")
-        for name, ok in self._fits.items():
-            if ok:
-                key = (sign * self._nodes[name].summary.score, name)
-                if best_name is None or key < best_key:
-                    best_name, best_key = name, key
-        if best_name is None:
-            return None
-        decision = self[best_name]
-        assert isinstance(decision, Allocation), f"precheck and Fit disagree on {best_name}"
-        return decision
-
 
 def allocate(
     request: PodRequest,
@@ -243,8 +215,13 @@ def allocate(
     policy: Policy,
     *,
     quotas: Mapping[str, NamespaceQuota] | None = None,
-    now: datetime | None = None,
 ) -> Decisions:
-    """Decide the pod against every node. ``now`` is accepted for interface stability (unused)."""
-    del now
+    """Decide the pod against every node."""
     return Decisions(request, nodes, policy, quotas)
+
+
+def priorities(request: PodRequest, nodes: Iterable[NodeState], policy: Policy) -> dict[str, int]:
+    """The one node ranking: kube-scheduler's 0..10 per node (:func:`~hami.core.score.node_priority`
+    of its node score, the usage before this pod) under the pod's node policy, else the cluster's."""
+    node_policy = request.node_policy or policy.node_policy
+    return {node.name: node_priority(node.summary.score, node_policy) for node in nodes}

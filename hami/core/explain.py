@@ -1,6 +1,7 @@
 """Why a pod does not fit a node, in words, and the nearest change that would make it fit.
 
-Owns :func:`explain_node`: the node's verdict with HAMi's reason text, plus hints a person can act on:
+Owns :func:`explain_node`: the node's verdict (the core's :class:`~hami.core.rejection.Rejection`, whose
+``message`` is HAMi's reason text), plus hints a person can act on:
 "fits if gpumem <= 7000", "fits if gpucores <= 40", "fits if nvidia.com/gpu <= 2", "needs 2 cards on one
 NUMA node, best NUMA node has 1", "fits without the use-gputype preference", "fits when pod ns/name
 ends". Each hint is found by re-running the real fit (:func:`hami.core.allocate.fit_node`) on a changed
@@ -24,19 +25,32 @@ from hami.core.model import (
     NodeState,
     PodRequest,
 )
+from hami.core.rejection import Rejection
 from hami.core.usage import PodUsage, apply_usage
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NodeExplanation:
-    """One node's verdict for a pod: ``reason`` is HAMi's text (empty when it fits)."""
+    """One node's verdict for a pod: ``rejection`` says why it does not fit (Fit's reasons, or the node's
+    exclusion); None when it fits."""
 
     node: str
-    fits: bool
-    reason: str = ""
-    resolvable: bool = True
+    rejection: Rejection | None = None
     hints: tuple[str, ...] = ()  # nearest first
     distance: float | None = None  # how much the nearest hint gives up (0..1); None without hints
+
+    @property
+    def fits(self) -> bool:
+        return self.rejection is None
+
+    @property
+    def reason(self) -> str:
+        """HAMi's text of the rejection (empty when it fits)."""
+        return self.rejection.message if self.rejection is not None else ""
+
+    @property
+    def resolvable(self) -> bool:
+        return self.rejection is None or self.rejection.resolvable
 
 
 #: How much a hint that is not a number gives up, relative to "ask x% less" (0..1).
@@ -65,7 +79,7 @@ def explain_node(
 
     decision = fit_node(request, node, policy, quotas=quotas)
     if isinstance(decision, Allocation):
-        return NodeExplanation(node=node.name, fits=True)
+        return NodeExplanation(node=node.name)
     hints: list[_Hint] = []
     for position, container in enumerate(request.containers):
         if container is None or container.nums <= 0:
@@ -78,9 +92,7 @@ def explain_node(
     hints.sort(key=lambda hint: hint[0])  # stable: equal costs keep their order
     return NodeExplanation(
         node=node.name,
-        fits=False,
-        reason=decision.message,
-        resolvable=decision.resolvable,
+        rejection=decision,
         hints=tuple(dict.fromkeys(text for _, text in hints)),
         distance=hints[0][0] if hints else None,
     )

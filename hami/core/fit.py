@@ -3,8 +3,8 @@
 Owns :func:`fit_container`, HAMi's card walk: from the last card of the sorted list to the first, the
 first failing check of 1..16 records its reason and skips the card; picks accumulate until ``nums``
 (or, in topology mode, every passing card is collected and :mod:`hami.core.topology` chooses). A
-picked MIG card is visited again so one card can supply several instances. Also owns the failure
-text: ``"<n>/<N> Reason"`` items sorted as strings and joined with ``", "``.
+picked MIG card is visited again so one card can supply several instances. A failure is the reason
+codes with their card counts (:mod:`hami.core.rejection` renders HAMi's text from them).
 
 Pure: stdlib only; must not import a Kubernetes client, aiohttp, kopf, grpc, pynvml, ``logging``,
 ``os`` or ``time``.
@@ -104,17 +104,8 @@ class FitResult:
 
     ok: bool
     picks: tuple[Pick, ...]
-    reasons: Mapping[str, int]
+    reasons: Mapping[Reason, int]
     total: int
-
-    @property
-    def message(self) -> str:
-        return failure_text(self.reasons, self.total)
-
-
-def failure_text(reasons: Mapping[str, int], total: int) -> str:
-    """``"1/10 CardInsufficientCore, 2/10 CardInsufficientMemory"``: sorted as strings (10/12 < 2/12)."""
-    return ", ".join(sorted(f"{n}/{total} {reason}" for reason, n in reasons.items()))
 
 
 def memory_need(request: ContainerRequest, total_mem: int) -> int:
@@ -135,14 +126,14 @@ def fit_container(
     remaining = nums
     prev_numa = -1
     picks: list[Pick] = []
-    reasons: dict[str, int] = {}
+    reasons: dict[Reason, int] = {}
     cores = min(request.cores, 100)  # check 8: clamped, no reason recorded
     topo = steer.policy.topology
     i = total - 1
     while i >= 0:
         state = cards[i]
         dev = state.device
-        reason: str | None
+        reason: Reason | None
         pick: Pick | None = None
         if not state.healthy:
             reason = Reason.CARD_NOT_HEALTH
@@ -187,7 +178,7 @@ def _card_checks(
     picks: Sequence[Pick],
     steer: Steering,
     quota: QuotaGate | None,
-) -> tuple[str | None, Pick | None]:
+) -> tuple[Reason | None, Pick | None]:
     """Checks 5..15 for one card; returns the failing reason, or the pick."""
     dev = state.device
     if not steer.uuid_ok(dev.uuid):

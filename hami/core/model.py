@@ -1,6 +1,7 @@
-"""Domain values of the allocation core: cards, their usage, requests, grants, allocations, rejections.
+"""Domain values of the allocation core: cards, their usage, requests, grants, allocations.
 
-Owns the frozen dataclasses every other layer speaks in. Pure: stdlib only; must not import a
+Owns the frozen dataclasses every other layer speaks in; :class:`Reason` and :class:`Rejection` live in
+:mod:`hami.core.rejection` and are re-exported here. Pure: stdlib only; must not import a
 Kubernetes client, aiohttp, kopf, grpc, pynvml, ``logging``, ``os`` or ``time``.
 
 Units: memory in MiB, cores in percent of a card's SMs (100 = whole card), a "slot" is one share of a
@@ -12,7 +13,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from struct import pack, unpack
+
+from hami.core.gocompat import f32
+from hami.core.rejection import Reason as Reason
+from hami.core.rejection import Rejection as Rejection
 
 #: Request type every NVIDIA container request carries (HAMi's ``NvidiaGPUDevice``).
 NVIDIA = "NVIDIA"
@@ -26,30 +30,6 @@ class DeviceMode(StrEnum):
     HAMI_CORE = "hami-core"
     MIG = "mig"
     MPS = "mps"
-
-
-class Reason(StrEnum):
-    """HAMi's failure-reason vocabulary (spec-scheduler §19). Spelling is part of the protocol."""
-
-    CARD_NOT_HEALTH = "CardNotHealth"
-    CARD_CORDONED = "CardCordoned"
-    CARD_TYPE_MISMATCH = "CardTypeMismatch"
-    NUMA_NOT_FIT = "NumaNotFit"
-    CARD_UUID_MISMATCH = "CardUuidMismatch"
-    CARD_TIME_SLICING_EXHAUSTED = "CardTimeSlicingExhausted"
-    EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT = "ExclusiveDeviceAllocateConflict"
-    RESOURCE_QUOTA_NOT_FIT = "ResourceQuotaNotFit"
-    CARD_INSUFFICIENT_MEMORY = "CardInsufficientMemory"
-    CARD_INSUFFICIENT_CORE = "CardInsufficientCore"
-    CARD_COMPUTE_UNITS_EXHAUSTED = "CardComputeUnitsExhausted"
-    CARD_MIG_TOPOLOGY_INFEASIBLE = "CardMigTopologyInfeasible"
-    CARD_NOT_FOUND_CUSTOM_FILTER_RULE = "CardNotFoundCustomFilterRule"
-    ALLOCATED_CARDS_INSUFFICIENT_REQUEST = "AllocatedCardsInsufficientRequest"
-    # node-level reasons (not counted per card)
-    NODE_INSUFFICIENT_DEVICE = "NodeInsufficientDevice"
-    DEVICE_TYPE_NOT_FOUND = "Device type not found"
-    NODE_UNREGISTERED = "node unregistered"
-    NODE_USAGE_UNAVAILABLE = "node usage unavailable"
 
 
 # ---------------------------------------------------------------------------------------------- cards
@@ -158,11 +138,6 @@ class NodeSummary:
     max_free_cores: int
 
 
-def _f32(value: float) -> float:
-    """Round to IEEE float32, as HAMi's Go code computes scores."""
-    return float(unpack("f", pack("f", value))[0])
-
-
 def summarize(devices: tuple[DeviceState, ...], cordoned: frozenset[str]) -> NodeSummary:
     """Derive the :class:`NodeSummary` of a card list.
 
@@ -204,11 +179,11 @@ def summarize(devices: tuple[DeviceState, ...], cordoned: frozenset[str]) -> Nod
     if count and tcores and tmem:
         # Go: float32(used)/float32(total) per dimension, summed, times the weight 10 (all float32).
         terms = (
-            _f32(_f32(used) / _f32(count)),
-            _f32(_f32(ucores) / _f32(tcores)),
-            _f32(_f32(umem) / _f32(tmem)),
+            f32(f32(used) / f32(count)),
+            f32(f32(ucores) / f32(tcores)),
+            f32(f32(umem) / f32(tmem)),
         )
-        score = _f32(10 * _f32(_f32(terms[0] + terms[1]) + terms[2]))
+        score = f32(10 * f32(f32(terms[0] + terms[1]) + terms[2]))
     return NodeSummary(
         score=score,
         vendor_cards=vendor,
@@ -366,23 +341,6 @@ class Allocation:
     devices: PodDevices
     mig: tuple[MigAllocation, ...] = ()
     score: float = 0.0
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Rejection:
-    """A pod does not fit a node, and why.
-
-    ``reasons`` maps a reason to how many cards failed with it; ``total`` is the number of cards
-    handed to Fit (the denominator of ``"2/8 CardInsufficientMemory"``). ``message`` is the exact
-    HAMi text for ``FailedNodes``. ``resolvable`` is False when the node could never fit this pod
-    whatever other pods do (too few cards, type or uuid mismatch...), so preemption need not try.
-    """
-
-    node: str
-    reasons: Mapping[str, int]
-    total: int
-    message: str
-    resolvable: bool
 
 
 Decision = Allocation | Rejection

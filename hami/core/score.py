@@ -1,7 +1,9 @@
 """Card scores, card ordering by GPU policy, and the node score (spec-scheduler §11).
 
-Owns :func:`card_score`, :func:`parse_gpu_policy`, :func:`order_cards` and :func:`node_score`.
-Scores use float32 arithmetic like HAMi's Go code, so ties (which decide the card) fall the same way.
+Owns :func:`card_score`, :func:`parse_gpu_policy`, :func:`order_cards`, :func:`node_score` and
+:func:`node_priority`, the one node ranking: HAMi's node score mapped onto kube-scheduler's 0..10 under
+the node policy (what ``/prioritize`` answers). Scores use float32 arithmetic like HAMi's Go code
+(:func:`hami.core.gocompat.f32`), so ties (which decide the card) fall the same way.
 
 Pure: stdlib only; must not import a Kubernetes client, aiohttp, kopf, grpc, pynvml, ``logging``,
 ``os`` or ``time``.
@@ -11,8 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from struct import pack, unpack
 
+from hami.core.gocompat import f32
 from hami.core.model import PERCENT_NOT_GIVEN, ContainerRequest, DeviceState, NodeState, ScoringWeights
 
 BINPACK = "binpack"
@@ -21,11 +23,8 @@ MUTEX = "mutex"
 TOPOLOGY = "topology-aware"
 NUMA = "numa"
 _SORT_KEYS = (BINPACK, SPREAD, NUMA)
-
-
-def f32(value: float) -> float:
-    """Round to IEEE float32."""
-    return float(unpack("f", pack("f", value))[0])
+#: kube-scheduler's extender priority range is 0..MAX_PRIORITY.
+MAX_PRIORITY = 10
 
 
 def card_score(state: DeviceState, request: ContainerRequest | None, weights: ScoringWeights) -> float:
@@ -129,3 +128,14 @@ def node_score(node: NodeState) -> float:
     use -> 10 x (0.3 + 0.3 + 0.3) = 9.0; see tests/core/test_score.py for more.
     """
     return node.summary.score
+
+
+def node_priority(score: float, node_policy: str) -> int:
+    """A node score (0..30) as kube-scheduler's 0..10 under ``node_policy``: the one node ranking.
+
+    ``binpack`` (the default, any other value too) prefers fuller nodes: ``round(score / 3)``;
+    ``spread`` prefers emptier ones: ``10 - round(score / 3)`` (clamped to 0..10). Worked example: a
+    node with 3/10 slots, 30/100 cores and 300/1000 MiB in use scores 9.0 -> binpack 3, spread 7.
+    """
+    fullness = max(0, min(MAX_PRIORITY, round(score / 3)))
+    return MAX_PRIORITY - fullness if node_policy == SPREAD else fullness

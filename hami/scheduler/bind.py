@@ -51,6 +51,7 @@ from hami.annotations import (
 )
 from hami.core.allocate import fit_node
 from hami.core.model import Allocation, PodRequest
+from hami.core.rejection import Rejection
 from hami.core.usage import pod_usage
 from hami.kube.client import KubeError, NotFound
 from hami.kube.nodelock import NodeLockBusy, NodeLockUnreadable
@@ -254,10 +255,10 @@ async def _bind_plain(ctx: Context, att: Attempt, pod: dict[str, Any]) -> Extend
 def _decide(ctx: Context, request: PodRequest, node: str, key: tuple[str, str]) -> Allocation:
     """The pod's allocation on ``node`` now (its own current booking left out), or BindFailure."""
     found = ctx.snapshot.candidate(node, local_time(ctx.clock()), exclude=key)
-    if isinstance(found, str):
-        raise BindFailure(found)
+    if isinstance(found, Rejection):
+        raise BindFailure(found.message)
     quotas = ctx.snapshot.quotas_for(request.namespace, exclude=key)
-    decision = fit_node(request, found, ctx.settings.policy, quotas=quotas, now=ctx.clock())
+    decision = fit_node(request, found, ctx.settings.policy, quotas=quotas)
     if not isinstance(decision, Allocation):
         raise BindFailure(f"pod {key[0]}/{key[1]} does not fit node {node}: {decision.message}")
     return decision

@@ -4,17 +4,18 @@ Owns the filter decision over the snapshot (names only, ``nodeCacheCapable``) or
 given in the request (template nodes: evaluated from their annotations alone, zero usage). Every fitting
 node is returned in ``NodeNames``; the others go to ``FailedNodes`` when other pods leaving could make
 room (resolvable) and to ``FailedAndUnresolvableNodes`` otherwise (too few cards, type/uuid mismatch,
-unregistered). The pod's namespace GPU quota (spec-scheduler §14, from the snapshot's ResourceQuotas,
-without the pod's own usage) is passed to the core, so a pod over quota gets ``ResourceQuotaNotFit``.
-A pod without a device request passes through unchanged. Every rejected node's reasons
-are counted (``hami_scheduler_node_rejections_total``). When nothing fits a snapshot request, the
-outcome carries the ``FilteringFailed`` text: the reasons (most common first, at most ``MAX_GROUPS``
-groups of at most ``MAX_NAMES`` node names, so the text stays short on a large cluster; names the
-snapshot does not know are counted, never echoed, so a caller cannot plant text), what to do about the
-most common one, and the ``hami explain`` command that details every node. The app hands it to the
-event recorder, which checks the pod exists before writing; template-node requests (a simulation)
-write nothing. Writes nothing itself: bind recomputes and writes. Must not import the Kubernetes
-client or aiohttp.
+unregistered). Every failing node is a :class:`~hami.core.rejection.Rejection` (the snapshot's
+exclusions too); its HAMi text is rendered here, from the codes. The pod's namespace GPU quota
+(spec-scheduler §14, from the snapshot's ResourceQuotas, without the pod's own usage) is passed to the
+core, so a pod over quota gets ``ResourceQuotaNotFit``. A pod without a device request passes through
+unchanged. Every rejected node's reasons are counted (``hami_scheduler_node_rejections_total``).
+When nothing fits a snapshot request, the outcome carries the ``FilteringFailed`` text: the reasons
+(most common first, at most ``MAX_GROUPS`` groups of at most ``MAX_NAMES`` node names, so the text
+stays short on a large cluster; names the snapshot does not know are counted, never echoed, so a caller
+cannot plant text), what to do about the most common one, and the ``hami explain`` command that details
+every node. The app hands it to the event recorder, which checks the pod exists before writing;
+template-node requests (a simulation) write nothing. Writes nothing itself: bind recomputes and
+writes. Must not import the Kubernetes client or aiohttp.
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ from typing import Any
 from hami.annotations import AnnotationError, read_node, read_pod_request
 from hami.core.allocate import allocate
 from hami.core.model import NodeState, PodRequest
+from hami.core.rejection import Rejection
 from hami.scheduler.context import Context
-from hami.scheduler.reasons import advice, rejection_words
-from hami.scheduler.snapshot import UNREGISTERED, local_time
+from hami.scheduler.reasons import advice, registration_rejection, rejection_words
+from hami.scheduler.snapshot import local_time
 from hami.scheduler.wire import ExtenderArgs, ExtenderFilterResult, NodeListWire, filter_result
 
 MISSING_POD = "extender args missing pod"
@@ -52,10 +54,12 @@ def pod_key(pod: Mapping[str, Any]) -> tuple[str, str]:
     return str(metadata.get("namespace") or ""), str(metadata.get("name") or "")
 
 
-def template_states(nodes: NodeListWire) -> tuple[list[NodeState], dict[str, str], dict[str, dict[str, Any]]]:
-    """Node objects from the request -> states (zero usage), problems, and the objects by name."""
+def template_states(
+    nodes: NodeListWire,
+) -> tuple[list[NodeState], dict[str, Rejection], dict[str, dict[str, Any]]]:
+    """Node objects from the request -> states (zero usage), exclusions, and the objects by name."""
     states: list[NodeState] = []
-    problems: dict[str, str] = {}
+    excluded: dict[str, Rejection] = {}
     objects: dict[str, dict[str, Any]] = {}
     for obj in nodes.get("items") or []:
         metadata = obj.get("metadata") or {}
@@ -64,25 +68,25 @@ def template_states(nodes: NodeListWire) -> tuple[list[NodeState], dict[str, str
         try:
             states.append(read_node(name, metadata.get("annotations") or {}))
         except AnnotationError as exc:
-            problems[name] = f"{UNREGISTERED}: {exc}"
-    return states, problems, objects
+            excluded[name] = registration_rejection(name, exc)
+    return states, excluded, objects
 
 
 def snapshot_states(
     ctx: Context, names: list[str], request: PodRequest
-) -> tuple[list[NodeState], dict[str, str]]:
+) -> tuple[list[NodeState], dict[str, Rejection]]:
     """Candidate names -> current states (without this pod's own booking) and the excluded ones."""
     local_now = local_time(ctx.clock())
     key = (request.namespace, request.name)
     states: list[NodeState] = []
-    problems: dict[str, str] = {}
+    excluded: dict[str, Rejection] = {}
     for name in names:
         found = ctx.snapshot.candidate(name, local_now, exclude=key)
-        if isinstance(found, str):
-            problems[name] = found
+        if isinstance(found, Rejection):
+            excluded[name] = found
         else:
             states.append(found)
-    return states, problems
+    return states, excluded
 
 
 def failure_summary(
@@ -139,18 +143,18 @@ def handle_filter(ctx: Context, args: ExtenderArgs) -> Filtered:
         return Filtered(filter_result(node_names=names, nodes=nodes))
     objects: dict[str, dict[str, Any]] = {}
     if names is None and nodes is not None:
-        states, problems, objects = template_states(nodes)
+        states, excluded, objects = template_states(nodes)
     else:
         if not ctx.snapshot.ready:
             return Filtered(filter_result(error=NOT_SYNCED))
-        states, problems = snapshot_states(ctx, names or [], request)
+        states, excluded = snapshot_states(ctx, names or [], request)
     quotas = ctx.snapshot.quotas_for(request.namespace, exclude=(request.namespace, request.name))
-    decisions = allocate(request, states, ctx.settings.policy, quotas=quotas, now=ctx.clock())
+    decisions = allocate(request, states, ctx.settings.policy, quotas=quotas)
     fitting = list(decisions.fitting)
     failed: dict[str, str] = {}
-    unresolvable = dict(problems)
-    words = {name: rejection_words(problem) for name, problem in problems.items()}
-    for name, rejection in decisions.rejections().items():
+    unresolvable: dict[str, str] = {}
+    words: dict[str, frozenset[str]] = {}
+    for name, rejection in {**excluded, **decisions.rejections()}.items():
         (failed if rejection.resolvable else unresolvable)[name] = rejection.message
         words[name] = rejection_words(rejection)
     ctx.metrics.rejected(words.values())

@@ -1,12 +1,12 @@
-"""HAMi's filter reasons as stable words (metric labels) and the action each one asks of a person.
+"""The scheduler's edge of the reason codes: which code excludes a node, metric labels, advice.
 
-Owns the mapping of a rejection (the core's :class:`~hami.core.model.Rejection`, or the snapshot's
-exclusion text such as ``node unregistered: handshake ...``) onto a closed vocabulary: HAMi's reason
-words (spec-scheduler §19), the node-level ones with spaces written in CamelCase
-(``node unregistered`` -> ``NodeUnregistered``), and ``Other`` for anything else, so a metric label
-can never take an unbounded set of values. ``advice`` turns the most common word of a failed filter
-into one sentence for the ``FilteringFailed`` Event. Pure: must not import the Kubernetes client or
-aiohttp.
+Owns :func:`registration_rejection` (an unreadable node registration -> the exclusion's code, the
+codec's error as its detail), the metric label of each code (:func:`label`: HAMi's word, the
+node-level texts with spaces written in CamelCase, ``node unregistered`` -> ``NodeUnregistered`` for
+every exclusion, so a label can never take an unbounded set of values) and ``advice``, which turns the
+most common label of a failed filter into one sentence for the ``FilteringFailed`` Event. Reads the
+codes of :class:`~hami.core.rejection.Rejection`; never parses a text. Pure: must not import the
+Kubernetes client or aiohttp.
 """
 
 from __future__ import annotations
@@ -14,21 +14,17 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
-from hami.core.model import Reason, Rejection
-
-OTHER = "Other"
-
-
-def _word(value: str) -> str:
-    return "".join(part[:1].upper() + part[1:] for part in value.split())
+from hami.annotations import NO_GPU, NODE_PAIR_SCORES, AnnotationError
+from hami.core.rejection import Reason, Rejection, node_rejection
 
 
-#: HAMi's reason text -> label value, in HAMi's order (the order also breaks ties in ``advice``).
-WORDS: Mapping[str, str] = {reason.value: _word(reason.value) for reason in Reason}
-#: Every value the rejection label can take.
-VOCABULARY: tuple[str, ...] = (*WORDS.values(), OTHER)
-#: Longest first, so a reason is never mistaken for a shorter one it starts with.
-_BY_LENGTH = sorted(WORDS, key=len, reverse=True)
+def label(reason: Reason) -> str:
+    """The metric label of a reason code (``Device type not found`` -> ``DeviceTypeNotFound``)."""
+    return "".join(part[:1].upper() + part[1:] for part in reason.text.split())
+
+
+#: Every value the rejection label can take, in HAMi's order (the order also breaks ties in ``advice``).
+VOCABULARY: tuple[str, ...] = tuple(dict.fromkeys(label(reason) for reason in Reason))
 
 _HINTS: Mapping[str, str] = {
     "CardInsufficientMemory": "the cards lack free memory: ask for less GPU memory, "
@@ -57,22 +53,22 @@ _HINTS: Mapping[str, str] = {
 }
 
 
-def reason_word(text: str) -> str:
-    """The label value of one reason text (``node unregistered: ...`` -> ``NodeUnregistered``)."""
-    text = text.strip()
-    for value in _BY_LENGTH:
-        if text == value or text.startswith(value + ":"):
-            return WORDS[value]
-    return OTHER
+def registration_rejection(node: str, error: AnnotationError) -> Rejection:
+    """The exclusion of a node whose annotations ``read_node`` refused, with the error as its detail."""
+    if error.key == NODE_PAIR_SCORES:
+        code = Reason.PAIR_SCORES_MALFORMED
+    elif error.text is None:
+        code = Reason.REGISTRATION_MISSING
+    elif error.reason == NO_GPU:
+        code = Reason.NO_GPU_REGISTERED
+    else:
+        code = Reason.REGISTRATION_MALFORMED
+    return node_rejection(node, code, detail=str(error))
 
 
-def rejection_words(rejection: Rejection | str) -> frozenset[str]:
-    """Each distinct reason of one rejected node (card reasons counted once, whatever the card count)."""
-    if isinstance(rejection, str):
-        return frozenset({reason_word(rejection)})
-    if rejection.reasons:
-        return frozenset(reason_word(reason) for reason in rejection.reasons)
-    return frozenset({reason_word(rejection.message)})
+def rejection_words(rejection: Rejection) -> frozenset[str]:
+    """The labels of one rejected node (card reasons counted once, whatever the card count)."""
+    return frozenset(label(reason) for reason in rejection.reasons)
 
 
 def advice(words: Iterable[frozenset[str]]) -> str:

@@ -1,7 +1,7 @@
 """The scheduler's live view of the cluster: per-node cards and usage, kept up to date incrementally.
 
 Owns the state the watches feed (``replace_nodes``/``node_event``, ``replace_pods``/``pod_event``) and
-the questions filter, prioritize and bind ask (``candidate``, ``problem``). One pod event costs
+the questions filter, prioritize and bind ask (``candidate``, ``exclusion``). One pod event costs
 O(cards of that pod): the pod's previous usage is removed from its node and the new one added with the
 core's ``apply_usage``; nothing walks the cluster per request. A node's usage is rebuilt from its own
 pods only when its registration text changes.
@@ -27,7 +27,8 @@ Namespace quotas (§14): ``quotas`` (a :class:`~hami.scheduler.quotas.QuotaBook`
 ResourceQuota watch through ``replace_quotas``/``quota_event``) also receives every change of a pod's
 applied usage, so a namespace's used amounts move with the same add/remove as the nodes'.
 
-Registration (spec-scheduler §5): a node without a readable registration is excluded with a reason;
+Registration (spec-scheduler §5): a node without a readable registration is excluded, as a
+:class:`~hami.core.rejection.Rejection` whose code says how (``hami.scheduler.reasons``);
 malformed data is reported once per distinct text through ``on_malformed`` (the app records a Warning
 Event on the Node). Handshake (§5.3): a node whose ``hami.io/node-handshake`` lacks ``Requesting`` is
 reported through ``on_handshake`` (the app writes ``Requesting_<time>``); a node whose Requesting stamp
@@ -64,14 +65,14 @@ from hami.annotations import (
 )
 from hami.annotations.holding import ALLOCATING_HORIZON, allocating_until, init_containers_done
 from hami.core.model import NamespaceQuota, NodeState
+from hami.core.rejection import Reason, Rejection, node_rejection
 from hami.core.usage import apply_usage
 from hami.scheduler.podrecords import PodKey, pod_record
 from hami.scheduler.podrecords import PodRecord as PodRecord
 from hami.scheduler.quotas import QuotaBook
+from hami.scheduler.reasons import registration_rejection
 
 logger = logging.getLogger(__name__)
-
-UNREGISTERED = "node unregistered"
 
 
 @dataclass(slots=True, kw_only=True)
@@ -80,7 +81,7 @@ class NodeEntry:
     signature: tuple[str | None, str | None, str | None] | None = None  # register, scores, cordon
     base: NodeState | None = None  # registered cards, zero usage; None when excluded
     state: NodeState | None = None  # base plus every tracked pod's usage
-    problem: str | None = UNREGISTERED  # why the node is excluded
+    problem: Rejection | None = None  # why the node is excluded (set by the first _register)
     handshake: str | None = None
     allocatable: int = 0
     stale_after: datetime.datetime | None = None  # naive local time, like the handshake stamp
@@ -219,7 +220,7 @@ class Snapshot:
             entry.problem = None
         except AnnotationError as exc:
             entry.base = None
-            entry.problem = f"{UNREGISTERED}: {exc}"
+            entry.problem = registration_rejection(entry.name, exc)
             malformed = exc.text is not None and exc.reason != NO_GPU
             if malformed and str(exc) not in entry.reported:
                 entry.reported.add(str(exc))
@@ -382,13 +383,13 @@ class Snapshot:
 
     # ----------------------------------------------------------------------------------- queries
 
-    def problem(self, name: str, local_now: datetime.datetime) -> str | None:
+    def exclusion(self, name: str, local_now: datetime.datetime) -> Rejection | None:
         """Why ``name`` cannot take GPU pods at ``local_now`` (naive local time, see :func:`local_time`;
-        an aware time is converted)."""
+        an aware time is converted), or None when it can."""
         self._tick()
         entry = self._nodes.get(name)
-        if entry is None:
-            return UNREGISTERED
+        if entry is None or (entry.state is None and entry.problem is None):
+            return node_rejection(name, Reason.NODE_UNREGISTERED)
         if entry.problem is not None:
             return entry.problem
         if entry.stale_after is None:
@@ -396,21 +397,24 @@ class Snapshot:
         if local_now.tzinfo is not None:
             local_now = local_time(local_now)
         if local_now >= entry.stale_after:
-            return (
-                f"{UNREGISTERED}: handshake {entry.handshake!r} unanswered and "
-                f"{self._count_resource} allocatable is 0"
-            )
+            detail = f"handshake {entry.handshake!r} unanswered and {self._count_resource} allocatable is 0"
+            return node_rejection(name, Reason.HANDSHAKE_UNANSWERED, detail=detail)
         return None
+
+    def problem(self, name: str, local_now: datetime.datetime) -> str | None:
+        """HAMi's text of :meth:`exclusion` (for display), or None."""
+        found = self.exclusion(name, local_now)
+        return None if found is None else found.message
 
     def candidate(
         self, name: str, local_now: datetime.datetime, exclude: PodKey | None = None
-    ) -> NodeState | str:
-        """The node's state for deciding a pod (without that pod's own current usage), or why not."""
-        problem = self.problem(name, local_now)
-        if problem is not None:
-            return problem
+    ) -> NodeState | Rejection:
+        """The node's state for deciding a pod (without that pod's own current usage), or its exclusion."""
+        excluded = self.exclusion(name, local_now)
+        if excluded is not None:
+            return excluded
         state = self._nodes[name].state
-        assert state is not None  # no problem means registered
+        assert state is not None  # not excluded means registered
         if exclude is not None:
             own = self._applied.get(exclude)
             if own is not None and own.node == name:

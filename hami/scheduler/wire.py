@@ -2,9 +2,10 @@
 
 Owns the wire shapes and the one conversion from a request body to them. The Go types carry no JSON
 tags, so the keys are the Go field names (``Pod``, ``Nodes``, ``NodeNames``, ...); Go decodes them
-case-insensitively, so :func:`fold` accepts any casing of a known key. Pods and Nodes stay raw JSON
+case-insensitively, so the body's keys are folded as Go matches them (``hami.core.gocompat.fold_keys``:
+any casing, the later of two keys wins) and unknown keys are ignored. Pods and Nodes stay raw JSON
 dicts (``dict[str, Any]``): the codec reads what it needs, nothing builds model objects.
-Imports the stdlib only.
+Imports the stdlib and ``hami.core.gocompat`` only.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import json
 import re
 from typing import Any, NotRequired, TypedDict, cast
+
+from hami.core.gocompat import fold_keys
 
 
 class NodeListWire(TypedDict, total=False):
@@ -63,20 +66,6 @@ class WireError(ValueError):
     """A request body that is not extender JSON; the message names the field."""
 
 
-_ARGS_KEYS = {"pod": "Pod", "nodes": "Nodes", "nodenames": "NodeNames"}
-_BIND_KEYS = {"podname": "PodName", "podnamespace": "PodNamespace", "poduid": "PodUID", "node": "Node"}
-
-
-def fold(body: dict[str, Any], known: dict[str, str]) -> dict[str, Any]:
-    """Map keys to their Go spelling case-insensitively (as Go's encoding/json does); drop unknown ones."""
-    out: dict[str, Any] = {}
-    for key, value in body.items():
-        canonical = known.get(key.lower())
-        if canonical is not None:
-            out[canonical] = value
-    return out
-
-
 def _object(data: bytes) -> dict[str, Any]:
     try:
         body = json.loads(data)
@@ -91,14 +80,14 @@ def _object(data: bytes) -> dict[str, Any]:
 
 def parse_extender_args(data: bytes) -> ExtenderArgs:
     """The ``/filter`` or ``/prioritize`` body; raises :class:`WireError` naming the bad field."""
-    body = fold(_object(data), _ARGS_KEYS)
-    pod = body.get("Pod")
+    body = fold_keys(_object(data))
+    pod = body.get("pod")
     if pod is not None and not isinstance(pod, dict):
         raise WireError(f"Pod must be an object, got {json.dumps(pod)[:100]}")
-    nodes: Any = body.get("Nodes")
+    nodes: Any = body.get("nodes")
     if nodes is not None and not (isinstance(nodes, dict) and isinstance(nodes.get("items") or [], list)):
         raise WireError(f"Nodes must be a NodeList object, got {json.dumps(nodes)[:100]}")
-    names = body.get("NodeNames")
+    names = body.get("nodenames")
     if names is not None and not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
         raise WireError(f"NodeNames must be a list of strings, got {json.dumps(names)[:100]}")
     for index, item in enumerate((nodes or {}).get("items") or []):
@@ -149,10 +138,10 @@ _NAME_RULES = {
 def parse_binding_args(data: bytes) -> ExtenderBindingArgs:
     """The ``/bind`` body; every field must be a string, PodName/PodNamespace/Node non-empty, each a
     name the API server could hold."""
-    body = fold(_object(data), _BIND_KEYS)
+    body = fold_keys(_object(data))
     values: dict[str, str] = {}
     for key in ("PodName", "PodNamespace", "PodUID", "Node"):
-        value = body.get(key, "")
+        value = body.get(key.lower(), "")
         if not isinstance(value, str):
             raise WireError(f"{key} must be a string, got {json.dumps(value)[:100]}")
         if not value and key != "PodUID":

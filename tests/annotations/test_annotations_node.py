@@ -84,6 +84,13 @@ def test_json_missing_keys_read_as_zero_and_unknown_keys_are_ignored() -> None:
     )
 
 
+def test_json_duplicate_keys_in_any_case_the_later_one_wins_like_go() -> None:
+    # Go assigns keys in document order, matching a field exactly or case-insensitively alike
+    card = '"count":1,"devmem":1,"devcore":1,"type":"NVIDIA"'
+    assert decode_node_devices(f'[{{"id":"GPU-0","ID":"GPU-1",{card}}}]')[0].uuid == "GPU-1"
+    assert decode_node_devices(f'[{{"ID":"GPU-1","id":"GPU-0",{card}}}]')[0].uuid == "GPU-0"
+
+
 @pytest.mark.parametrize(
     ("text", "reason"),
     [

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hami.core import precheck
-from hami.core.allocate import Policy, allocate, fit_node, node_rejection
+from hami.core.allocate import Policy, allocate, fit_node
 from hami.core.model import Allocation, ContainerRequest, NamespaceQuota, NodeState, Rejection
 from hami.core.score import parse_gpu_policy
 from hami.core.usage import apply_usage, pod_usage
@@ -73,33 +73,32 @@ def test_resolvable_flags() -> None:
         make_request(make_container(mem=1)), make_node(cards=(make_card(health=False),)), Policy()
     )
     assert isinstance(sick, Rejection) and not sick.resolvable
-    assert not node_rejection("n", "node unregistered").resolvable
 
 
-def test_decisions_expose_verdicts_rejections_and_best() -> None:
+def test_decisions_expose_verdicts_and_rejections() -> None:
     nodes = [make_node("ok", make_cards(1)), make_node("full", make_cards(1, count=1, used=1))]
     decisions = allocate(make_request(make_container(mem=1)), nodes, Policy())
     assert decisions.fits("ok") and not decisions.fits("full")
     assert list(decisions) == ["ok", "full"] and len(decisions) == 2
+    assert decisions.fitting == ("ok",)
     assert {n: r.message for n, r in decisions.rejections().items()} == {
         "full": "1/1 CardTimeSlicingExhausted"
     }
-    best = decisions.best()
-    assert best is not None and best.node == "ok"
-    assert decisions.ranked() == ["ok"]
+    chosen = decisions["ok"]
+    assert isinstance(chosen, Allocation) and chosen.node == "ok"
     none = allocate(make_request(make_container(mem=5000)), nodes, Policy())
-    assert none.best() is None and none.fitting == ()
+    assert none.fitting == () and set(none.rejections()) == {"ok", "full"}
 
 
 def test_snapshot_maintained_incrementally_sees_the_booking() -> None:
     # Place a whole-card pod, apply its usage: the next identical pod no longer fits; removing it frees it.
     request = make_request(make_container(mem=1000, cores=100))
-    best = allocate(request, [ONE_CARD], Policy()).best()
-    assert best is not None
-    usage = pod_usage(best.devices, request.init_count, init_done=False, mig=best.mig)
+    placed = fit_node(request, ONE_CARD, Policy())
+    assert isinstance(placed, Allocation)
+    usage = pod_usage(placed.devices, request.init_count, init_done=False, mig=placed.mig)
     taken = apply_usage(ONE_CARD, usage)
-    assert allocate(request, [taken], Policy()).best() is None
-    assert allocate(request, [apply_usage(taken, usage, sign=-1)], Policy()).best() is not None
+    assert allocate(request, [taken], Policy()).fitting == ()
+    assert allocate(request, [apply_usage(taken, usage, sign=-1)], Policy()).fitting == ("node1",)
 
 
 # ---------------------------------------------------------------------------- precheck == Fit

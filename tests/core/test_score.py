@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from hami.core.allocate import Policy, allocate, fit_node
+from hami.core.allocate import Policy, fit_node, priorities
+from hami.core.gocompat import f32
 from hami.core.model import Allocation, DeviceState, PodRequest, ScoringWeights
-from hami.core.score import card_score, f32, node_score
+from hami.core.score import card_score, node_priority, node_score
 
 from .builders import make_card, make_cards, make_container, make_node, make_request
 
@@ -161,19 +162,29 @@ def test_node_score_counts_every_card_even_other_vendors() -> None:
         ("spread", "binpack", "node2"),
     ],
 )
-def test_node_policy_picks_highest_or_lowest(cluster: str, pod: str | None, winner: str) -> None:
+def test_node_policy_ranks_fuller_or_emptier_nodes_first(cluster: str, pod: str | None, winner: str) -> None:
+    # the ranking /prioritize answers: node1 scores 3.0, node2 8.0 -> binpack 1 and 3, spread 9 and 7
     request = make_request(make_container(mem=10), node_policy=pod)
-    best = allocate(request, [node_3(), node_8()], Policy(node_policy=cluster)).best()  # type: ignore[list-item]
-    assert best is not None and best.node == winner
+    ranks = priorities(request, [node_3(), node_8()], Policy(node_policy=cluster))  # type: ignore[list-item]
+    assert max(ranks, key=lambda name: ranks[name]) == winner
+    assert ranks == ({"node1": 1, "node2": 3} if (pod or cluster) == "binpack" else {"node1": 9, "node2": 7})
+
+
+def test_node_priority_maps_the_node_score_onto_zero_to_ten() -> None:
+    assert [node_priority(score, "binpack") for score in (0.0, 1.4, 1.5, 4.6, 15.0, 30.0, 45.0)] == [
+        0, 0, 0, 2, 5, 10, 10,  # round(score / 3), clamped
+    ]  # fmt: skip
+    assert [node_priority(score, "spread") for score in (0.0, 15.0, 30.0)] == [10, 5, 0]
+    assert node_priority(30.0, "anything else") == 10  # binpack is the default
 
 
 def test_node_score_is_the_usage_before_the_pod() -> None:
-    best = allocate(make_request(make_container(mem=500, cores=50)), [node_3()], Policy()).best()  # type: ignore[list-item]
-    assert best is not None and best.score == pytest.approx(3.0, rel=1e-6)
+    decision = fit_node(make_request(make_container(mem=500, cores=50)), node_3(), Policy())  # type: ignore[arg-type]
+    assert isinstance(decision, Allocation) and decision.score == pytest.approx(3.0, rel=1e-6)
 
 
-def test_node_ties_break_by_name() -> None:
+def test_equal_scores_rank_equal() -> None:
     nodes = [make_node(n, make_cards(1)) for n in ("b", "c", "a")]
     for node_policy in ("binpack", "spread"):
-        best = allocate(make_request(make_container(mem=1)), nodes, Policy(node_policy=node_policy)).best()
-        assert best is not None and best.node == "a"
+        ranks = priorities(make_request(make_container(mem=1)), nodes, Policy(node_policy=node_policy))
+        assert list(ranks) == ["b", "c", "a"] and len(set(ranks.values())) == 1

@@ -6,7 +6,14 @@ from typing import Any
 
 import kmock
 
-from hami.annotations import NODE_HANDSHAKE, NODE_REGISTER, POD_DEVICES_ALLOCATED, POD_VGPU_NODE
+from hami.annotations import (
+    NODE_HANDSHAKE,
+    NODE_PAIR_SCORES,
+    NODE_REGISTER,
+    POD_DEVICES_ALLOCATED,
+    POD_VGPU_NODE,
+)
+from hami.core.rejection import Reason, Rejection
 from hami.scheduler.snapshot import local_time
 
 from .kit import NOW, StartExtender, make_node, make_pod, until
@@ -55,6 +62,61 @@ async def test_filter_returns_every_fitting_node_and_why_the_others_fail(
     )
     # filter is read-only: no pod was patched, nothing bound
     assert len(ext.apiserver["patch", kmock.resource("v1/pods")]) == 0
+
+
+async def test_each_excluded_node_is_a_rejection_with_its_code(start_extender: StartExtender) -> None:
+    missing = make_node("missing")
+    del missing["metadata"]["annotations"][NODE_REGISTER]
+    stale = make_node("stale", annotations={NODE_HANDSHAKE: "Requesting_2020-01-01 00:00:00"})
+    stale["status"]["allocatable"] = {"nvidia.com/gpu": "0"}
+    ext = await start_extender(
+        nodes=[
+            make_node("garbage", register="{not json"),
+            missing,
+            make_node("empty", register="[]"),
+            make_node("bad-scores", annotations={NODE_PAIR_SCORES: "[1]"}),
+            stale,
+        ]
+    )
+    codes = {
+        "garbage": Reason.REGISTRATION_MALFORMED,
+        "missing": Reason.REGISTRATION_MISSING,
+        "empty": Reason.NO_GPU_REGISTERED,
+        "bad-scores": Reason.PAIR_SCORES_MALFORMED,
+        "stale": Reason.HANDSHAKE_UNANSWERED,
+        "ghost": Reason.NODE_UNREGISTERED,
+    }
+    result = await ext.filter(make_pod("p"), list(codes))
+    unresolvable = result["FailedAndUnresolvableNodes"]
+    assert result["NodeNames"] == [] and set(unresolvable) == set(codes) and result["FailedNodes"] == {}
+    for name, code in codes.items():
+        found = ext.ctx.snapshot.candidate(name, local_time(NOW))
+        assert isinstance(found, Rejection) and found.reasons == {code: 1} and not found.resolvable, name
+        assert unresolvable[name] == found.message, name  # the text is rendered from the code, once
+    # HAMi's wire text is unchanged: "node unregistered", with the detail after a colon
+    assert unresolvable["ghost"] == "node unregistered"
+    assert unresolvable["missing"] == (
+        "node unregistered: hami.io/node-nvidia-register (missing): "
+        "annos not found hami.io/node-nvidia-register"
+    )
+    assert (
+        unresolvable["empty"] == 'node unregistered: hami.io/node-nvidia-register "[]": no gpu found on node'
+    )
+    assert unresolvable["stale"] == (
+        "node unregistered: handshake 'Requesting_2020-01-01 00:00:00' unanswered and nvidia.com/gpu "
+        "allocatable is 0"
+    )
+    assert unresolvable["bad-scores"].startswith('node unregistered: hami.io/node-nvidia-score "[1]": ')
+
+
+async def test_duplicate_keys_in_any_case_the_later_one_wins_as_go_decodes(
+    start_extender: StartExtender,
+) -> None:
+    ext = await start_extender(nodes=[make_node("n1"), make_node("n2")])
+    result = await ext.post("/filter", {"Pod": make_pod("p"), "NodeNames": ["n1"], "nodenames": ["n2"]})
+    assert result["NodeNames"] == ["n2"]
+    result = await ext.post("/filter", {"nodeNames": ["n2"], "NODENAMES": ["n1"], "pod": make_pod("p")})
+    assert result["NodeNames"] == ["n1"]
 
 
 async def test_used_cards_are_a_resolvable_failure(start_extender: StartExtender) -> None:

@@ -1,6 +1,6 @@
 """Each policy's rule on small clusters whose answer is worked out by hand from the paper's formulas, ties
-broken by the seed's node rank, and HAMi's two policies choosing what the production core's
-``allocate(...).best()`` chooses."""
+broken by the seed's node rank, and HAMi's two policies choosing a node the production core ranks first
+(``priorities``, the ranking ``/prioritize`` answers) with the cards the core's Fit picks there."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hami.core.allocate import Policy as CorePolicy
-from hami.core.allocate import allocate
+from hami.core.allocate import allocate, priorities
+from hami.core.model import Allocation
 from hami.simulate.cluster import Cluster
 from hami.simulate.frag import FragMeasure
 from hami.simulate.policies import Context, make_policy
@@ -143,10 +144,13 @@ def test_hami_policies_choose_what_the_core_chooses(
     if not ok.any():
         return
     chosen, cards = choose(f"hami-{node_policy}", cluster, p)
-    core = allocate(
-        cluster.request(p), cluster.states, CorePolicy(node_policy=node_policy, gpu_policy=node_policy)
-    ).best()
-    assert core is not None and cluster.states[chosen].name == core.node  # rank 0..n-1 = name order
+    request, policy = cluster.request(p), CorePolicy(node_policy=node_policy, gpu_policy=node_policy)
+    decisions = allocate(request, cluster.states, policy)
+    ranks = priorities(request, [s for s in cluster.states if decisions.fits(s.name)], policy)
+    name = cluster.states[chosen].name
+    assert name in ranks and ranks[name] == max(ranks.values())  # HAMi's choice is ranked first here too
+    core = decisions[name]
+    assert isinstance(core, Allocation)
     assert cards is None  # the core picks the cards
     granted = cluster.place(chosen, p, None, node_policy)
     assert [cluster.states[chosen].devices[j].device.uuid for j in granted] == [
