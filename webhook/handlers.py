@@ -6,9 +6,9 @@ shared state are passed in, never module globals):
 
 * ``on.login``: the kubeconfig (or in-cluster account) through ``hami.kube.client``.
 * ``on.mutate('v1', 'pods', id='webhook', operations={'CREATE'})``: applies :func:`webhook.mutation.plan`,
-  then for a GPU pod it admits the ResourceQuota pre-check (:class:`webhook.quota.QuotaCheck`, the one
-  API read of admission); a refusal becomes ``kopf.AdmissionError``. Kopf turns ``patch`` into the
-  JSONPatch it returns.
+  then for a GPU pod it admits the ResourceQuota pre-check (:class:`webhook.quota.QuotaCheck`, fed by
+  a list + watch of ResourceQuotas that :func:`run` starts: admission makes no API call); a refusal
+  becomes ``kopf.AdmissionError``. Kopf turns ``patch`` into the JSONPatch it returns.
 * with ``--manage-config``, ``on.event`` on our MutatingWebhookConfiguration re-applies the scoping
   Kopf cannot express (``webhook.registration``).
 
@@ -46,7 +46,7 @@ from webhook import certs, registration
 from webhook.config import HANDLER_ID, WebhookSettings
 from webhook.metrics import WebhookMetrics, serve_metrics
 from webhook.mutation import Admit, Refuse, plan
-from webhook.quota import QuotaCheck
+from webhook.quota import QuotaCheck, watch_quotas
 from webhook.tlsreload import CertificateSwitch
 
 logger = logging.getLogger("hami.webhook")
@@ -55,8 +55,6 @@ logger = logging.getLogger("hami.webhook")
 RENEW_CHECK_SECONDS = 3600.0
 #: Kopf's file-watch interval when the certificate is switched in place instead (never, in practice).
 KOPF_FILE_WATCH_OFF = 10 * 365 * 86400.0
-#: Seconds the ResourceQuota read of one admission may take (kube-apiserver waits 10 s for the answer).
-QUOTA_READ_SECONDS = 3.0
 
 
 @dataclass(slots=True)
@@ -189,9 +187,7 @@ def build_registry(
         decision = plan(pod, settings.mutation)
         metadata = pod.get("metadata") or {}
         if isinstance(decision, Admit) and decision.quota_ask is not None:
-            decision = (
-                await quotas.refusal(str(metadata.get("namespace") or ""), decision.quota_ask) or decision
-            )
+            decision = quotas.refusal(str(metadata.get("namespace") or ""), decision.quota_ask) or decision
         name = f"{metadata.get('namespace')}/{metadata.get('name') or metadata.get('generateName', '')}"
         if isinstance(decision, Refuse):
             logger.info("refused pod %s (%s): %s", name, decision.reason, decision.message)
@@ -261,8 +257,9 @@ async def run(
     logger.info("certificates in %s %s %s", settings.tls_dir, outcome.action, outcome.reason)
     published = Published()
     metrics = WebhookMetrics(registry if registry is not None else CollectorRegistry())
-    api = load_api_client(settings.kubeconfig, request_timeout=QUOTA_READ_SECONDS, component="hami-webhook")
-    quotas = QuotaCheck(api, settings.mutation.device)
+    quotas = QuotaCheck(settings.mutation.device)
+    api = load_api_client(settings.kubeconfig, component="hami-webhook")
+    watcher = watch_quotas(api, quotas, asyncio.get_running_loop())
     # Created before kopf.operator starts, so Kopf's shutdown leaves them to us.
     renewer = asyncio.create_task(renew_forever(settings), name="hami-webhook-cert-renewal")
     exporter = asyncio.create_task(
@@ -284,4 +281,5 @@ async def run(
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await asyncio.to_thread(watcher.stop)
         api.close()

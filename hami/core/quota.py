@@ -3,7 +3,8 @@
 
 Owns :func:`read_limits` (``spec.hard`` keys ``limits.<memory resource>`` / ``limits.<cores resource>``
 -> :class:`QuotaLimits`: whole numbers rounded up like Go's ``Value()``, memory times ``memoryFactor``,
-an unreadable value left out with a :class:`QuotaError` saying why), used by the scheduler's quota
+an unreadable value left out with a :class:`QuotaError` saying why) and :class:`LimitsBook` (those
+limits for every ResourceQuota that sets one, kept by a list + watch), used by the scheduler's quota
 book and by the webhook alike; :func:`admission_ask` and :func:`over_quota`, the webhook's pre-check;
 and :class:`QuotaGate`: the pod's grants chosen so far for earlier containers, the current
 container's position, and the namespace's :class:`~hami.core.model.NamespaceQuota`. Fit asks it
@@ -119,6 +120,78 @@ def read_limits(
         except QuotaError as exc:
             errors.append(exc)
     return QuotaLimits(memory=found["memory"], cores=found["cores"]), tuple(errors)
+
+
+QuotaKey = tuple[str, str]  # (namespace, name) of one ResourceQuota
+
+
+def quota_key(obj: Mapping[str, Any]) -> QuotaKey:
+    metadata = obj.get("metadata") or {}
+    return str(metadata.get("namespace") or ""), str(metadata.get("name") or "")
+
+
+class LimitsBook:
+    """The GPU limits of every ResourceQuota that sets one, by namespace, fed with raw ResourceQuota
+    objects by a list + watch (``replace``/``listed``/``event``, like the scheduler's other books).
+
+    No I/O and no logging: the feeding methods return the unreadable values they met (:class:`QuotaError`)
+    for the caller to report; such a value is left out and the quota's other limit still counts.
+    """
+
+    def __init__(self, keys: QuotaKeys) -> None:
+        self.keys = keys
+        self._limits: dict[QuotaKey, QuotaLimits] = {}
+        self._by_namespace: dict[str, set[QuotaKey]] = {}
+        self.synced = False
+
+    def replace(self, items: Iterable[Mapping[str, Any]]) -> list[QuotaError]:
+        """A full ResourceQuota list: upsert each, forget the ones that are gone."""
+        listed = list(items)
+        errors = [e for obj in listed for e in self.event("ADDED", obj)]
+        self.listed(listed)
+        return errors
+
+    def listed(self, items: Iterable[Mapping[str, Any]]) -> None:
+        """A list is complete and each of ``items`` already came through :meth:`event`: forget the rest."""
+        seen = {quota_key(obj) for obj in items}
+        for key in [k for k in self._limits if k not in seen]:
+            self._drop(key)
+        self.synced = True
+
+    def event(self, kind: str, obj: Mapping[str, Any]) -> tuple[QuotaError, ...]:
+        key = quota_key(obj)
+        if kind == "DELETED":
+            self._drop(key)
+            return ()
+        limits, errors = self.limits_of(obj)
+        if limits.memory is None and limits.cores is None:
+            self._drop(key)  # no GPU limit (left): this quota does not concern us
+        else:
+            self._limits[key] = limits
+            self._by_namespace.setdefault(key[0], set()).add(key)
+        return errors
+
+    def limits_of(self, obj: Mapping[str, Any]) -> tuple[QuotaLimits, tuple[QuotaError, ...]]:
+        """The GPU limits of one ResourceQuota object (:func:`read_limits` on its ``spec.hard``)."""
+        hard = (obj.get("spec") or {}).get("hard") or {}
+        if not isinstance(hard, Mapping):
+            return QuotaLimits(), ()
+        return read_limits(*quota_key(obj), hard, self.keys)
+
+    def _drop(self, key: QuotaKey) -> None:
+        if self._limits.pop(key, None) is not None:
+            keys = self._by_namespace[key[0]]
+            keys.discard(key)
+            if not keys:
+                del self._by_namespace[key[0]]
+
+    def of(self, namespace: str) -> list[tuple[str, QuotaLimits]]:
+        """``("namespace/name", limits)`` of each quota in ``namespace`` that limits GPUs, by name."""
+        keys = sorted(self._by_namespace.get(namespace, ()))
+        return [(f"{ns}/{name}", self._limits[(ns, name)]) for ns, name in keys]
+
+    def __len__(self) -> int:
+        return len(self._limits)
 
 
 # ---------------------------------------------------------------------- the admission pre-check

@@ -8,12 +8,11 @@ add/remove it applies to node usage. :meth:`QuotaBook.quota` answers the core's
 :class:`~hami.core.model.NamespaceQuota` for one namespace, optionally without one pod's own usage (the
 pod being decided, as ``Snapshot.candidate(..., exclude=key)`` does for nodes).
 
-Rules: a quota's limits are read by the core (:func:`hami.core.quota.read_limits`, shared with the
+Rules: the limits are kept by the core's :class:`~hami.core.quota.LimitsBook` (shared with the
 webhook's admission pre-check: whole numbers rounded up like Go's ``Quantity.Value``, the memory limit
 times ``memoryFactor`` when it is > 1); with several quotas in one namespace each dimension takes the
 tightest (smallest) limit; a value that is not a non-negative quantity is logged once and ignored (the
-rest of that quota still counts). Every
-other ``spec.hard`` key is ignored; the quota's ``status`` is never read (HAMi counts from its own pods).
+rest of that quota still counts). Every other ``spec.hard`` key is ignored; the quota's ``status`` is never read (HAMi counts from its own pods).
 
 No I/O: must not import the Kubernetes client or aiohttp.
 """
@@ -25,12 +24,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from hami.core.model import NamespaceQuota
-from hami.core.quota import QuotaKeys, QuotaLimits, read_limits
+from hami.core.quota import LimitsBook, QuotaError, QuotaKeys, QuotaLimits
 from hami.core.usage import PodUsage
 
 logger = logging.getLogger(__name__)
-
-QuotaKey = tuple[str, str]  # (namespace, name) of one ResourceQuota
 
 
 def _tightest(values: Iterable[int | None]) -> int | None:
@@ -42,63 +39,38 @@ class QuotaBook:
     """ResourceQuota limits and per-namespace usage; every method runs on the event loop."""
 
     def __init__(self, *, memory_resource: str, cores_resource: str, memory_factor: int = 1) -> None:
-        self.keys = QuotaKeys.of(memory_resource, cores_resource, memory_factor)
-        self._limits: dict[QuotaKey, QuotaLimits] = {}
-        self._by_namespace: dict[str, set[QuotaKey]] = {}
+        self.limits = LimitsBook(QuotaKeys.of(memory_resource, cores_resource, memory_factor))
         self._used: dict[str, tuple[int, int]] = {}
         self._reported: set[str] = set()
-        self.synced = False
+
+    @property
+    def synced(self) -> bool:
+        return self.limits.synced
 
     # ---------------------------------------------------------------------------------- quotas
 
     def replace(self, items: Iterable[Mapping[str, Any]]) -> None:
         """A full ResourceQuota list: upsert each, forget the ones that are gone."""
-        listed = list(items)
-        for obj in listed:
-            self._upsert(obj)
-        self.listed(listed)
+        self._report(self.limits.replace(items))
 
     def listed(self, items: Iterable[Mapping[str, Any]]) -> None:
         """A list is complete and each of ``items`` already came through :meth:`event`: forget the rest."""
-        seen = {_key(obj) for obj in items}
-        for key in [k for k in self._limits if k not in seen]:
-            self._drop(key)
-        self.synced = True
+        self.limits.listed(items)
 
     def event(self, kind: str, obj: Mapping[str, Any]) -> None:
-        if kind == "DELETED":
-            self._drop(_key(obj))
-        else:
-            self._upsert(obj)
-
-    def _upsert(self, obj: Mapping[str, Any]) -> QuotaKey:
-        key = _key(obj)
-        limits = self.limits_of(obj)
-        if limits.memory is None and limits.cores is None:
-            self._drop(key)  # no GPU limit (left): this quota does not concern us
-        else:
-            self._limits[key] = limits
-            self._by_namespace.setdefault(key[0], set()).add(key)
-        return key
-
-    def _drop(self, key: QuotaKey) -> None:
-        if self._limits.pop(key, None) is not None:
-            keys = self._by_namespace[key[0]]
-            keys.discard(key)
-            if not keys:
-                del self._by_namespace[key[0]]
+        self._report(self.limits.event(kind, obj))
 
     def limits_of(self, obj: Mapping[str, Any]) -> QuotaLimits:
         """The GPU limits of one ResourceQuota object; malformed values are logged once and left out."""
-        hard = (obj.get("spec") or {}).get("hard") or {}
-        if not isinstance(hard, Mapping):
-            return QuotaLimits()
-        limits, errors = read_limits(*_key(obj), hard, self.keys)
+        limits, errors = self.limits.limits_of(obj)
+        self._report(errors)
+        return limits
+
+    def _report(self, errors: Iterable[QuotaError]) -> None:
         for exc in errors:
             if str(exc) not in self._reported:
                 self._reported.add(str(exc))
                 logger.warning("%s; the value is ignored", exc)
-        return limits
 
     # ----------------------------------------------------------------------------------- usage
 
@@ -120,10 +92,9 @@ class QuotaBook:
     def quota(self, namespace: str, exclude: PodUsage | None = None) -> NamespaceQuota | None:
         """The namespace's quota for the core (``None`` when no quota limits GPUs there), leaving out
         ``exclude`` (the usage the pod being decided already holds)."""
-        keys = self._by_namespace.get(namespace)
-        if not keys:
+        limits = [found for _, found in self.limits.of(namespace)]
+        if not limits:
             return None
-        limits = [self._limits[k] for k in keys]
         memory, cores = self.used(namespace)
         if exclude is not None:
             memory, cores = memory - exclude.memory, cores - exclude.cores
@@ -140,9 +111,4 @@ class QuotaBook:
         return {} if found is None else {namespace: found}
 
     def __len__(self) -> int:
-        return len(self._limits)
-
-
-def _key(obj: Mapping[str, Any]) -> QuotaKey:
-    metadata = obj.get("metadata") or {}
-    return str(metadata.get("namespace") or ""), str(metadata.get("name") or "")
+        return len(self.limits)

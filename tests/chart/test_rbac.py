@@ -3,7 +3,7 @@
 The permission tables below are the chart's contract, one line per API call the component's code
 makes (see the comments in the templates). The certificate Jobs' command lines run against kmock
 here, and the requests they make map (``grant_for_request``) onto exactly their grants; the webhook's
-(the ResourceQuota list of its admission pre-check) is checked the same way in
+(the ResourceQuota list + watch of its admission pre-check) is checked the same way in
 ``tests/webhook/test_chart_mode.py``.
 """
 
@@ -61,9 +61,9 @@ NODE_AGENT = {  # pods get is gone: Allocate pairs from the node's pod list (mon
     Grant("", "pods", "patch"),
     Grant("", "events", "create"),
 }
-#: The admission ResourceQuota pre-check lists a GPU pod's namespace's quotas; Kopf reads only
+#: The admission ResourceQuota pre-check keeps every quota's GPU limits by list + watch; Kopf reads only
 #: discovery (tests/webhook/test_chart_mode.py).
-WEBHOOK = {Grant("", "resourcequotas", "list")}
+WEBHOOK = {Grant("", "resourcequotas", "list"), Grant("", "resourcequotas", "watch")}
 CERTGEN = {
     Grant("", "secrets", "create"),
     Grant("", "secrets", "get", "hami-webhook-tls"),

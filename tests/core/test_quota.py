@@ -3,11 +3,21 @@ pre-check (§4, HAMi's ``fitResourceQuota``)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from hami.core.allocate import Policy, fit_node
 from hami.core.model import Allocation, ContainerRequest, NamespaceQuota, Rejection
-from hami.core.quota import QuotaAsk, QuotaKeys, QuotaLimits, admission_ask, over_quota, read_limits
+from hami.core.quota import (
+    LimitsBook,
+    QuotaAsk,
+    QuotaKeys,
+    QuotaLimits,
+    admission_ask,
+    over_quota,
+    read_limits,
+)
 
 from .builders import make_cards, make_container, make_node, make_request
 
@@ -192,3 +202,39 @@ def test_over_quota_names_each_quota_and_resource_in_the_units_written() -> None
 )
 def test_over_quota_follows_fit_quota(ask: QuotaAsk, limits: QuotaLimits, refused: bool) -> None:
     assert bool(over_quota(ask, [("team/q", limits)], KEYS)) is refused
+
+
+def resource_quota(name: str, namespace: str, hard: dict[str, Any]) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": namespace}, "spec": {"hard": hard}}
+
+
+def test_the_limits_book_keeps_the_gpu_quotas_by_namespace() -> None:
+    book = LimitsBook(KEYS)
+    assert not book.synced
+    errors = book.replace(
+        [
+            resource_quota("b", "team", {MEM_KEY: "8000"}),
+            resource_quota("a", "team", {CORES_KEY: "150", MEM_KEY: "lots"}),
+            resource_quota("pods-only", "team", {"pods": "10"}),  # no GPU limit: not kept
+            resource_quota("gpu", "other", {MEM_KEY: "1"}),
+        ]
+    )
+    assert book.synced and len(book) == 3
+    assert [str(e).split(":")[0] for e in errors] == ["resourcequota team/a"]
+    assert book.of("team") == [("team/a", QuotaLimits(cores=150)), ("team/b", QuotaLimits(memory=8000))]
+    assert book.of("nowhere") == []
+    assert book.event("MODIFIED", resource_quota("b", "team", {"pods": "1"})) == ()  # GPU limit removed
+    assert book.event("DELETED", resource_quota("gpu", "other", {})) == ()
+    assert book.of("team") == [("team/a", QuotaLimits(cores=150))] and book.of("other") == []
+    book.event("ADDED", resource_quota("c", "team", {MEM_KEY: "5"}))
+    book.listed([resource_quota("c", "team", {MEM_KEY: "5"})])  # a relist without "a": forgotten
+    assert book.of("team") == [("team/c", QuotaLimits(memory=5))]
+
+
+def test_the_limits_book_survives_hostile_objects() -> None:
+    book = LimitsBook(KEYS)
+    assert book.event("ADDED", {"metadata": {"name": "x", "namespace": "t"}, "spec": {"hard": ["no"]}}) == ()
+    assert book.event("ADDED", {"spec": None}) == ()
+    (error,) = book.event("ADDED", resource_quota("big", "t", {MEM_KEY: "1e10000000"}))
+    assert "resourcequota t/big" in str(error)
+    assert len(book) == 0

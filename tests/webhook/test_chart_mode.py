@@ -1,6 +1,6 @@
 """The operator as the Helm chart runs it (``--no-manage-config``): its Prometheus metrics, scraped
-over HTTP after real AdmissionReviews, and the API requests it makes (only the ResourceQuota list of
-the admission pre-check needs RBAC).
+over HTTP after real AdmissionReviews, and the API requests it makes (only the ResourceQuota list + watch
+behind the admission pre-check need RBAC).
 
 The webhook is reached at the address it listens on, verified against the ``ca.crt`` it made in its
 tls dir (the chart's configuration points the API server at the Service instead).
@@ -132,6 +132,9 @@ async def test_metrics_count_every_admission_by_result_and_reason(
     assert delta(before, after, f"{duration}_bucket", le="10.0") == count
 
 
+QUOTAS = "/api/v1/resourcequotas"  # every namespace's: the pre-check's list + watch
+
+
 def needs_permission(path: str) -> bool:
     """Whether a request path names a resource (RBAC applies) rather than API discovery."""
     parts = [p for p in path.split("?")[0].strip("/").split("/") if p]
@@ -143,17 +146,20 @@ def needs_permission(path: str) -> bool:
 
 
 async def test_the_chart_mode_webhook_reads_only_resource_quotas(operator: Operator, direct: Webhook) -> None:
-    """The chart grants the webhook's ServiceAccount one rule, ``list`` on ``resourcequotas`` (the
-    admission pre-check); otherwise Kopf may only read API discovery."""
-    before = len(list(operator.cluster.emulator))
-    response = await direct.admit(make_pod(ctr(limits={GPU: "1"})))  # a GPU pod: the pre-check reads
+    """The chart grants the webhook's ServiceAccount one rule, ``list`` and ``watch`` on
+    ``resourcequotas`` (kept for the admission pre-check); otherwise Kopf may only read API discovery,
+    and admitting a pod makes no API call at all."""
+    emulator = operator.cluster.emulator
+
+    async def quotas_watched() -> bool:
+        return any(r.url.path == QUOTAS and r.params.get("watch") in ("true", "1") for r in list(emulator))
+
+    await poll(quotas_watched, "the webhook's ResourceQuota list + watch")
+    before = len(list(emulator))
+    response = await direct.admit(make_pod(ctr(limits={GPU: "1"})))
     assert response["allowed"] is True
-    cpu_only = await direct.admit(make_pod(ctr(limits={"cpu": "1"})))  # nothing to check: no read
-    assert cpu_only["allowed"] is True
-    requests = [(str(r.method.value), r.url.path) for r in list(operator.cluster.emulator)]
-    assert requests, "the operator made no request at all: is it connected to this API server?"
-    assert {r for r in requests if needs_permission(r[1])} == {
-        ("GET", "/api/v1/namespaces/default/resourcequotas")
+    requests = list(emulator)
+    assert {(str(r.method.value), r.url.path) for r in requests if needs_permission(r.url.path)} == {
+        ("GET", QUOTAS)
     }
-    admitting = [r for r in requests[before:] if needs_permission(r[1])]
-    assert admitting == [("GET", "/api/v1/namespaces/default/resourcequotas")]  # one read, for the GPU pod
+    assert [r.url.path for r in requests[before:] if needs_permission(r.url.path)] == []  # admission: none

@@ -569,7 +569,14 @@ def test_visible_devices_use_the_configured_card_resource() -> None:
         # a percentage is 0 MiB here and cores 0 ask nothing: no pre-check at all
         (make_pod(ctr(limits={GPU: "1", PCT: "50", CORES: "0"})), DEFAULT, None),
     ],
-    ids=["default-count", "default-count-and-cores", "shared", "init-peak", "memory-factor", "nothing-to-check"],
+    ids=[
+        "default-count",
+        "default-count-and-cores",
+        "shared",
+        "init-peak",
+        "memory-factor",
+        "nothing-to-check",
+    ],
 )
 def test_a_routed_gpu_pod_carries_its_quota_ask(
     pod: dict[str, Any], settings: MutationSettings, ask: QuotaAsk | None
