@@ -29,13 +29,14 @@ Pure: stdlib only; must not import a Kubernetes client, aiohttp, kopf, grpc, pyn
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import combinations, product
 
 from hami.core.allocate import Policy, allocate, fit_node
 from hami.core.model import Allocation, DeviceMode, NamespaceQuota, NodeState, PodRequest, is_vendor_card
-from hami.core.usage import PodUsage, apply_usage
+from hami.core.usage import CardUsage, PodUsage, apply_usage
 
 __all__ = ["BUDGET", "Holder", "Preemption", "cost", "preempt_node"]
 
@@ -84,6 +85,11 @@ def cost(victims: Iterable[Holder]) -> Cost:
     )
 
 
+def _cheap(holder: Holder) -> tuple[int, bool, float, str]:
+    """Cheapest to evict first: lower priority, no PDB violated, younger, then uid."""
+    return (holder.priority, holder.violates_pdb, -holder.started, holder.uid)
+
+
 def _importance(holder: Holder) -> tuple[bool, int, float, str]:
     """Most important first (reprieved first): PDB-protected, higher priority, older, then uid."""
     return (not holder.violates_pdb, -holder.priority, holder.started, holder.uid)
@@ -119,8 +125,12 @@ def _coverable(card_sets: Sequence[frozenset[str]], limit: int) -> bool:
     return any(_coverable([s for s in card_sets if card not in s], limit - 1) for card in card_sets[0])
 
 
+Signature = tuple[tuple[CardUsage, ...], str]
+
+
 class _Search:
-    """One node's search; fit questions are cached and counted against the budget."""
+    """One node's search. Fit questions are cached by what they remove (pods with the same usage,
+    and the same namespace when a quota counts, are interchangeable) and counted against the budget."""
 
     def __init__(
         self,
@@ -135,10 +145,14 @@ class _Search:
         self.pool = tuple(pool)
         self.by_uid = {h.uid: h for h in pool}
         self.cards = {h.uid: frozenset(c.uuid for c in h.usage.cards) for h in pool}
+        self.sig: dict[str, Signature] = {
+            h.uid: (h.usage.cards, h.namespace if quota is not None else "") for h in pool
+        }
         self.budget = budget
         self.asked = 0
         self.exact = True
-        self._known: dict[tuple[int, frozenset[str]], bool] = {}
+        self._known: dict[tuple[int, frozenset[tuple[Signature, int]]], bool] = {}
+        self._cards_alone: dict[int, NodeState] = {}
 
     @property
     def spent(self) -> bool:
@@ -154,23 +168,56 @@ class _Search:
     def fits(self, uids: Iterable[str], *, card: int = -1, request: PodRequest | None = None) -> bool:
         """Does the pod fit once ``uids`` are gone (on card ``card`` alone with ``request``, if given)?"""
         chosen = frozenset(uids)
-        known = self._known.get((card, chosen))
+        key = (card, frozenset(Counter(self.sig[u] for u in chosen).items()))
+        known = self._known.get(key)
         if known is None:
             self.asked += 1
-            node = self.node if card < 0 else replace(self.node, devices=(self.node.devices[card],))
-            state = self._without(node, chosen)
+            state = self._without(self.node if card < 0 else self._alone(card), chosen)
             asked = request or self.request
             known = allocate(asked, [state], self.policy, quotas=self._quotas(chosen)).fits(state.name)
-            self._known[(card, chosen)] = known
+            self._known[key] = known
         return known
+
+    def _alone(self, card: int) -> NodeState:
+        """The node with only this card (cached)."""
+        alone = self._cards_alone.get(card)
+        if alone is None:
+            alone = self._cards_alone[card] = replace(self.node, devices=(self.node.devices[card],))
+        return alone
 
     def place(self, uids: Iterable[str]) -> Allocation | None:
         """The allocation once ``uids`` are gone (the core's full Fit), or None."""
         chosen = frozenset(uids)
+        self.asked += 1
         decision = fit_node(
             self.request, self._without(self.node, chosen), self.policy, quotas=self._quotas(chosen)
         )
         return decision if isinstance(decision, Allocation) else None
+
+    def _sets(self, holders: Sequence[Holder], size: int) -> list[tuple[Holder, ...]] | None:
+        """Sets of ``size`` holders, cheapest first: one per distinct mix of interchangeable pods (the
+        cheapest pods of each kind); None when there would be more than ``GENERATED``."""
+        kinds: dict[Signature, list[Holder]] = {}
+        for holder in sorted(holders, key=_cheap):
+            kinds.setdefault(self.sig[holder.uid], []).append(holder)
+        groups = list(kinds.values())
+        room = [sum(len(g) for g in groups[i:]) for i in range(len(groups) + 1)]
+        out: list[tuple[Holder, ...]] = []
+
+        def pick(i: int, left: int, chosen: tuple[Holder, ...]) -> bool:
+            if left == 0:
+                out.append(chosen)
+                return len(out) <= GENERATED
+            if room[i] < left:
+                return True
+            for k in range(min(left, len(groups[i])), -1, -1):
+                if not pick(i + 1, left - k, chosen + tuple(groups[i][:k])):
+                    return False
+            return True
+
+        if not pick(0, size, ()):
+            return None
+        return sorted(out, key=cost)
 
     # ------------------------------------------------------------------------------- strategies
 
@@ -188,8 +235,17 @@ class _Search:
         one = replace(container, nums=1)
         containers = tuple(one if i == asking[0] else c for i, c in enumerate(self.request.containers))
         share = replace(self.request, containers=containers)
-        options = [(i, self._options(i, share, container.nums > 1)) for i in vendor]
-        usable = [(i, found) for i, found in options if found]
+        several = container.nums > 1
+        # cheapest-looking cards first (the cost of evicting all their pods): with one card wanted,
+        # the best option found so far bounds the search of the others
+        usable: list[tuple[int, list[frozenset[str]]]] = []
+        bound: Cost | None = None
+        for index in sorted(vendor, key=lambda i: cost(self._here(i))):
+            found = self._options(index, share, several, None if several else bound)
+            if found:
+                usable.append((index, found))
+                best = cost(self.by_uid[u] for u in found[0])
+                bound = best if bound is None or best < bound else bound
         if len(usable) < container.nums:
             return None
         candidates: set[frozenset[str]] = set()
@@ -201,40 +257,53 @@ class _Search:
                     break
         return self._first(candidates)
 
-    def _options(self, card: int, share: PodRequest, several: bool) -> list[frozenset[str]]:
-        """Minimal sets of this card's pods whose eviction lets one card's share fit there, cheapest
-        first: the smallest size only when the pod asks for one card; with ``several`` cards also
-        one size more (a pod holding two of them may serve both), at most ``OPTIONS_PER_CARD``."""
+    def _here(self, card: int) -> list[Holder]:
         uuid = self.node.devices[card].device.uuid
-        here = sorted((h for h in self.pool if uuid in self.cards[h.uid]), key=lambda h: cost([h]))
-        if self.fits((), card=card, request=share):
-            return [frozenset()]  # room for a share already
-        everyone = frozenset(h.uid for h in here)
-        if not here or not self.fits(everyone, card=card, request=share):
+        return [h for h in self.pool if uuid in self.cards[h.uid]]
+
+    def _options(
+        self, card: int, share: PodRequest, several: bool, bound: Cost | None
+    ) -> list[frozenset[str]]:
+        """Minimal sets of this card's pods whose eviction lets one card's share fit there, cheapest
+        first. One card wanted: only the cheapest, and only if it beats ``bound`` (the best of the
+        cards searched before). ``several`` cards: the smallest size and one more (a pod holding
+        two of them may serve both), at most ``OPTIONS_PER_CARD``."""
+        here = self._here(card)
+        if several and self.fits((), card=card, request=share):
+            return [frozenset()]  # room for a share already (one card wanted: the node would fit)
+        if not here:
             return []
+        if len(here) > 2 and not self.fits({h.uid for h in here}, card=card, request=share):
+            return []  # even evicting them all leaves no room here
         found: list[frozenset[str]] = []
         smallest = len(here)
-        generated = 0
         for size in range(1, len(here) + 1):
             if size > smallest + (1 if several else 0):
                 break
-            for combo in combinations(here, size):
-                uids = frozenset(h.uid for h in combo)
-                generated += 1
+            sets = self._sets(here, size)
+            if sets is None:
+                self.exact = False
+                break
+            for chosen in sets:
+                if bound is not None and cost(chosen) >= bound:
+                    return found  # sorted, and larger sets cost more: nothing here beats the bound
+                uids = frozenset(h.uid for h in chosen)
                 if any(f <= uids for f in found):
                     continue
-                if self.spent or generated > GENERATED:
+                if self.spent:
                     self.exact = False
                     return self._cheapest(found, several)
                 if self.fits(uids, card=card, request=share):
                     found.append(uids)
                     smallest = min(smallest, size)
+                    if not several:
+                        return found  # the cheapest of the smallest size: nothing here beats it
         return self._cheapest(found, several)
 
     def _cheapest(self, found: list[frozenset[str]], several: bool) -> list[frozenset[str]]:
         found.sort(key=lambda s: cost(self.by_uid[u] for u in s))
         if not several:
-            return found[:1]  # one card: only its cheapest option can win
+            return found[:1]
         if len(found) > OPTIONS_PER_CARD:
             self.exact = False
         return found[:OPTIONS_PER_CARD]
@@ -245,7 +314,6 @@ class _Search:
             if self.spent:
                 self.exact = False
                 return None
-            self.asked += 1
             allocation = self.place(uids)
             if allocation is not None:
                 return uids, allocation
@@ -255,21 +323,17 @@ class _Search:
         """Candidate sets of 1, 2, ... pods (the ones that can sit on the pod's cards), cheapest first."""
         limit = sum(c.nums for c in self.request.containers if c is not None and c.nums > 0)
         for size in range(1, len(self.pool) + 1):
-            if self.spent:
+            sets = self._sets(self.pool, size)
+            if sets is None:
                 self.exact = False
                 return None
-            batch: list[frozenset[str]] = []
-            for combo in combinations(self.pool, size):
-                if self.quota is None and not _coverable([self.cards[h.uid] for h in combo], limit):
+            for chosen in sets:
+                if self.quota is None and not _coverable([self.cards[h.uid] for h in chosen], limit):
                     continue
-                batch.append(frozenset(h.uid for h in combo))
-                if len(batch) >= GENERATED:
-                    self.exact = False
-                    return None
-            for uids in sorted(batch, key=lambda s: cost(self.by_uid[u] for u in s)):
                 if self.spent:
                     self.exact = False
                     return None
+                uids = frozenset(h.uid for h in chosen)
                 if self.fits(uids):
                     allocation = self.place(uids)
                     if allocation is not None:
@@ -334,5 +398,5 @@ def preempt_node(
             return None
         found = (chosen, allocation)
     uids, allocation = found
-    added = sorted((search.by_uid[u] for u in uids), key=lambda h: (h.priority, -h.started, h.uid))
+    added = sorted((search.by_uid[u] for u in uids), key=_cheap)
     return Preemption(node=node.name, added=tuple(added), allocation=allocation, exact=exact)
