@@ -150,6 +150,7 @@ def install(k: kmock.KubernetesEmulator, clock: Callable[[], datetime.datetime] 
     store = Store(k)
     k1 = k**1
     k1["get /version"] << (lambda: answer(200, SERVER_VERSION))
+    k1["get /version/"] << (lambda: answer(200, SERVER_VERSION))  # kr8s asks with the slash
 
     def selector(request: kmock.Request) -> Selector | Any:
         try:
