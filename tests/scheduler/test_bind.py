@@ -32,7 +32,9 @@ async def _lock(ext: Extender, node: str = "n1") -> str | None:
 
 
 async def test_bind_writes_exactly_the_protocol_and_keeps_the_lock(start_extender: StartExtender) -> None:
-    ext = await start_extender(nodes=[make_node("n1")], pods=[make_pod("p", memory=1000, cores=30)])
+    seeded = make_pod("p", memory=1000, cores=30)
+    seeded["metadata"].pop("labels", None)  # no label map: the patch tests the whole metadata as read
+    ext = await start_extender(nodes=[make_node("n1")], pods=[seeded])
     assert await ext.bind("p", "n1") == {"Error": ""}
     pod = await ext.pod("p")
     # both cards idle with equal scores; Fit walks the ordered cards from the last one (as HAMi
@@ -58,7 +60,7 @@ async def test_bind_writes_exactly_the_protocol_and_keeps_the_lock(start_extende
     # the pod is as read) and one binding (the embedded server's binding reaction sets spec.nodeName
     # with a merge patch of its own)
     (ours,) = [r.data for r in ext.apiserver["patch", PODS] if isinstance(r.data, list)]
-    assert ours[0] == {"op": "test", "path": "/metadata", "value": make_pod("p")["metadata"]}
+    assert ours[0] == {"op": "test", "path": "/metadata", "value": seeded["metadata"]}
     written = {op["path"]: op["value"] for op in ours if op["op"] == "add"}
     assert written == {
         **{
