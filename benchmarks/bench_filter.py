@@ -29,8 +29,9 @@ from hami.annotations import (
     encode_node_devices,
 )
 from hami.core.model import Device
-from hami.scheduler.app import build_context, create_app
+from hami.scheduler.app import create_app
 from hami.scheduler.config import SchedulerSettings
+from hami.scheduler.main import build_context
 from hami.scheduler.snapshot import local_time
 
 CARDS = 8
@@ -106,7 +107,7 @@ async def _filter_latency(nodes: int, requests: int) -> tuple[list[float], int, 
     body = json.dumps(
         {"Pod": REQUEST_POD, "Nodes": None, "NodeNames": [f"node-{i:05d}" for i in range(nodes)]}
     )
-    server = TestServer(create_app(ctx, watch=False), host="127.0.0.1")
+    server = TestServer(create_app(ctx), host="127.0.0.1")
     await server.start_server()
     samples: list[float] = []
     fitting = size = 0

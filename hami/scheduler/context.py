@@ -1,8 +1,9 @@
-"""What every handler needs, built once in ``hami.scheduler.app.build_context`` and passed down.
+"""What every handler needs, built once in :func:`hami.scheduler.main.build_context` and passed down.
 
 Owns :class:`Context` (settings, API client, snapshot, wall clock, monotonic ``ticker`` for bind
-deadlines, metrics), :class:`Background`, the tracked fire-and-forget tasks (Events, handshakes) that
-must not delay an extender answer and are drained on shutdown, and the in-process coordination of
+deadlines, metrics, the registration writes, and ``background``: the service's one
+:class:`~hami.process.tasks.TaskSet` of fire-and-forget tasks, Events and handshakes, that must not
+delay an extender answer and are drained on shutdown), and the in-process coordination of
 binds: :class:`NodeQueues` (per node: deciding and booking one bind at a time — never held while
 waiting for a node lock), the per-node lines of binds waiting for a busy node lock (only the head of
 a line polls the API), and the set of pods with a bind in progress (a second bind of the same pod
@@ -13,53 +14,21 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import logging
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from hami.kube.client import KubeError
 from hami.kube.events import record_event
+from hami.process.tasks import TaskSet
 from hami.scheduler.config import SchedulerSettings
 from hami.scheduler.metrics import Metrics
+from hami.scheduler.registration import Registration
 from hami.scheduler.snapshot import Snapshot
-
-logger = logging.getLogger(__name__)
 
 
 def utc_now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
-
-
-class Background:
-    """Fire-and-forget tasks that are still awaited (and their errors logged) before shutdown."""
-
-    def __init__(self, limit: int = 16) -> None:
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._limit = asyncio.Semaphore(limit)  # at most this many background API calls at once
-
-    def spawn(self, coroutine: Coroutine[Any, Any, None], what: str) -> None:
-        task = asyncio.get_running_loop().create_task(self._run(coroutine, what))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _run(self, coroutine: Coroutine[Any, Any, None], what: str) -> None:
-        async with self._limit:
-            try:
-                await coroutine
-            except KubeError as exc:
-                logger.warning("%s failed: %s", what, exc)
-
-    async def drain(self, seconds: float = 10.0) -> None:
-        """Wait for the pending tasks (at most ``seconds``), then cancel what is left."""
-        if self._tasks:
-            _, pending = await asyncio.wait(set(self._tasks), timeout=seconds)
-            for task in pending:
-                task.cancel()
-
-    def __len__(self) -> int:
-        return len(self._tasks)
 
 
 class NodeQueues:
@@ -82,7 +51,8 @@ class Context:
     api: Any  # the kubernetes ApiClient, used only through hami.kube
     snapshot: Snapshot
     metrics: Metrics
-    background: Background
+    background: TaskSet
+    registration: Registration
     clock: Callable[[], datetime.datetime] = utc_now
     ticker: Callable[[], float] = time.monotonic  # seconds; measures each bind's deadline
     node_queue: NodeQueues = field(default_factory=NodeQueues)
@@ -103,7 +73,7 @@ class Context:
             component=self.settings.scheduler_name,
         )
         name = (involved.get("metadata") or {}).get("name")
-        self.background.spawn(coroutine, f"{reason} event on {name}")
+        self.background.spawn(coroutine, f"record the {reason} event on {name}")
 
 
 def pod_ref(namespace: str, name: str, uid: str = "") -> dict[str, Any]:

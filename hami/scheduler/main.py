@@ -1,62 +1,165 @@
-"""ENTRY POINT of ``hami scheduler``: flags -> settings -> API client -> context -> the two listeners.
+"""ENTRY POINT of ``hami scheduler``: the service wired in one place, every loop a named task.
 
-Owns ``add_arguments(parser)`` and ``run(args) -> int`` (registered in ``hami/cli.py``): everything is
-built here once and passed down; nothing is kept in module globals. The verbs are served on
-``--listen`` (loopback by default), probes and metrics on ``--metrics-listen``
-(:func:`hami.scheduler.app.serve`, until SIGTERM/SIGINT). The verbs are plain HTTP unless
-``--tls-cert``/``--tls-key`` are given. Must not import the Kubernetes client (only ``hami.kube``).
+Owns ``add_arguments(parser)`` and ``run(args) -> int`` (registered in ``hami/cli.py``): flags ->
+settings -> logging -> API client (asked once: a wrong server is one line and exit 2) ->
+:func:`build_context` -> :func:`serve` until SIGTERM/SIGINT. :func:`build_context` builds every
+collaborator once, in order, and passes it down (nothing in module globals, no closures): the
+background :class:`~hami.process.tasks.TaskSet`, the metrics, the registration writes
+(:mod:`hami.scheduler.registration`), the snapshot wired to both, the :class:`Context`.
+:func:`serve` runs the named tasks: ``listeners`` (the verbs on ``--listen``, loopback by default, plain
+HTTP unless ``--tls-cert``/``--tls-key``; probes and metrics on ``--metrics-listen``),
+``watch-nodes``, ``watch-pods``, ``watch-resourcequotas`` and ``registration-resync``
+(:mod:`hami.scheduler.watches`); on the way out the background writes are drained. Process set-up
+(logging, one-line errors, signals) is the shared :mod:`hami.process.entry`. Must not import the
+Kubernetes client (only ``hami.kube``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
 import logging
 import ssl
-import sys
+from collections.abc import Callable, Iterable
 
-from hami.kube.client import KubeError, check_reachable, load_api_client
+from hami.core.model import NodeState
+from hami.kube.client import KubeError
+from hami.kube.events import EventRecorder
+from hami.process.entry import FAILED, configure_logging, reachable_api, refuse, until_signalled
+from hami.process.tasks import TaskSet
 from hami.scheduler import config
-from hami.scheduler.app import build_context, serve
+from hami.scheduler.app import Listeners, serving
+from hami.scheduler.context import Context, utc_now
+from hami.scheduler.metrics import Metrics, NodeSource
+from hami.scheduler.quotas import QuotaBook
+from hami.scheduler.registration import Registration
+from hami.scheduler.snapshot import Snapshot, local_time
+from hami.scheduler.watches import start_sync
 
 logger = logging.getLogger(__name__)
+
+PROGRAM = "hami scheduler"
+#: Background API calls (Events, handshakes) at once, and held at most (more are dropped, logged).
+BACKGROUND_CONCURRENCY = 16
+BACKGROUND_LIMIT = 1024
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     config.add_arguments(parser)
 
 
+def build_context(
+    settings: config.SchedulerSettings,
+    api: object,
+    *,
+    clock: Callable[[], datetime.datetime] = utc_now,
+) -> Context:
+    """Every collaborator of the service, built once and wired: the snapshot reports to the
+    registration writes and the lock metric, the metrics read the snapshot."""
+    background = TaskSet(
+        concurrency=BACKGROUND_CONCURRENCY, limit=BACKGROUND_LIMIT, expected=(KubeError,), logger=logger
+    )
+    metrics = Metrics()
+    registration = Registration(
+        api=api,
+        component=settings.scheduler_name,
+        background=background,
+        clock=clock,
+        resync_seconds=settings.resync_seconds,
+    )
+    resources = settings.device_config.resources
+    snapshot = Snapshot(
+        count_resource=resources.count,
+        handshake_window=settings.handshake_window,
+        on_malformed=registration.report_malformed,
+        on_handshake=registration.request_handshake,
+        on_lock=metrics.lock_holds.seen,
+        quotas=QuotaBook(
+            memory_resource=resources.memory,
+            cores_resource=resources.cores,
+            memory_factor=settings.device_config.effective_memory_factor,
+        ),
+        clock=clock,
+        allocating_horizon=settings.allocating_horizon,
+    )
+    metrics.attach(_node_source(snapshot, clock), snapshot.tracked_count)
+    return Context(
+        settings=settings,
+        api=api,
+        snapshot=snapshot,
+        metrics=metrics,
+        background=background,
+        registration=registration,
+        clock=clock,
+    )
+
+
+def _node_source(snapshot: Snapshot, clock: Callable[[], datetime.datetime]) -> NodeSource:
+    """What the metrics read on each scrape: every node, its state, and why it is excluded if it is."""
+
+    def nodes() -> Iterable[tuple[str, NodeState | None, str | None]]:
+        local_now = local_time(clock())
+        return [(e.name, e.state, snapshot.problem(e.name, local_now)) for e in snapshot.entries()]
+
+    return nodes
+
+
+async def serve(
+    ctx: Context,
+    *,
+    ssl_context: ssl.SSLContext | None = None,
+    recorder: EventRecorder | None = None,
+    on_listening: Callable[[Listeners], None] | None = None,
+) -> None:
+    """Run the service until cancelled (or a listener cannot bind: ``OSError``), each loop a named
+    task; then drain the background writes. ``on_listening`` is told the bound addresses."""
+
+    async def listen() -> None:
+        async with serving(ctx, ssl_context=ssl_context, recorder=recorder) as listeners:
+            logger.info(
+                "%s %s: verbs on %s:%d (%s), probes and metrics on %s:%d",
+                PROGRAM,
+                ctx.settings.scheduler_name,
+                *listeners.verbs,
+                "https" if ssl_context else "http",
+                *listeners.metrics,
+            )
+            if on_listening is not None:
+                on_listening(listeners)
+            await asyncio.Event().wait()
+
+    try:
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(listen(), name="listeners")
+            start_sync(ctx, tasks)
+    finally:
+        await ctx.background.drain()
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         settings = config.from_args(args)
     except config.SettingsError as exc:
-        print(f"hami scheduler: {exc}", file=sys.stderr)
-        return 2
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+        return refuse(PROGRAM, exc)
+    configure_logging(settings.log_level)
     try:
-        api = load_api_client(
-            settings.kubeconfig, request_timeout=settings.api_timeout, component="hami-scheduler"
+        api = reachable_api(
+            settings.kubeconfig, component="hami-scheduler", request_timeout=settings.api_timeout
         )
-    except (KubeError, OSError, ValueError) as exc:
-        print(f"hami scheduler: {exc}", file=sys.stderr)
-        return 2
-    try:
-        check_reachable(api)  # a wrong server is one clear line at start-up, not a watch retrying forever
     except KubeError as exc:
-        api.close()
-        print(f"hami scheduler: {exc}", file=sys.stderr)
-        return 2
-    ssl_context = None
-    if settings.tls_cert and settings.tls_key:
-        ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        ssl_context.load_cert_chain(settings.tls_cert, settings.tls_key)
+        return refuse(PROGRAM, exc)
+    failure: OSError | None = None
     try:
-        asyncio.run(serve(build_context(settings, api), ssl_context=ssl_context))
-    except OSError as exc:  # an address in use or not available
-        print(f"hami scheduler: cannot listen: {exc}", file=sys.stderr)
-        return 1
+        ssl_context = None
+        if settings.tls_cert and settings.tls_key:
+            ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            ssl_context.load_cert_chain(settings.tls_cert, settings.tls_key)
+        asyncio.run(until_signalled(serve(build_context(settings, api), ssl_context=ssl_context)))
+    except* OSError as group:  # an address in use or not available, an unreadable certificate
+        failure = next(e for e in group.exceptions if isinstance(e, OSError))
     finally:
         api.close()
+    if failure is not None:
+        return refuse(PROGRAM, f"cannot serve: {failure}", FAILED)
     return 0

@@ -24,7 +24,8 @@ import yaml
 from aiohttp import web
 
 from hami.scheduler import config as scheduler_config
-from hami.scheduler.app import build_context, create_app, create_probe_app
+from hami.scheduler.app import create_app, create_probe_app
+from hami.scheduler.main import build_context
 from hami.settings import ResourceNames
 from monitor.config import load_node_settings, parse_agent_config
 from webhook.config import HANDLER_ID, WEBHOOK_NAME, parse_settings, service_hostnames
@@ -87,7 +88,7 @@ def served_routes() -> dict[str, set[tuple[str, str]]]:
         }
 
     ctx = build_context(scheduler_config.SchedulerSettings(), api=None)
-    return {"verbs": routes(create_app(ctx, watch=False)), "metrics": routes(create_probe_app(ctx))}
+    return {"verbs": routes(create_app(ctx)), "metrics": routes(create_probe_app(ctx))}
 
 
 def extender_settings(

@@ -25,8 +25,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from hami.core.model import Grant
 from hami.kube.client import load_api_client
 from hami.kubeletapi import api_pb2
-from hami.scheduler.app import build_context, create_app
+from hami.scheduler.app import create_app
 from hami.scheduler.config import SchedulerSettings
+from hami.scheduler.main import build_context
 from monitor.allocate_call import Allocator
 from monitor.backends.sim import SimBackend
 from monitor.config import NodeSettings
@@ -56,7 +57,7 @@ class Extender:
         self.client: TestClient[Any, Any] | None = None
 
     async def start(self, nodes: Sequence[Mapping[str, Any]], pods: Sequence[Mapping[str, Any]]) -> None:
-        app = create_app(self.ctx, watch=False)
+        app = create_app(self.ctx)
 
         @web.middleware
         async def count(request: web.Request, handler: Callable[[web.Request], Awaitable[Any]]) -> Any:

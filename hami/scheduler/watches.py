@@ -1,0 +1,104 @@
+"""The scheduler's live feeds: list+watch of Nodes, Pods and ResourceQuotas into the snapshot.
+
+Owns the three :class:`~hami.kube.watch.ListWatcher` s (threads feeding the event loop) and their
+callbacks: the snapshot's list and event handlers, the ``hami_scheduler_watch_events_total`` and
+restart counters, and ``SkippedByGPUScheduler``, a Warning Event on an object the watch skipped
+because handling it failed (once per object and reason); :func:`follow`, one watcher as an asyncio
+task (started with it, stopped when it is cancelled); and :func:`start_sync`, the service's sync
+loops as named tasks: ``watch-nodes``, ``watch-pods``, ``watch-resourcequotas`` and
+``registration-resync`` (:mod:`hami.scheduler.registration`), or :func:`keep_synced`, the same in a
+task group of their own. Must not import the Kubernetes client
+(only ``hami.kube``) or aiohttp.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from hami.kube.events import record_event
+from hami.kube.watch import Kind, ListWatcher
+from hami.scheduler.context import Context
+
+#: The Event reason on an object the watch skipped because handling it failed.
+SKIPPED_OBJECT = "SkippedByGPUScheduler"
+Handler = Callable[[str, dict[str, Any]], None]
+
+
+def _skip_reporter(ctx: Context) -> Callable[[str, dict[str, Any], Exception], None]:
+    """ListWatcher's ``on_skip``: a Warning Event on the object, in the background."""
+
+    def report(kind: str, obj: dict[str, Any], error: Exception) -> None:
+        metadata = obj.get("metadata") or {}
+        event = record_event(
+            ctx.api,
+            involved={"apiVersion": "v1", "kind": kind, "metadata": metadata},
+            reason=SKIPPED_OBJECT,
+            message=f"{ctx.settings.scheduler_name} could not handle this {kind} and skipped it (one "
+            f"skipped while listing is left out of GPU scheduling): {type(error).__name__}: {error}",
+            type="Warning",
+            component=ctx.settings.scheduler_name,
+        )
+        ctx.background.spawn(event, f"record the {SKIPPED_OBJECT} event on {kind} {metadata.get('name')}")
+
+    return report
+
+
+def _counted(ctx: Context, kind: str, handler: Handler) -> Handler:
+    counter = ctx.metrics.watch_events.labels(kind)
+
+    def apply(event: str, obj: dict[str, Any]) -> None:
+        counter.inc()
+        handler(event, obj)
+
+    return apply
+
+
+def watchers(ctx: Context, loop: asyncio.AbstractEventLoop) -> dict[Kind, ListWatcher]:
+    """The three list+watch feeds of the snapshot by resource (not started)."""
+    snapshot = ctx.snapshot
+    feeds: tuple[tuple[Kind, str, Callable[..., None], Handler], ...] = (
+        ("nodes", "node", snapshot.nodes_listed, snapshot.node_event),
+        ("pods", "pod", snapshot.pods_listed, snapshot.pod_event),
+        ("resourcequotas", "quota", snapshot.quotas_listed, snapshot.quota_event),
+    )
+    on_skip = _skip_reporter(ctx)
+    return {
+        resource: ListWatcher(
+            ctx.api,
+            resource,
+            loop=loop,
+            on_list=on_list,
+            on_event=_counted(ctx, kind, on_event),
+            on_restart=ctx.metrics.watch_restarted(resource),
+            on_skip=on_skip,
+        )
+        for resource, kind, on_list, on_event in feeds
+    }
+
+
+async def follow(watcher: ListWatcher) -> None:
+    """Run ``watcher`` (its thread) until this task is cancelled, then stop it."""
+    watcher.start()
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await asyncio.to_thread(watcher.stop)
+
+
+def start_sync(ctx: Context, tasks: asyncio.TaskGroup) -> None:
+    """Start the snapshot's feeds and the registration pass in ``tasks``, each a named task."""
+    for resource, watcher in watchers(ctx, asyncio.get_running_loop()).items():
+        tasks.create_task(follow(watcher), name=f"watch-{resource}")
+    tasks.create_task(ctx.registration.resync(ctx.snapshot), name="registration-resync")
+
+
+async def keep_synced(ctx: Context) -> None:
+    """The same tasks in a group of their own, until cancelled (a service embedded in another loop,
+    such as the tests' extender); then the background writes they started are drained."""
+    try:
+        async with asyncio.TaskGroup() as tasks:
+            start_sync(ctx, tasks)
+    finally:
+        await ctx.background.drain()
