@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from hami.annotations import (
@@ -26,6 +26,7 @@ from hami.annotations import (
 from hami.annotations.holding import Why, bound_node, holding
 from hami.annotations.holding import allocating_until as allocating_until  # for scheduler.attempt
 from hami.core.usage import PodUsage, pod_usage
+from hami.scheduler.victims import PodMeta, pod_meta
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ class PodRecord:
     node: str
     usage: PodUsage
     allocated: str
+    meta: PodMeta | None = field(default=None, compare=False)  # who it is (preemption); not compared
 
 
 def pod_record(key: PodKey, pod: Mapping[str, Any], *, init_done: bool) -> PodRecord | None:
@@ -67,4 +69,4 @@ def pod_record(key: PodKey, pod: Mapping[str, Any], *, init_done: bool) -> PodRe
         mig = ()
     init_count = len((pod.get("spec") or {}).get("initContainers") or [])
     usage = pod_usage(devices, init_count, init_done=init_done, mig=mig)
-    return PodRecord(node=node, usage=usage, allocated=text)
+    return PodRecord(node=node, usage=usage, allocated=text, meta=pod_meta(pod))

@@ -441,3 +441,9 @@ class Snapshot:
         """How many pods count against cards now (bookings included)."""
         self._tick()
         return len(self._applied)
+
+    def holders(self, name: str) -> list[tuple[PodKey, PodRecord, PodRecord | None]]:
+        """The pods counted on node ``name`` (for preemption): key, the record counted (a bind's
+        booking included) and the record the watch last showed (None while only booked)."""
+        self._tick()
+        return [(key, self._applied[key], self._observed.get(key)) for key in self._node_pods.get(name, ())]
