@@ -1,20 +1,41 @@
 """Builders shared by the node-agent tests: simulated-card files, Nodes and Pods on the embedded API
-server, and the device plugin served over a real unix socket."""
+server, pods as the scheduler's bind leaves them (:func:`placed`), the Allocator and the device plugin
+served over a real unix socket, and what a test reads back (annotations, Events, kubelet's answers)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import datetime
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import grpc
 import kmock
+import pytest
 import yaml
 
-from hami.annotations import NODE_LOCK
+from hami.annotations import (
+    NODE_LOCK,
+    POD_BIND_PHASE,
+    BindPhase,
+    allocation_annotations,
+    bind_annotations,
+)
+from hami.core.model import Grant, MigAllocation, PodDevices
+from hami.kube.nodelock import acquire_node_lock
 from hami.kubeletapi import api_pb2, api_pb2_grpc
+from monitor.allocate_call import Allocator
+from monitor.backends.base import Backend
+from monitor.backends.sim import SimBackend
+from monitor.config import NodeSettings
 from monitor.deviceplugin.server import DevicePluginService
+from monitor.inventory import Inventory
+
+#: when the pods of these tests were bound (their hami.io/bind-time)
+NOW = datetime.datetime(2026, 3, 1, 12, 0, tzinfo=datetime.UTC)
+POD = "/api/v1/namespaces/default/pods/"
+EVENTS = kmock.resource("v1/events")
 
 
 def write_cards(path: Path, cards: list[dict[str, Any]], links: list[dict[str, Any]] | None = None) -> Path:
@@ -129,3 +150,128 @@ def asking(
             and "nvidia.com/gpu" not in resources.get("requests", {})
         ):
             limits["nvidia.com/gpu"] = str(len(grants))
+
+
+# ------------------------------------------------------------------------- pods as bind leaves them
+def g(uuid: str, mem: int = 1000, cores: int = 10) -> Grant:
+    """One granted card: ``mem`` MiB and ``cores`` % of card ``uuid``."""
+    return Grant(uuid=uuid, memory_mib=mem, cores=cores)
+
+
+def gpu(name: str, count: int = 1) -> dict[str, Any]:
+    """A container asking kubelet for ``count`` cards."""
+    return {"name": name, "image": "x", "resources": {"limits": {"nvidia.com/gpu": str(count)}}}
+
+
+async def take_lock(api: Any, name: str, node: str = "n1") -> None:
+    """``default/name`` takes ``node``'s lock now, as bind does (through hami.kube)."""
+    await acquire_node_lock(api, node, "default", name, now=datetime.datetime.now(datetime.UTC))
+
+
+async def placed(
+    k: kmock.KubernetesEmulator,
+    api: Any,
+    name: str,
+    devices: PodDevices,
+    *,
+    grant_node: str = "n1",
+    node: str = "n1",
+    phase: BindPhase = BindPhase.ALLOCATING,
+    bound_at: datetime.datetime = NOW,
+    mig: Iterable[MigAllocation] = (),
+    extra: dict[str, str] | None = None,
+    lock: bool = True,
+    **kw: Any,
+) -> None:
+    """A pod as bind leaves it: the codec's allocation and bind annotations for ``grant_node`` (``extra``
+    written over them), bound to ``node``, holding ``grant_node``'s lock unless ``lock`` is False. Its
+    containers (``kw``, as :func:`create_pod`; one ``main`` by default) ask kubelet for the cards their
+    entry grants (:func:`asking`)."""
+    annotations = allocation_annotations(node=grant_node, devices=devices, mig=mig, now=bound_at)
+    annotations.update(bind_annotations(phase, now=bound_at))
+    annotations.update(extra or {})
+    kw.setdefault("containers", [gpu("main", len(devices[0]) if devices else 1)])
+    asking(devices, kw["containers"], kw.get("init_containers"))
+    await create_pod(k, name, annotations=annotations, node=node, **kw)
+    if lock:
+        await take_lock(api, name, grant_node)
+
+
+async def running_lock_holder(k: kmock.KubernetesEmulator, api: Any, name: str = "other") -> None:
+    """A Running pod on n1 that holds n1's lock (kubelet admitted it long ago)."""
+    await create_pod(k, name, containers=[{"name": "c", "image": "x"}], node="n1", phase="Running")
+    await take_lock(api, name)
+
+
+async def foreign_pod(
+    k: kmock.KubernetesEmulator, name: str = "f", container: str = "main", **kw: Any
+) -> None:
+    """A pod another scheduler (``default-scheduler``) bound to n1, asking kubelet for one card."""
+    await create_pod(k, name, containers=[gpu(container)], node="n1", scheduler="default-scheduler", **kw)
+
+
+# ------------------------------------------------------------------------------- the agent's side
+async def sim_inventory(tmp_path: Path, cards: list[dict[str, Any]]) -> Inventory:
+    """An inventory of simulated ``cards`` (written to ``tmp_path/cards.yaml``), read once."""
+    inventory = Inventory(SimBackend(write_cards(tmp_path / "cards.yaml", cards)))
+    await inventory.refresh()
+    return inventory
+
+
+def make_allocator(
+    api: Any,
+    tmp_path: Path,
+    inventory: Inventory,
+    settings: NodeSettings,
+    *,
+    backend: Backend | None = None,
+) -> Allocator:
+    """The Allocator of node n1 (our scheduler's pods), with its hook and lock directories under
+    ``tmp_path``."""
+    return Allocator(
+        api=api,
+        node_name="n1",
+        settings=settings,
+        hook_path=tmp_path / "hook",
+        lock_dir=tmp_path / "vgpulock",
+        backend=backend,
+        inventory=inventory,
+    )
+
+
+@asynccontextmanager
+async def plugin_stub(
+    allocator: Allocator, inventory: Inventory, settings: NodeSettings, sock_dir: Path
+) -> AsyncIterator[Any]:
+    """The device plugin around ``allocator``, served on ``sock_dir``: yields kubelet's client stub;
+    the Events still being written are drained on exit."""
+    service = DevicePluginService(inventory=inventory, settings=settings, allocator=allocator)
+    async with serving(service, sock_dir) as stub:
+        yield stub
+    await allocator.events.drain()
+
+
+# --------------------------------------------------------------------------------- what comes back
+def events(k: kmock.KubernetesEmulator, reason: str = "AllocationFailed") -> list[dict[str, Any]]:
+    """The Events posted with ``reason``, oldest first."""
+    return [r.data for r in k["post", EVENTS] if r.data["reason"] == reason]
+
+
+async def bind_phase(k: kmock.KubernetesEmulator, name: str) -> str:
+    return (await annotations_of(k, POD + name))[POD_BIND_PHASE]
+
+
+async def visible(stub: Any, *ids: str) -> str:
+    """Kubelet's Allocate with ``ids`` for one container: the ``NVIDIA_VISIBLE_DEVICES`` it got."""
+    answer = await stub.Allocate(allocate_request(list(ids)), timeout=10)
+    return str(dict(answer.container_responses[0].envs)["NVIDIA_VISIBLE_DEVICES"])
+
+
+async def refused(stub: Any, *ids: str, code: grpc.StatusCode = grpc.StatusCode.FAILED_PRECONDITION) -> str:
+    """Kubelet's Allocate (``ids``, GPU-a-0 by default) must fail with ``code`` and hand out nothing;
+    its message."""
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        answer = await stub.Allocate(allocate_request(list(ids) or ["GPU-a-0"]), timeout=10)
+        pytest.fail(f"Allocate answered {answer}")  # pragma: no cover - only on a regression
+    assert caught.value.code() == code, caught.value.details()
+    return str(caught.value.details())

@@ -1,18 +1,23 @@
-"""Fixtures for the node agent: a real API client on the embedded API server, object builders, a
-simulated-cards file, and a short temporary directory for unix sockets (their paths are limited to
-~107 bytes, which pytest's tmp_path can exceed)."""
+"""Fixtures for the node agent: a real API client on the embedded API server, a short temporary
+directory for unix sockets (their paths are limited to ~107 bytes, which pytest's tmp_path can exceed),
+and node n1's Allocator and device plugin (``allocator``, ``stub``) over the cards of a module's own
+``inventory`` fixture, with its ``agent_settings`` (default settings unless the module overrides them)."""
 
 from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from agent_helpers import make_allocator, plugin_stub
 
 from hami.kube.client import load_api_client
+from monitor.allocate_call import Allocator
+from monitor.config import NodeSettings
+from monitor.inventory import Inventory
 
 
 @pytest.fixture
@@ -27,3 +32,27 @@ def sock_dir() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="hm-", dir="/tmp"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def agent_settings() -> NodeSettings:
+    return NodeSettings()
+
+
+@pytest.fixture
+async def allocator(
+    api: Any, inventory: Inventory, agent_settings: NodeSettings, tmp_path: Path
+) -> AsyncIterator[Allocator]:
+    """Node n1's Allocator; the Events it still writes are drained at the end."""
+    allocator = make_allocator(api, tmp_path, inventory, agent_settings)
+    yield allocator
+    await allocator.events.drain()
+
+
+@pytest.fixture
+async def stub(
+    allocator: Allocator, inventory: Inventory, agent_settings: NodeSettings, sock_dir: Path
+) -> AsyncIterator[Any]:
+    """Kubelet's client of the device plugin around ``allocator``."""
+    async with plugin_stub(allocator, inventory, agent_settings, sock_dir) as client:
+        yield client

@@ -5,7 +5,6 @@ kubelet, and the embedded API server holding the Node and Pods."""
 from __future__ import annotations
 
 import asyncio
-import datetime
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,37 +14,34 @@ import grpc
 import kmock
 import pytest
 from agent_helpers import (
+    POD,
     allocate_request,
     annotations_of,
-    asking,
     card,
     create_node,
     create_pod,
+    g,
+    make_allocator,
     node_lock,
-    serving,
-    write_cards,
+    placed,
+    plugin_stub,
+    refused,
+    running_lock_holder,
+    sim_inventory,
+    take_lock,
 )
 
-from hami.annotations import (
-    POD_BIND_PHASE,
-    POD_DEVICES_ALLOCATED,
-    POD_DEVICES_TO_ALLOCATE,
-    BindPhase,
-    allocation_annotations,
-    bind_annotations,
-    decode_node_lock,
-)
-from hami.core.model import Grant, PodDevices
-from hami.kube.nodelock import acquire_node_lock
+from hami.annotations import POD_BIND_PHASE, POD_DEVICES_ALLOCATED, POD_DEVICES_TO_ALLOCATE, decode_node_lock
 from hami.kubeletapi import api_pb2
-from monitor.allocate_call import Allocator
-from monitor.backends.sim import SimBackend
 from monitor.config import NodeSettings
-from monitor.deviceplugin.server import DevicePluginService
-from monitor.inventory import Inventory
 
-NOW = datetime.datetime(2026, 3, 1, 12, 0, tzinfo=datetime.UTC)
-POD = "/api/v1/namespaces/default/pods/"
+
+async def beside_a_lock_holder(k: kmock.KubernetesEmulator, api: Any) -> None:
+    """ "other" runs and holds n1's lock; "p" (one container ``c``, card GPU-a) waits without it."""
+    await running_lock_holder(k, api)
+    await placed(
+        k, api, "p", ((g("GPU-a", 1000, 10),),), lock=False, containers=[{"name": "c", "image": "x"}]
+    )
 
 
 @dataclass
@@ -54,46 +50,15 @@ class Plugin:
     hook: Path
 
 
-async def bound_pod(
-    k: kmock.KubernetesEmulator, api: Any, name: str, devices: PodDevices, *, lock: bool = True, **kw: Any
-) -> None:
-    """A pod after the scheduler's bind: allocation + bind annotations, the vgpu-node label, the lock."""
-    annotations = allocation_annotations(node="n1", devices=devices, now=NOW)
-    annotations.update(bind_annotations(BindPhase.ALLOCATING, now=NOW))
-    asking(devices, kw["containers"], kw.get("init_containers"))
-    await create_pod(k, name, annotations=annotations, node="n1", **kw)
-    if lock:
-        await acquire_node_lock(api, "n1", "default", name, now=datetime.datetime.now(datetime.UTC))
-
-
-def g(uuid: str, mem: int, cores: int) -> Grant:
-    return Grant(uuid=uuid, memory_mib=mem, cores=cores)
-
-
-def make_service(
-    api: Any, tmp_path: Path, inventory: Inventory, settings: NodeSettings
-) -> DevicePluginService:
-    allocator = Allocator(
-        api=api,
-        node_name="n1",
-        settings=settings,
-        hook_path=tmp_path / "hook",
-        lock_dir=tmp_path / "vgpulock",
-        inventory=inventory,
-    )
-    return DevicePluginService(inventory=inventory, settings=settings, allocator=allocator)
-
-
 @pytest.fixture
 async def plugin(
     apiserver: kmock.KubernetesEmulator, api: Any, sock_dir: Path, tmp_path: Path
 ) -> AsyncIterator[Plugin]:
     await create_node(apiserver, "n1")
     settings = NodeSettings(memory_scaling=2.0, lib_cuda_log_level="1")
-    write_cards(tmp_path / "cards.yaml", [card("GPU-a"), card("GPU-b")])
-    inventory = Inventory(SimBackend(tmp_path / "cards.yaml"))
-    await inventory.refresh()
-    async with serving(make_service(api, tmp_path, inventory, settings), sock_dir) as stub:
+    inventory = await sim_inventory(tmp_path, [card("GPU-a"), card("GPU-b")])
+    allocator = make_allocator(api, tmp_path, inventory, settings)
+    async with plugin_stub(allocator, inventory, settings, sock_dir) as stub:
         yield Plugin(stub=stub, hook=tmp_path / "hook")
 
 
@@ -101,7 +66,7 @@ async def plugin(
 async def test_single_container_gets_its_cards_then_success_and_unlock(
     apiserver: kmock.KubernetesEmulator, api: Any, plugin: Plugin
 ) -> None:
-    await bound_pod(
+    await placed(
         apiserver,
         api,
         "p",
@@ -133,7 +98,7 @@ async def test_multi_container_pod_is_served_container_by_container(
     apiserver: kmock.KubernetesEmulator, api: Any, plugin: Plugin
 ) -> None:
     devices = ((), (g("GPU-a", 3000, 30), g("GPU-b", 4000, 30)), (), (g("GPU-b", 5000, 0),))
-    await bound_pod(
+    await placed(
         apiserver,
         api,
         "p",
@@ -168,11 +133,7 @@ async def test_a_lock_held_by_another_pod_is_left_alone(
     apiserver: kmock.KubernetesEmulator, api: Any, plugin: Plugin
 ) -> None:
     # "other" holds the lock but is already running; "p" is the pod kubelet admits (found by bind-phase)
-    await create_pod(apiserver, "other", containers=[{"name": "c", "image": "x"}], node="n1", phase="Running")
-    await acquire_node_lock(api, "n1", "default", "other", now=datetime.datetime.now(datetime.UTC))
-    await bound_pod(
-        apiserver, api, "p", ((g("GPU-a", 1000, 10),),), lock=False, containers=[{"name": "c", "image": "x"}]
-    )
+    await beside_a_lock_holder(apiserver, api)
     response = await plugin.stub.Allocate(allocate_request(["GPU-a-0"]), timeout=10)
     assert dict(response.container_responses[0].envs)["NVIDIA_VISIBLE_DEVICES"] == "GPU-a"
     assert (await annotations_of(apiserver, POD + "p"))[POD_BIND_PHASE] == "success"
@@ -184,13 +145,10 @@ async def test_no_pod_waiting_is_a_not_found_error_and_changes_nothing(
     apiserver: kmock.KubernetesEmulator, api: Any, plugin: Plugin
 ) -> None:
     await create_pod(apiserver, "gone", containers=[{"name": "c", "image": "x"}], node="n1")
-    await acquire_node_lock(api, "n1", "default", "gone", now=datetime.datetime.now(datetime.UTC))
+    await take_lock(api, "gone")
     await apiserver.delete(POD + "gone")
     lock = await node_lock(apiserver)
-    with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await plugin.stub.Allocate(allocate_request(["GPU-a-0"]), timeout=10)
-    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
-    details = caught.value.details()
+    details = await refused(plugin.stub, "GPU-a-0", code=grpc.StatusCode.NOT_FOUND)
     assert details == "no pod bound to node n1 is waiting for its GPUs (kubelet asked for 1 card)"
     assert await node_lock(apiserver) == lock
 
@@ -198,14 +156,12 @@ async def test_no_pod_waiting_is_a_not_found_error_and_changes_nothing(
 async def test_malformed_annotation_marks_the_pod_failed_and_unlocks(
     apiserver: kmock.KubernetesEmulator, api: Any, plugin: Plugin
 ) -> None:
-    await bound_pod(apiserver, api, "p", ((g("GPU-a", 1000, 10),),), containers=[{"name": "c", "image": "x"}])
+    await placed(apiserver, api, "p", ((g("GPU-a", 1000, 10),),), containers=[{"name": "c", "image": "x"}])
     await apiserver.patch(
         POD + "p", json={"metadata": {"annotations": {POD_DEVICES_TO_ALLOCATE: "GPU-a,NVIDIA,lots,10:;"}}}
     )
-    with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await plugin.stub.Allocate(allocate_request(["GPU-a-0"]), timeout=10)
-    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert POD_DEVICES_TO_ALLOCATE in caught.value.details() and "lots" in caught.value.details()
+    message = await refused(plugin.stub, "GPU-a-0")
+    assert POD_DEVICES_TO_ALLOCATE in message and "lots" in message
     assert (await annotations_of(apiserver, POD + "p"))[POD_BIND_PHASE] == "failed"
     assert await node_lock(apiserver) is None
 
@@ -213,14 +169,9 @@ async def test_malformed_annotation_marks_the_pod_failed_and_unlocks(
 async def test_device_count_mismatch_fails_without_touching_another_pods_lock(
     apiserver: kmock.KubernetesEmulator, api: Any, plugin: Plugin
 ) -> None:
-    await create_pod(apiserver, "other", containers=[{"name": "c", "image": "x"}], node="n1", phase="Running")
-    await acquire_node_lock(api, "n1", "default", "other", now=datetime.datetime.now(datetime.UTC))
-    await bound_pod(
-        apiserver, api, "p", ((g("GPU-a", 1000, 10),),), lock=False, containers=[{"name": "c", "image": "x"}]
-    )
-    with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await plugin.stub.Allocate(allocate_request(["GPU-a-0", "GPU-b-0"]), timeout=10)
-    assert "device number not matched for container c: kubelet asked for 2" in caught.value.details()
+    await beside_a_lock_holder(apiserver, api)
+    message = await refused(plugin.stub, "GPU-a-0", "GPU-b-0")
+    assert "device number not matched for container c: kubelet asked for 2" in message
     stored = await annotations_of(apiserver, POD + "p")
     assert stored[POD_BIND_PHASE] == "failed"
     assert stored[POD_DEVICES_TO_ALLOCATE] == "GPU-a,NVIDIA,1000,10:;"  # nothing consumed on failure
@@ -230,7 +181,7 @@ async def test_device_count_mismatch_fails_without_touching_another_pods_lock(
 async def test_preferred_allocation_follows_the_pending_pod(
     apiserver: kmock.KubernetesEmulator, api: Any, plugin: Plugin
 ) -> None:
-    await bound_pod(apiserver, api, "p", ((g("GPU-b", 1000, 10),),), containers=[{"name": "c", "image": "x"}])
+    await placed(apiserver, api, "p", ((g("GPU-b", 1000, 10),),), containers=[{"name": "c", "image": "x"}])
     request = api_pb2.PreferredAllocationRequest(
         container_requests=[
             api_pb2.ContainerPreferredAllocationRequest(
@@ -247,7 +198,7 @@ async def test_license_files_are_mounted_when_the_host_has_them(
     apiserver: kmock.KubernetesEmulator, api: Any, plugin: Plugin
 ) -> None:
     # (which pod a call is for when several wait: tests/monitor/test_agent_pairing.py)
-    await bound_pod(apiserver, api, "p", ((g("GPU-b", 2000, 20),),), containers=[{"name": "c", "image": "x"}])
+    await placed(apiserver, api, "p", ((g("GPU-b", 2000, 20),),), containers=[{"name": "c", "image": "x"}])
     (plugin.hook / "vgpu").mkdir(parents=True)
     (plugin.hook / "vgpu" / "license").write_text("licensed")
     response = await plugin.stub.Allocate(allocate_request(["GPU-a-0"]), timeout=10)
@@ -264,7 +215,7 @@ async def test_concurrent_allocate_calls_are_served_one_after_the_other(
     apiserver: kmock.KubernetesEmulator, api: Any, plugin: Plugin
 ) -> None:
     # kubelet's request names no pod: two calls in flight must not both pop the same container entry
-    await bound_pod(
+    await placed(
         apiserver,
         api,
         "p",

@@ -5,63 +5,50 @@ cannot be written neither fails nor delays the allocation."""
 from __future__ import annotations
 
 import asyncio
-import datetime
 import logging
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import kmock
 import pytest
-from agent_helpers import annotations_of, asking, card, create_node, create_pod, write_cards
+from agent_helpers import (
+    EVENTS,
+    POD,
+    annotations_of,
+    card,
+    create_node,
+    events,
+    foreign_pod,
+    g,
+    placed,
+    sim_inventory,
+)
 from kmock._internal.rendering import Response
 
-from hami.annotations import POD_BIND_PHASE, BindPhase, allocation_annotations, bind_annotations
-from hami.core.model import Grant, PodDevices
-from hami.kube.nodelock import acquire_node_lock
+from hami.annotations import POD_BIND_PHASE
+from hami.core.model import PodDevices
 from monitor.allocate_call import Allocator
 from monitor.allocate_rules import AllocationError
-from monitor.backends.sim import SimBackend
-from monitor.config import NodeSettings
 from monitor.inventory import Inventory
-
-EVENTS = kmock.resource("v1/events")
-POD = "/api/v1/namespaces/default/pods/"
-NOW = datetime.datetime(2026, 3, 1, 12, 0, tzinfo=datetime.UTC)
-
-
-def events(k: kmock.KubernetesEmulator, reason: str) -> list[dict[str, Any]]:
-    return [r.data for r in k["post", EVENTS] if r.data["reason"] == reason]
 
 
 async def bound(k: kmock.KubernetesEmulator, api: Any, devices: PodDevices, names: list[str]) -> None:
-    """Pod ``p`` as the scheduler's bind leaves it: annotations, node, and the node lock."""
-    annotations = allocation_annotations(node="n1", devices=devices, now=NOW)
-    annotations.update(bind_annotations(BindPhase.ALLOCATING, now=NOW))
-    containers = [{"name": n, "image": "x"} for n in names]
-    asking(devices, containers)
-    await create_pod(k, "p", annotations=annotations, node="n1", containers=containers)
-    await acquire_node_lock(api, "n1", "default", "p", now=datetime.datetime.now(datetime.UTC))
+    """Pod ``p`` as the scheduler's bind leaves it, with containers ``names``."""
+    await placed(k, api, "p", devices, containers=[{"name": n, "image": "x"} for n in names])
 
 
 @pytest.fixture
-async def allocator(
-    apiserver: kmock.KubernetesEmulator, api: Any, tmp_path: Path
-) -> AsyncIterator[Allocator]:
+async def inventory(apiserver: kmock.KubernetesEmulator, tmp_path: Path) -> Inventory:
     await create_node(apiserver, "n1")
-    inventory = Inventory(SimBackend(write_cards(tmp_path / "cards.yaml", [card("GPU-a"), card("GPU-b")])))
-    await inventory.refresh()
-    allocator = Allocator(api=api, node_name="n1", settings=NodeSettings(), inventory=inventory)
-    yield allocator
-    await allocator.events.drain()
+    return await sim_inventory(tmp_path, [card("GPU-a"), card("GPU-b")])
 
 
 async def test_success_is_recorded_once_the_last_container_is_served(
     apiserver: kmock.KubernetesEmulator, api: Any, allocator: Allocator
 ) -> None:
     devices = (
-        (Grant(uuid="GPU-a", memory_mib=3000, cores=30),),
-        (Grant(uuid="GPU-a", memory_mib=1000, cores=0), Grant(uuid="GPU-b", memory_mib=2000, cores=50)),
+        (g("GPU-a", 3000, 30),),
+        (g("GPU-a", 1000, 0), g("GPU-b", 2000, 50)),
     )
     await bound(apiserver, api, devices, ["train", "sidecar"])
     await allocator.allocate([["GPU-a-0"]])
@@ -90,7 +77,7 @@ async def test_success_is_recorded_once_the_last_container_is_served(
 async def test_a_failure_says_what_failed_and_what_to_do(
     apiserver: kmock.KubernetesEmulator, api: Any, allocator: Allocator
 ) -> None:
-    await bound(apiserver, api, ((Grant(uuid="GPU-a", memory_mib=1000, cores=10),),), ["c"])
+    await bound(apiserver, api, ((g("GPU-a"),),), ["c"])
     with pytest.raises(AllocationError):
         await allocator.allocate([["GPU-a-0", "GPU-b-0"]])  # kubelet asks for 2 cards, the pod got 1
     await allocator.events.drain()
@@ -110,7 +97,7 @@ async def test_a_failure_says_what_failed_and_what_to_do(
 async def test_an_edited_annotation_gets_its_own_advice(
     apiserver: kmock.KubernetesEmulator, api: Any, allocator: Allocator
 ) -> None:
-    await bound(apiserver, api, ((Grant(uuid="GPU-a", memory_mib=1000, cores=10),),), ["c"])
+    await bound(apiserver, api, ((g("GPU-a"),),), ["c"])
     await apiserver.patch(
         POD + "p",
         json={"metadata": {"annotations": {"hami.io/vgpu-devices-to-allocate": "GPU-a,NVIDIA,x,1:;"}}},
@@ -130,7 +117,7 @@ async def test_an_event_that_cannot_be_written_does_not_fail_the_allocation(
     apiserver: kmock.KubernetesEmulator, api: Any, allocator: Allocator, caplog: pytest.LogCaptureFixture
 ) -> None:
     (apiserver**10)["post", EVENTS] << 500
-    await bound(apiserver, api, ((Grant(uuid="GPU-a", memory_mib=1000, cores=10),),), ["c"])
+    await bound(apiserver, api, ((g("GPU-a"),),), ["c"])
     (answer,) = await allocator.allocate([["GPU-a-0"]])
     assert answer.uuids == ("GPU-a",)
     with caplog.at_level(logging.WARNING, logger="monitor.podevents"):
@@ -150,7 +137,7 @@ async def test_a_hanging_event_write_does_not_delay_the_answer(
         return Response(status=201)
 
     (apiserver**10)["post", EVENTS] << hang
-    await bound(apiserver, api, ((Grant(uuid="GPU-a", memory_mib=1000, cores=10),),), ["c"])
+    await bound(apiserver, api, ((g("GPU-a"),),), ["c"])
     try:
         await asyncio.wait_for(allocator.allocate([["GPU-a-0"]]), timeout=5)
         assert len(allocator.events) == 1  # answered while the Event is still being written
@@ -163,9 +150,8 @@ async def test_a_hanging_event_write_does_not_delay_the_answer(
 async def test_an_ambiguous_call_warns_every_candidate_and_marks_none(
     apiserver: kmock.KubernetesEmulator, api: Any, allocator: Allocator
 ) -> None:
-    await bound(apiserver, api, ((Grant(uuid="GPU-a", memory_mib=1000, cores=10),),), ["c"])
-    containers = [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
-    await create_pod(apiserver, "f", containers=containers, node="n1", scheduler="default-scheduler")
+    await bound(apiserver, api, ((g("GPU-a"),),), ["c"])
+    await foreign_pod(apiserver, container="c")
     with pytest.raises(AllocationError):
         await allocator.allocate([["GPU-b-0"]])
     await allocator.events.drain()
@@ -185,8 +171,7 @@ async def test_an_ambiguous_call_warns_every_candidate_and_marks_none(
 async def test_a_refused_pod_of_another_scheduler_is_told_nothing_was_written(
     apiserver: kmock.KubernetesEmulator, api: Any, allocator: Allocator
 ) -> None:
-    containers = [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
-    await create_pod(apiserver, "f", containers=containers, node="n1", scheduler="default-scheduler")
+    await foreign_pod(apiserver, container="c")
     with pytest.raises(AllocationError):
         await allocator.allocate([["GPU-b-0"]])
     await allocator.events.drain()

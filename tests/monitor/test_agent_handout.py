@@ -10,9 +10,6 @@ node, and a lock owner that is bound to another node."""
 
 from __future__ import annotations
 
-import copy
-import datetime
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -20,15 +17,18 @@ import grpc
 import kmock
 import pytest
 from agent_helpers import (
+    POD,
     allocate_request,
     annotations_of,
-    asking,
     card,
     create_node,
-    create_pod,
+    events,
+    g,
+    gpu,
     node_lock,
-    serving,
-    write_cards,
+    placed,
+    refused,
+    sim_inventory,
 )
 
 from hami.annotations import (
@@ -36,53 +36,13 @@ from hami.annotations import (
     POD_DEVICES_ALLOCATED,
     POD_DEVICES_TO_ALLOCATE,
     POD_MIG_ALLOCATIONS,
-    BindPhase,
-    allocation_annotations,
-    bind_annotations,
     encode_mig_allocations,
     encode_pod_devices,
 )
-from hami.core.model import Grant, MigAllocation, MigPlacement, PodDevices
-from hami.kube.nodelock import acquire_node_lock
+from hami.core.model import MigAllocation, MigPlacement, PodDevices
 from monitor.allocate_call import Allocator
-from monitor.backends.sim import SimBackend
 from monitor.config import NodeSettings
-from monitor.deviceplugin.server import DevicePluginService
 from monitor.inventory import Inventory
-
-NOW = datetime.datetime(2026, 3, 1, 12, 0, tzinfo=datetime.UTC)
-POD = "/api/v1/namespaces/default/pods/"
-EVENTS = kmock.resource("v1/events")
-ONE = [{"name": "main", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
-
-
-def g(uuid: str, mem: int = 1000, cores: int = 10) -> Grant:
-    return Grant(uuid=uuid, memory_mib=mem, cores=cores)
-
-
-async def placed(
-    k: kmock.KubernetesEmulator,
-    api: Any,
-    name: str,
-    devices: PodDevices,
-    *,
-    node: str = "n1",
-    on: str = "n1",
-    extra: dict[str, str] | None = None,
-    **kw: Any,
-) -> None:
-    """A pod as bind leaves it: grants for ``node``, bound to ``on``, holding ``node``'s lock."""
-    annotations = allocation_annotations(node=node, devices=devices, now=NOW)
-    annotations.update(bind_annotations(BindPhase.ALLOCATING, now=NOW))
-    annotations.update(extra or {})
-    kw.setdefault("containers", copy.deepcopy(ONE))
-    asking(devices, kw["containers"], kw.get("init_containers"))
-    await create_pod(k, name, annotations=annotations, node=on, **kw)
-    await acquire_node_lock(api, node, "default", name, now=datetime.datetime.now(datetime.UTC))
-
-
-def warnings(k: kmock.KubernetesEmulator, reason: str = "AllocationFailed") -> list[dict[str, Any]]:
-    return [r.data for r in k["post", EVENTS] if r.data["reason"] == reason]
 
 
 @pytest.fixture
@@ -90,44 +50,12 @@ async def inventory(apiserver: kmock.KubernetesEmulator, tmp_path: Path) -> Inve
     """Nodes n1 and n2; n1 has cards GPU-a and GPU-b, and GPU-f, which its node config filters out."""
     await create_node(apiserver, "n1")
     await create_node(apiserver, "n2")
-    write_cards(tmp_path / "cards.yaml", [card("GPU-a"), card("GPU-b"), card("GPU-f")])
-    inventory = Inventory(SimBackend(tmp_path / "cards.yaml"))
-    await inventory.refresh()
-    return inventory
-
-
-SETTINGS = NodeSettings(filter_uuids=frozenset({"GPU-f"}))
+    return await sim_inventory(tmp_path, [card("GPU-a"), card("GPU-b"), card("GPU-f")])
 
 
 @pytest.fixture
-async def allocator(api: Any, inventory: Inventory, tmp_path: Path) -> AsyncIterator[Allocator]:
-    allocator = Allocator(
-        api=api,
-        node_name="n1",
-        settings=SETTINGS,
-        inventory=inventory,
-        scheduler_name="hami-scheduler",
-        hook_path=tmp_path / "hook",
-        lock_dir=tmp_path / "vgpulock",
-    )
-    yield allocator
-    await allocator.events.drain()
-
-
-@pytest.fixture
-async def stub(allocator: Allocator, inventory: Inventory, sock_dir: Path) -> AsyncIterator[Any]:
-    service = DevicePluginService(inventory=inventory, settings=SETTINGS, allocator=allocator)
-    async with serving(service, sock_dir) as client:
-        yield client
-
-
-async def refused(stub: Any, *ids: str) -> str:
-    """Allocate must fail with FAILED_PRECONDITION and hand out nothing; its message."""
-    with pytest.raises(grpc.aio.AioRpcError) as caught:
-        answer = await stub.Allocate(allocate_request(list(ids) or ["GPU-a-0"]), timeout=10)
-        pytest.fail(f"Allocate answered {answer}")  # pragma: no cover - only on a regression
-    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION, caught.value.details()
-    return str(caught.value.details())
+def agent_settings() -> NodeSettings:
+    return NodeSettings(filter_uuids=frozenset({"GPU-f"}))
 
 
 # ------------------------------------------------------------------------------- whose pod it is
@@ -142,7 +70,7 @@ async def test_a_foreign_schedulers_pod_with_owner_written_annotations_gets_no_c
     stored = await annotations_of(apiserver, POD + "p")
     assert stored[POD_BIND_PHASE] == "failed" and await node_lock(apiserver) is None
     await allocator.events.drain()
-    (event,) = warnings(apiserver)
+    (event,) = events(apiserver)
     assert event["type"] == "Warning" and event["involvedObject"]["name"] == "p"
     assert "'my-scheduler'" in event["message"]
 
@@ -151,11 +79,9 @@ async def test_a_lock_owner_bound_to_another_node_is_not_served_here(
     apiserver: kmock.KubernetesEmulator, api: Any, allocator: Allocator, stub: Any
 ) -> None:
     # issue 12 case 1 seen from the agent: the grant says n1, kube-scheduler bound the pod to n2
-    await placed(apiserver, api, "p", ((g("GPU-a"),),), node="n1", on="n2")
-    with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await stub.Allocate(allocate_request(["GPU-a-0"]), timeout=10)
-    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
-    assert "no pod bound to node n1 is waiting" in caught.value.details()
+    await placed(apiserver, api, "p", ((g("GPU-a"),),), grant_node="n1", node="n2")
+    message = await refused(stub, code=grpc.StatusCode.NOT_FOUND)
+    assert "no pod bound to node n1 is waiting" in message
     stored = await annotations_of(apiserver, POD + "p")
     assert stored[POD_BIND_PHASE] == "allocating"  # not ours to mark: it is n2's pod
     assert stored[POD_DEVICES_TO_ALLOCATE] == "GPU-a,NVIDIA,1000,10:;"
@@ -165,7 +91,7 @@ async def test_a_grant_written_for_another_node_is_refused(
     apiserver: kmock.KubernetesEmulator, api: Any, allocator: Allocator, stub: Any
 ) -> None:
     # bound here (spec.nodeName n1) but the scheduler's grant is for n2: the cards are n2's
-    await placed(apiserver, api, "p", ((g("GPU-a"),),), node="n2", on="n1")
+    await placed(apiserver, api, "p", ((g("GPU-a"),),), grant_node="n2", node="n1")
     message = await refused(stub)
     assert "default/p" in message and "n2" in message
     assert (await annotations_of(apiserver, POD + "p"))[POD_BIND_PHASE] == "allocating"
@@ -239,8 +165,7 @@ async def test_a_grant_larger_than_the_card_is_refused(
 async def test_a_card_named_twice_in_one_container_is_refused(
     apiserver: kmock.KubernetesEmulator, api: Any, allocator: Allocator, stub: Any
 ) -> None:
-    two = [{"name": "main", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "2"}}}]
-    await placed(apiserver, api, "p", ((g("GPU-a"), g("GPU-a")),), containers=two)
+    await placed(apiserver, api, "p", ((g("GPU-a"), g("GPU-a")),))
     message = await refused(stub, "GPU-a-0", "GPU-b-0")
     assert "'GPU-a' twice" in message
 
@@ -259,7 +184,7 @@ async def test_an_entry_for_a_container_that_asks_kubelet_for_no_card_is_refused
 ) -> None:
     # kubelet calls Allocate only for "gpu" (1 card), but the first waiting entry is for "side", which asks
     # for none: handing it out would give gpu side's card
-    containers = [{"name": "side", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "0"}}}, *ONE]
+    containers = [gpu("side", 0), gpu("main")]
     await placed(apiserver, api, "p", ((g("GPU-b"),), (g("GPU-a"),)), containers=containers)
     message = await refused(stub)
     assert "entry 0 gives container 'side' 1 card(s), but it asks kubelet for none" in message

@@ -5,7 +5,6 @@ embedded API server holding Node and Pods."""
 
 from __future__ import annotations
 
-import datetime
 import re
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -13,43 +12,37 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import grpc
 import kmock
 import pytest
 from agent_helpers import (
+    POD,
     allocate_request,
     annotations_of,
-    asking,
     card,
     create_node,
     create_pod,
+    make_allocator,
     node_lock,
-    serving,
-    write_cards,
+    placed,
+    plugin_stub,
+    refused,
+    sim_inventory,
 )
 
 from hami.annotations import (
     POD_BIND_PHASE,
     POD_DEVICES_TO_ALLOCATE,
     POD_MIG_ALLOCATIONS,
-    BindPhase,
-    allocation_annotations,
-    bind_annotations,
     decode_mig_allocations,
     decode_node_lock,
     encode_mig_allocations,
 )
 from hami.core.model import DeviceMode, Grant, MigAllocation, MigPlacement, PodDevices
-from hami.kube.nodelock import acquire_node_lock
 from hami.settings import DeviceConfig
-from monitor.allocate_call import Allocator
+from monitor.backends.base import MigInstance
 from monitor.backends.sim import SimBackend
 from monitor.config import NodeSettings
-from monitor.deviceplugin.server import DevicePluginService
-from monitor.inventory import Inventory
 
-NOW = datetime.datetime(2026, 3, 1, 12, 0, tzinfo=datetime.UTC)
-POD = "/api/v1/namespaces/default/pods/"
 MIG_UUID = re.compile(r"^MIG-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 #: NVIDIA A100-SXM4-40GB GPU-instance profiles (placements in memory slices, 8 per card).
 A100_PROFILES: list[dict[str, Any]] = [
@@ -112,19 +105,29 @@ async def bound_pod(
     name: str,
     books: Sequence[Sequence[Book]],
     *,
-    lock: bool = True,
     mig: bool = True,
     **kw: Any,
 ) -> tuple[MigAllocation, ...]:
+    """A pod as bind leaves it on n1 with these MIG bookings (``mig=False``: without the reservations);
+    one container ``c<i>`` per entry unless ``containers`` are given."""
     devices, migs = bookings(books)
-    annotations = allocation_annotations(node="n1", devices=devices, mig=migs if mig else (), now=NOW)
-    annotations.update(bind_annotations(BindPhase.ALLOCATING, now=NOW))
     kw.setdefault("containers", [{"name": f"c{i}", "image": "x"} for i in range(len(books))])
-    asking(devices, kw["containers"], kw.get("init_containers"))  # what the granted containers ask for
-    await create_pod(k, name, annotations=annotations, node="n1", **kw)
-    if lock:
-        await acquire_node_lock(api, "n1", "default", name, now=datetime.datetime.now(datetime.UTC))
+    await placed(k, api, name, devices, mig=migs if mig else (), **kw)
     return migs
+
+
+def record_of(instance: MigInstance, start: int, size: int) -> MigAllocation:
+    """The ``hami.io/vgpu-mig-allocations`` entry of a pod (container 0, device 0) that uses ``instance``."""
+    return MigAllocation(
+        container_index=0,
+        device_index=0,
+        gpu_uuid="GPU-m",
+        profile=instance.profile,
+        placement=MigPlacement(start=start, size=size),
+        mig_uuid=instance.mig_uuid,
+        gpu_instance_id=instance.gpu_instance_id,
+        compute_instance_id=instance.compute_instance_id,
+    )
 
 
 @asynccontextmanager
@@ -133,28 +136,18 @@ async def serve(
 ) -> AsyncIterator[Plugin]:
     """The device plugin of a MIG-mode node with two A100-40GB cards, served on a unix socket."""
     model: dict[str, Any] = {"model": "NVIDIA A100-SXM4-40GB", "mig": A100_PROFILES}
-    write_cards(
-        tmp_path / "cards.yaml", [card("GPU-m", memory=40960, **model), card("GPU-n", memory=40960, **model)]
+    inventory = await sim_inventory(
+        tmp_path, [card("GPU-m", memory=40960, **model), card("GPU-n", memory=40960, **model)]
     )
-    backend = SimBackend(tmp_path / "cards.yaml")
-    inventory = Inventory(backend)
-    await inventory.refresh()
+    backend = inventory.backend
+    assert isinstance(backend, SimBackend)
     # the cards register only with an allowlist naming their profiles (Allocate serves registered cards)
     allowlist = {"A100-SXM4-40GB": tuple(MEMORY)}
     settings = NodeSettings(
         mode=DeviceMode.MIG.value, split_count=7, device=DeviceConfig(mig_profile_allowlist=allowlist)
     )
-    allocator = Allocator(
-        api=api,
-        node_name="n1",
-        settings=settings,
-        hook_path=tmp_path / "hook",
-        lock_dir=tmp_path / "vgpulock",
-        backend=backend if mig_backend else None,
-        inventory=inventory,
-    )
-    service = DevicePluginService(inventory=inventory, settings=settings, allocator=allocator)
-    async with serving(service, sock_dir) as stub:
+    allocator = make_allocator(api, tmp_path, inventory, settings, backend=backend if mig_backend else None)
+    async with plugin_stub(allocator, inventory, settings, sock_dir) as stub:
         yield Plugin(stub=stub, backend=backend, hook=tmp_path / "hook")
 
 
@@ -274,16 +267,7 @@ async def test_left_overs_of_finished_or_deleted_pods_are_destroyed_when_their_s
     finished = plugin.backend.create_mig_instance("GPU-m", "3g.20gb", 4, 4)
     gone = plugin.backend.create_mig_instance("GPU-m", "2g.10gb", 2, 2)  # nobody records it
     elsewhere = plugin.backend.create_mig_instance("GPU-m", "1g.5gb", 0, 1)  # spare, but not in the way
-    record = MigAllocation(
-        container_index=0,
-        device_index=0,
-        gpu_uuid="GPU-m",
-        profile="3g.20gb",
-        placement=MigPlacement(start=4, size=4),
-        mig_uuid=finished.mig_uuid,
-        gpu_instance_id=finished.gpu_instance_id,
-        compute_instance_id=finished.compute_instance_id,
-    )
+    record = record_of(finished, 4, 4)
     await create_pod(
         apiserver,
         "done",
@@ -313,11 +297,9 @@ async def test_left_overs_of_finished_or_deleted_pods_are_destroyed_when_their_s
 async def assert_failed(
     k: kmock.KubernetesEmulator, stub: Any, name: str, ids: list[str], *messages: str
 ) -> None:
-    with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await stub.Allocate(allocate_request(ids), timeout=10)
-    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    details = await refused(stub, *ids)
     for message in messages:
-        assert message in caught.value.details(), caught.value.details()
+        assert message in details, details
     stored = await annotations_of(k, POD + name)
     assert stored[POD_BIND_PHASE] == "failed"
     assert stored[POD_DEVICES_TO_ALLOCATE] != ";"  # nothing consumed on failure
@@ -350,16 +332,7 @@ async def test_an_instance_stays_protected_when_its_pods_grant_annotations_are_g
     """The reclaim counts every unfinished pod bound here, grant or not (``grant_required=False``): a
     pod whose ``hami.io/vgpu-node`` and allocation were removed by hand still runs on its instance."""
     mine = plugin.backend.create_mig_instance("GPU-m", "3g.20gb", 4, 4)
-    record = MigAllocation(
-        container_index=0,
-        device_index=0,
-        gpu_uuid="GPU-m",
-        profile="3g.20gb",
-        placement=MigPlacement(start=4, size=4),
-        mig_uuid=mine.mig_uuid,
-        gpu_instance_id=mine.gpu_instance_id,
-        compute_instance_id=mine.compute_instance_id,
-    )
+    record = record_of(mine, 4, 4)
     await create_pod(
         apiserver,
         "stripped",  # only its MIG record is left
