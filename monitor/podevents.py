@@ -11,7 +11,6 @@ Imports ``hami.kube`` and the codec; must not import grpc or pynvml.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -20,6 +19,7 @@ from hami.annotations import POD_BIND_PHASE, AnnotationError, read_pod_devices
 from hami.core.model import Grant
 from hami.kube.client import KubeError
 from hami.kube.events import record_event
+from hami.process.tasks import TaskSet
 from monitor.allocate_rules import HandoutRefused, container_names
 
 log = logging.getLogger(__name__)
@@ -87,40 +87,30 @@ def success_message(node: str, pod: Mapping[str, Any], served: Sequence[tuple[st
 
 
 class PodEvents:
-    """Writes Events in the background; nothing here ever raises into the caller."""
+    """Writes Events in the background (the shared :class:`~hami.process.tasks.TaskSet`); nothing here
+    ever raises into the caller."""
 
     def __init__(self, api: Any, *, component: str = COMPONENT, limit: int = 32) -> None:
         self._api = api
         self._component = component
-        self._limit = limit
-        self._tasks: set[asyncio.Task[None]] = set()
+        # ValueError: an unreadable answer
+        self._tasks = TaskSet(concurrency=limit, limit=limit, expected=(KubeError, ValueError), logger=log)
 
     def record(self, pod: Mapping[str, Any], reason: str, message: str, *, warning: bool = False) -> None:
         name = (pod.get("metadata") or {}).get("name")
-        if len(self._tasks) >= self._limit:
-            log.warning("dropping the %s event of pod %s: %d events in flight", reason, name, self._limit)
-            return
-        task = asyncio.get_running_loop().create_task(
-            self._write(pod, reason, message, "Warning" if warning else "Normal")
+        event = record_event(
+            self._api,
+            involved=pod,
+            reason=reason,
+            message=message,
+            type="Warning" if warning else "Normal",
+            component=self._component,
         )
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _write(self, pod: Mapping[str, Any], reason: str, message: str, kind: str) -> None:
-        try:
-            await record_event(
-                self._api, involved=pod, reason=reason, message=message, type=kind, component=self._component
-            )
-        except (KubeError, ValueError) as exc:  # ValueError: an unreadable answer
-            name = (pod.get("metadata") or {}).get("name")
-            log.warning("could not record the %s event of pod %s: %s", reason, name, exc)
+        self._tasks.spawn(event, f"record the {reason} event of pod {name}")
 
     async def drain(self, seconds: float = 5.0) -> None:
         """Wait for the Events being written (at most ``seconds``), then cancel what is left."""
-        if self._tasks:
-            _, pending = await asyncio.wait(set(self._tasks), timeout=seconds)
-            for task in pending:
-                task.cancel()
+        await self._tasks.drain(seconds)
 
     def __len__(self) -> int:
         return len(self._tasks)
