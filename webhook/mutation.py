@@ -2,18 +2,20 @@
 
 Owns :func:`plan`: given the pod as submitted (raw JSON dict) and :class:`MutationSettings`, it returns
 :class:`Admit` (the new value of every top-level ``spec`` field that changes; empty when the pod is left
-alone) or :class:`Refuse` (a message naming the container and the field). Request parsing is the core's
-(:func:`hami.core.requests.parse_container`); this module only adds the webhook's own defaults and
-policies. Must not import kopf, aiohttp, the Kubernetes client, ``logging``, ``os`` or ``time``.
+alone) or :class:`Refuse` (a message naming the container and the field). This module owns the order of
+the rules; each container's checks and defaults are :mod:`webhook.containers`'s, request parsing and
+every value range the core's (:mod:`hami.core.requests`). Must not import kopf, aiohttp, the Kubernetes
+client, ``logging``, ``os`` or ``time``.
 
 Per pod, in order:
 
 1. A user-set internal annotation (or the ``hami.io/vgpu-node`` label) -> refuse: nobody may forge an
    allocation. Checked before anything else, even for ignored pods and foreign schedulers.
 2. No containers (and not labelled ``hami.io/webhook: ignore``) -> refuse ``pod has no containers``.
-3. Each container, init containers first: refuse malformed or out-of-range values; default the card
-   count (``defaultGPUNum``) when only memory/cores are given; the implicit exclusive ``gpucores: 100``
-   for a bare card request; env ``CUDA_TASK_PRIORITY`` / ``GPU_CORE_UTILIZATION_POLICY``.
+3. Each container, init containers first (:mod:`webhook.containers`): refuse malformed or out-of-range
+   values; default the card count (``defaultGPUNum``) when only memory/cores are given; the implicit
+   exclusive ``gpucores: 100`` for a bare card request; env ``CUDA_TASK_PRIORITY`` /
+   ``GPU_CORE_UTILIZATION_POLICY``.
 4. A pod we do not route -- labelled ``hami.io/webhook: ignore`` (namespaces with that label are skipped
    by the configuration's ``namespaceSelector``; the apiserver never sends their pods), or naming another
    scheduler (not ours, not ``default-scheduler`` when forcing) -- gets only the protective refusals of
@@ -33,7 +35,9 @@ Per pod, in order:
    ``CUDA_DISABLE_CONTROL`` true, or any container naming cards itself in ``NVIDIA_VISIBLE_DEVICES``
    -> refuse (403). Then a preset ``spec.nodeName`` -> refuse.
 8. Set ``spec.schedulerName``, ``runtimeClassName`` (when configured and absent), and
-   ``NVIDIA_VISIBLE_DEVICES=none`` on the pod's non-GPU containers when ``overwriteEnv``.
+   ``NVIDIA_VISIBLE_DEVICES=none`` on the pod's non-GPU containers when ``overwriteEnv``; the
+   :class:`Admit` carries what the pod asks of its namespace's GPU quota (``quota_ask``), which
+   :mod:`webhook.quota` checks next (it needs the cluster's ResourceQuotas, so it is not decided here).
 """
 
 from __future__ import annotations
@@ -51,34 +55,25 @@ from hami.annotations import (
     pod_annotation_problems,
 )
 from hami.core.quota import QuotaAsk, admission_ask
-from hami.core.requests import Bounds, lookup, parse_container, whole_number
-from webhook import typos
+from webhook import containers, typos
 from webhook.config import MutationSettings
+from webhook.containers import Container, Problem, mutate_container, resource_names
 from webhook.isolation import isolation_problems, visible_devices_problems
-from webhook.typos import annotation_problems, resource_problems, zero_card_problem
+from webhook.typos import annotation_problems, resource_problems
 
 IGNORE_VALUE = "ignore"
 DEFAULT_SCHEDULER = "default-scheduler"
-ENV_PRIORITY = "CUDA_TASK_PRIORITY"
-ENV_CORE_POLICY = "GPU_CORE_UTILIZATION_POLICY"
 ENV_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 #: Status codes of refusals: a value the user wrote is invalid, or the pod is not allowed as a whole.
 CODE_INVALID = 422
 CODE_FORBIDDEN = 403
 CODE_BAD_REQUEST = 400
 
-# Short reason codes of refusals (the ``reason`` label of ``hami_webhook_refusals_total``). A value
-# problem is named after the HAMi resource role, whatever the resource is called in this cluster.
+# Short reason codes of refusals (the ``reason`` label of ``hami_webhook_refusals_total``); the value
+# problems' codes are ``webhook.containers``'s, the typos' ``webhook.typos``'s.
 FORGED_ANNOTATION = "forged_annotation"
 FORGED_LABEL = "forged_label"
 NO_CONTAINERS = "no_containers"
-BAD_GPU = "bad_gpu"
-BAD_GPUMEM = "bad_gpumem"
-BAD_GPUMEM_PERCENTAGE = "bad_gpumem_percentage"
-BAD_GPUCORES = "bad_gpucores"
-BAD_REQUEST = "bad_request"
-TOO_MANY_CARDS = "too_many_cards"
-NO_CARD_COUNT = "no_card_count"
 PRIVILEGED = "privileged"
 ISOLATION_DISABLED = "isolation_disabled"
 VISIBLE_DEVICES = "visible_devices"
@@ -89,13 +84,7 @@ REFUSAL_REASONS = (
     FORGED_ANNOTATION,
     FORGED_LABEL,
     NO_CONTAINERS,
-    BAD_GPU,
-    BAD_GPUMEM,
-    BAD_GPUMEM_PERCENTAGE,
-    BAD_GPUCORES,
-    BAD_REQUEST,
-    TOO_MANY_CARDS,
-    NO_CARD_COUNT,
+    *containers.REASONS,
     PRIVILEGED,
     ISOLATION_DISABLED,
     VISIBLE_DEVICES,
@@ -134,51 +123,6 @@ class Refuse:
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
-class _Problem:
-    reason: str
-    message: str
-
-
-@dataclass(slots=True)
-class _Container:
-    """One container being mutated (a private deep copy, made only when something changes)."""
-
-    original: Mapping[str, Any]
-    asks: bool = False  # names a managed resource (whether or not its values are valid)
-    uses_gpu: bool = False  # asks, with valid values
-    copy: dict[str, Any] | None = None
-
-    @property
-    def name(self) -> str:
-        return str(self.original.get("name", ""))
-
-    @property
-    def result(self) -> Mapping[str, Any]:
-        return self.copy if self.copy is not None else self.original
-
-    def _own(self) -> dict[str, Any]:
-        if self.copy is None:
-            self.copy = copy.deepcopy(dict(self.original))
-        return self.copy
-
-    def set_limit(self, resource: str, value: str) -> None:
-        resources = self._own().setdefault("resources", {})
-        resources.setdefault("limits", {})[resource] = value
-
-    def set_env(self, name: str, value: str) -> None:
-        """Set env ``name``; an existing plain entry of that name is replaced in place (order kept)."""
-        if any(e.get("name") == name and e.get("value") == value for e in self.original.get("env") or ()):
-            return
-        env: list[dict[str, Any]] = self._own().setdefault("env", [])
-        for entry in env:
-            if entry.get("name") == name:
-                entry.pop("valueFrom", None)
-                entry["value"] = value
-                return
-        env.append({"name": name, "value": value})
-
-
 def plan(pod: Mapping[str, Any], settings: MutationSettings) -> Admit | Refuse:
     """Decide what happens to ``pod`` (a new pod, as submitted). See the module docstring for the order."""
     metadata: Mapping[str, Any] = pod.get("metadata") or {}
@@ -192,12 +136,12 @@ def plan(pod: Mapping[str, Any], settings: MutationSettings) -> Admit | Refuse:
     if not ignored and not spec.get("containers"):
         return Refuse(message="pod has no containers", code=CODE_BAD_REQUEST, reason=NO_CONTAINERS)
 
-    groups = {key: [_Container(c) for c in spec.get(key) or ()] for key in ("initContainers", "containers")}
-    containers = groups["initContainers"] + groups["containers"]
-    problems: list[_Problem] = []
+    groups = {key: [Container(c) for c in spec.get(key) or ()] for key in ("initContainers", "containers")}
+    every = groups["initContainers"] + groups["containers"]
+    problems: list[Problem] = []
     notes: list[str] = []
-    for container in containers:
-        _mutate_container(container, settings, problems, notes)
+    for container in every:
+        mutate_container(container, settings, problems, notes)
 
     scheduler = spec.get("schedulerName") or ""
     ours = settings.scheduler_name
@@ -206,7 +150,7 @@ def plan(pod: Mapping[str, Any], settings: MutationSettings) -> Admit | Refuse:
         and scheduler != ours
         and not (scheduler == DEFAULT_SCHEDULER and settings.force_overwrite_default_scheduler)
     ):
-        unrouted = _isolation(containers, settings)
+        unrouted = _isolation(every, settings)
         if unrouted is not None:
             return unrouted
         note = (
@@ -217,29 +161,29 @@ def plan(pod: Mapping[str, Any], settings: MutationSettings) -> Admit | Refuse:
         return Admit(notes=(note,))
 
     problems[:0] = [
-        _Problem(typos.UNKNOWN_RESOURCE, message)
-        for c in containers
-        for message in resource_problems(c.name, _names(c.original), settings.device.resources)
+        Problem(typos.UNKNOWN_RESOURCE, message)
+        for c in every
+        for message in resource_problems(c.name, resource_names(c.original), settings.device.resources)
     ]
-    if problems or any(c.uses_gpu for c in containers):
+    if problems or any(c.uses_gpu for c in every):
         annotations = metadata.get("annotations") or {}
         problems.extend(
-            _Problem(typos.UNKNOWN_ANNOTATION, m)
+            Problem(typos.UNKNOWN_ANNOTATION, m)
             for m in annotation_problems(annotations, INTERNAL_POD_ANNOTATIONS)
         )
-        problems.extend(_Problem(BAD_ANNOTATION, f"annotation {p}") for p in pod_annotation_problems(pod))
+        problems.extend(Problem(BAD_ANNOTATION, f"annotation {p}") for p in pod_annotation_problems(pod))
     if problems:
         message = "; ".join(p.message for p in problems)
         return Refuse(message=message, code=CODE_INVALID, reason=problems[0].reason)
-    if not any(c.uses_gpu for c in containers):
-        return _isolation(containers, settings) or Admit(notes=("no container asks for a managed resource",))
+    if not any(c.uses_gpu for c in every):
+        return _isolation(every, settings) or Admit(notes=("no container asks for a managed resource",))
 
-    privileged = next((c for c in containers if _privileged(c.original)), None)
+    privileged = next((c for c in every if _privileged(c.original)), None)
     if privileged is not None:
         return Refuse(
             message=f"container {privileged.name} is privileged", code=CODE_FORBIDDEN, reason=PRIVILEGED
         )
-    unisolated = _isolation(containers, settings)
+    unisolated = _isolation(every, settings)
     if unisolated is not None:
         return unisolated
     if spec.get("nodeName"):
@@ -247,7 +191,7 @@ def plan(pod: Mapping[str, Any], settings: MutationSettings) -> Admit | Refuse:
 
     device = settings.device
     if device.overwrite_env:
-        for container in containers:
+        for container in every:
             if not container.uses_gpu:
                 container.set_env(ENV_VISIBLE_DEVICES, "none")
     changes: dict[str, Any] = {}
@@ -273,12 +217,12 @@ def apply(pod: Mapping[str, Any], admit: Admit) -> dict[str, Any]:
     return result
 
 
-def _isolation(containers: Sequence[_Container], settings: MutationSettings) -> Refuse | None:
+def _isolation(every: Sequence[Container], settings: MutationSettings) -> Refuse | None:
     """The isolation rules (:mod:`webhook.isolation`) on every container, as step 3 would book it."""
     device = settings.device
-    found = isolation_problems((c.result for c in containers if c.asks), device)
+    found = isolation_problems((c.result for c in every if c.asks), device)
     reason = ISOLATION_DISABLED
-    visible = visible_devices_problems(((c.result, c.asks) for c in containers), device)
+    visible = visible_devices_problems(((c.result, c.asks) for c in every), device)
     if visible and not found:
         reason = VISIBLE_DEVICES
     found += visible
@@ -302,82 +246,3 @@ def _forged(metadata: Mapping[str, Any]) -> list[str]:
 
 def _privileged(container: Mapping[str, Any]) -> bool:
     return bool((container.get("securityContext") or {}).get("privileged"))
-
-
-def _texts(resources: Mapping[str, Any], key: str) -> dict[str, str]:
-    """``limits`` or ``requests`` as text (quantities arrive as strings; be lenient with raw numbers)."""
-    values: Mapping[str, Any] = resources.get(key) or {}
-    return {str(k): str(v) for k, v in values.items()}
-
-
-def _names(container: Mapping[str, Any]) -> list[str]:
-    resources: Mapping[str, Any] = container.get("resources") or {}
-    return [*_texts(resources, "limits"), *_texts(resources, "requests")]
-
-
-def _mutate_container(
-    container: _Container, settings: MutationSettings, problems: list[_Problem], notes: list[str]
-) -> None:
-    device = settings.device
-    res = device.resources
-    name = container.name
-    resources: Mapping[str, Any] = container.original.get("resources") or {}
-    limits, requests = _texts(resources, "limits"), _texts(resources, "requests")
-    asked = [r for r in res.managed if r and (r in limits or r in requests)]
-    if not asked:
-        return
-
-    container.asks = True
-    before = len(problems)
-    reasons = _value_reasons(settings)
-    bounds = Bounds(max_cards=settings.max_cards_per_container)
-    problems.extend(
-        _Problem(
-            TOO_MANY_CARDS if p.kind == "too_many_cards" else reasons.get(p.field, BAD_REQUEST), p.message
-        )
-        for p in parse_container(name, limits, requests, device, bounds=bounds).problems
-    )
-    zero = zero_card_problem(name, limits, requests, res)
-    if zero is not None:
-        problems.append(_Problem(typos.ZERO_CARDS, zero))
-    if len(problems) > before:
-        return
-
-    container.uses_gpu = True
-    if lookup(res.count, limits, requests) is None:
-        if device.default_gpu_num <= 0:
-            message = (
-                f'container "{name}": asks for {", ".join(asked)} without {res.count}, '
-                "and defaultGPUNum is 0; set the card count"
-            )
-            problems.append(_Problem(NO_CARD_COUNT, message))
-            return
-        container.set_limit(res.count, str(device.default_gpu_num))
-        notes.append(f"container {name}: {res.count} set to {device.default_gpu_num} (defaultGPUNum)")
-    if lookup(res.cores, limits, requests) is None and _exclusive(settings, limits, requests):
-        container.set_limit(res.cores, "100")
-        notes.append(f"container {name}: {res.cores} set to 100 (a whole card)")
-    if res.priority in limits:
-        container.set_env(ENV_PRIORITY, limits[res.priority])
-    if device.gpu_core_policy and device.gpu_core_policy != "default":
-        container.set_env(ENV_CORE_POLICY, device.gpu_core_policy)
-
-
-def _value_reasons(settings: MutationSettings) -> dict[str, str]:
-    """Resource name (as configured) -> the reason code of a bad value of it."""
-    res = settings.device.resources
-    return {
-        res.count: BAD_GPU,
-        res.memory: BAD_GPUMEM,
-        res.memory_percentage: BAD_GPUMEM_PERCENTAGE,
-        res.cores: BAD_GPUCORES,
-    }
-
-
-def _exclusive(settings: MutationSettings, limits: Mapping[str, str], requests: Mapping[str, str]) -> bool:
-    """HAMi's rule: a card asked for without cores is exclusive unless memory makes it shareable."""
-    res = settings.device.resources
-    percentage = lookup(res.memory_percentage, limits, requests)
-    if percentage is not None:
-        return whole_number(percentage) == 100
-    return not res.memory or lookup(res.memory, limits, requests) is None
