@@ -170,6 +170,12 @@ def namespace(obj: object) -> str:
     return _text(_field(obj, "metadata"), "namespace")
 
 
+def pod_key(pod: object) -> tuple[str, str]:
+    """``(metadata.namespace, metadata.name)``: how every component names a pod (each ``""`` when
+    absent or not a string; no namespace is made up for a pod that lacks one)."""
+    return namespace(pod), name(pod)
+
+
 def uid(obj: object) -> str:
     """``metadata.uid`` (``""`` when absent or not a string)."""
     return _text(_field(obj, "metadata"), "uid")

@@ -26,6 +26,7 @@ from hami.annotations import (
 )
 from hami.core.gobool import disabling_value
 from hami.core.model import Grant
+from hami.objects import pod_key as pod_key  # the one rule, used by the agent's modules through here
 from monitor.config import NodeSettings
 
 
@@ -60,11 +61,6 @@ class ContainerAnswer:
     uuids: tuple[str, ...]  # real card uuids, deduplicated, in grant order
     envs: Mapping[str, str]
     mounts: tuple[MountSpec, ...] = ()
-
-
-def pod_key(pod: Mapping[str, Any]) -> tuple[str, str]:
-    metadata = pod.get("metadata") or {}
-    return str(metadata.get("namespace") or "default"), str(metadata.get("name") or "")
 
 
 def is_candidate(pod: Mapping[str, Any], node: str) -> bool:

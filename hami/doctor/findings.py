@@ -64,7 +64,7 @@ def name_of(obj: Mapping[str, Any]) -> str:
 
 def pod_key(pod: Mapping[str, Any]) -> str:
     """``namespace/name``."""
-    return f"{objects.namespace(pod)}/{objects.name(pod)}"
+    return "/".join(objects.pod_key(pod))
 
 
 def seconds(delta: datetime.timedelta) -> str:

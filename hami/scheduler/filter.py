@@ -29,6 +29,7 @@ from hami.annotations import AnnotationError, read_node, read_pod_request
 from hami.core.allocate import allocate
 from hami.core.model import NodeState, PodRequest
 from hami.core.rejection import Rejection
+from hami.objects import pod_key
 from hami.scheduler.context import Context
 from hami.scheduler.reasons import advice, registration_rejection, rejection_words
 from hami.scheduler.snapshot import local_time
@@ -47,11 +48,6 @@ class Filtered:
 
     result: ExtenderFilterResult
     failure: str | None = None
-
-
-def pod_key(pod: Mapping[str, Any]) -> tuple[str, str]:
-    metadata = pod.get("metadata") or {}
-    return str(metadata.get("namespace") or ""), str(metadata.get("name") or "")
 
 
 def template_states(
