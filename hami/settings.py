@@ -1,9 +1,11 @@
-"""Settings shared by every component: resource names and HAMi's NVIDIA device config.
+"""HAMi's NVIDIA device config, the one configuration every component shares: nothing else lives here.
 
-Frozen dataclasses, built once at each entry point (from flags, env and HAMi's device-config YAML,
-top-level key ``nvidia:``) and passed down as arguments. Pure: no ``os``, no file reading here;
-``from_device_config`` takes an already parsed mapping. Service-specific knobs live beside each
-service (``hami.scheduler.config``, ``webhook.config``, ``monitor.config``).
+Owns :class:`ResourceNames` (the extended-resource names), :class:`DeviceConfig` (the ``nvidia:``
+section of HAMi's device-config YAML with HAMi's defaults) and :func:`from_device_config`, which reads
+an already parsed document; frozen dataclasses built once at each entry point and passed down. Reading
+the file is :mod:`hami.devicefile`; each service's own knobs live beside it (``hami.scheduler.config``,
+``webhook.config``, ``monitor.config``), the flag plumbing they share in :mod:`hami.process.flags`.
+Pure: stdlib only, no ``os``, no file reading.
 """
 
 from __future__ import annotations
