@@ -9,7 +9,6 @@ when the files are broken (a half-written or mismatched pair is never loaded).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import ssl
 from collections.abc import AsyncIterator, Iterator
@@ -23,7 +22,15 @@ import aiohttp
 import pytest
 from cryptography import x509
 from webhook_cases import GPU, ctr, make_pod
-from webhook_harness import Cluster, operator_settings, poll, review, running_operator, served_certificate
+from webhook_harness import (
+    Cluster,
+    listening,
+    operator_settings,
+    poll,
+    review,
+    running_operator,
+    served_certificate,
+)
 
 from webhook import certs
 from webhook.config import WebhookSettings
@@ -54,16 +61,6 @@ def chart_webhook(cluster: Cluster, tmp_path: Path) -> Iterator[ChartWebhook]:
     certs.write_bundle(tls, first, now=datetime.now(UTC))
     with running_operator(settings):
         yield ChartWebhook(settings=settings, first=first)
-
-
-async def listening(host: str, port: int) -> bool:
-    try:
-        _, writer = await asyncio.open_connection(host, port)
-    except OSError:
-        return False
-    writer.close()
-    await writer.wait_closed()
-    return True
 
 
 def serial(der: bytes) -> int:

@@ -8,7 +8,6 @@ tls dir (the chart's configuration points the API server at the Service instead)
 
 from __future__ import annotations
 
-import asyncio
 import re
 import ssl
 import time
@@ -19,7 +18,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from webhook_cases import GPU, MEM, ctr, make_pod
-from webhook_harness import Operator, Webhook, poll, review
+from webhook_harness import Operator, Webhook, listening, poll, review
 
 from webhook.mutation import REFUSAL_REASONS
 
@@ -27,16 +26,6 @@ from webhook.mutation import REFUSAL_REASONS
 @pytest.fixture(scope="module")
 def operator_overrides() -> dict[str, Any]:
     return {"manage_config": False, "config_name": "hami-webhook-chart-mode"}
-
-
-async def listening(host: str, port: int) -> bool:
-    try:
-        _, writer = await asyncio.open_connection(host, port)
-    except OSError:
-        return False
-    writer.close()
-    await writer.wait_closed()
-    return True
 
 
 @pytest.fixture

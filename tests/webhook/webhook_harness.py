@@ -140,6 +140,17 @@ async def api_post(cluster: Cluster, path: str, body: dict[str, Any]) -> dict[st
         return data
 
 
+async def listening(host: str, port: int) -> bool:
+    """Whether something accepts TCP connections on ``host:port`` (Kopf reports ready before it listens)."""
+    try:
+        _, writer = await asyncio.open_connection(host, port)
+    except OSError:
+        return False
+    writer.close()
+    await writer.wait_closed()
+    return True
+
+
 async def poll(check: Callable[[], Awaitable[Any]], what: str, limit: float = WAIT) -> Any:
     """Call ``check`` until it returns something truthy; fail after ``limit`` seconds."""
     deadline = time.monotonic() + limit
