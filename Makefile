@@ -22,8 +22,10 @@ typecheck: $(STAMP)
 imports: $(STAMP)
 	$(BIN)/lint-imports
 
+# in parallel (pytest-xdist): one worker per core, PYTEST_WORKERS=N to choose; groups and order: tests/conftest.py
+PYTEST_WORKERS ?= auto
 pytest: $(STAMP)
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS)
 
 test: lint typecheck imports pytest
 

@@ -45,8 +45,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from hami.commands.demo import default_examples_dir, load_examples, submit_all, wait_decided
 from hami.sim.cluster import ClusterSpec, load_cluster
 from hami.sim.kubeapi import MWC_PATH, pods_path
-from hami.sim.processes import free_port, poll_until, python_argv
+from hami.sim.processes import free_port, python_argv
 from hami.sim.system import WEBHOOK, EmbeddedSystem
+from tests.eventually import eventually
 from webhook import certs
 from webhook.config import service_hostnames
 
@@ -275,7 +276,7 @@ class ChartSystem(EmbeddedSystem):
             writer.close()
             return True if der == x509.load_pem_x509_certificate(renewed).public_bytes(Encoding.DER) else None
 
-        await poll_until(serves_renewed, what="the webhook to serve the rotated certificate", limit=30)
+        await eventually(serves_renewed, "the webhook to serve the rotated certificate", within=30)
 
     async def pods_tracked(self) -> float:
         """The scheduler's count of pods holding GPU grants in its live view."""
@@ -323,8 +324,8 @@ async def recording(workdir: Path) -> AsyncIterator[Recording]:
         async def filtered_again() -> bool | None:
             return True if system.scheduler.calls["filter"] > filters else None
 
-        await poll_until(released, what="the scheduler to release the deleted pod", limit=30)
-        await poll_until(filtered_again, what="the unschedulable pods to be filtered again", limit=90)
+        await eventually(released, "the scheduler to release the deleted pod", within=30)
+        await eventually(filtered_again, "the unschedulable pods to be filtered again", within=90)
         await system.upgrade_with_expiring_certificate()
         await system.rotate_due_certificate()
         assert system.emulator is not None

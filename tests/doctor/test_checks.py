@@ -23,8 +23,7 @@ from hami.doctor.findings import DoctorSettings, Finding, Severity, exit_code, f
 from hami.doctor.pods import check_pods, check_usage
 from hami.scheduler.snapshot import local_time
 from hami.settings import DeviceConfig, ResourceNames
-
-from .builders import NOW, ago, card, handshake, lock, node, placed, pod, webhook_config
+from tests.builders import NOW, ago, device, handshake, lock, make_node, make_pod, placed, webhook_config
 
 SETTINGS = DoctorSettings()
 OK, WARN, FAIL = Severity.OK, Severity.WARN, Severity.FAIL
@@ -114,31 +113,33 @@ LOCAL_NOW = local_time(NOW)
 @pytest.mark.parametrize(
     ("item", "expected"),
     [
-        (node("cpu"), []),  # neither registered nor labelled: not a GPU node
-        (node("a", card("G0"), card("G1")), [(OK, "node a", "2 cards registered, all healthy")]),
-        (node("a", card("G0", health=False)), [(WARN, "node a", "1 of 1 cards unhealthy: G0")]),
-        (node("a", register="[]"), [(WARN, "node a", "the node agent registers no card")]),
+        (make_node("cpu", cards=0), []),  # neither registered nor labelled: not a GPU node
+        (make_node("a", device("G0"), device("G1")), [(OK, "node a", "2 cards registered, all healthy")]),
+        (make_node("a", device("G0", health=False)), [(WARN, "node a", "1 of 1 cards unhealthy: G0")]),
+        (make_node("a", register="[]", cards=0), [(WARN, "node a", "the node agent registers no card")]),
         # handshake within the window, or allocatable back: not excluded
         (
-            node("a", card("G0"), allocatable=0, annotations={NODE_HANDSHAKE: handshake(60)}),
+            make_node("a", device("G0"), allocatable=0, annotations={NODE_HANDSHAKE: handshake(60)}),
             [(OK, "node a", "1 card registered, all healthy")],
         ),
         (
-            node("a", card("G0"), annotations={NODE_HANDSHAKE: handshake(3600)}),
+            make_node("a", device("G0"), annotations={NODE_HANDSHAKE: handshake(3600)}),
             [(OK, "node a", "1 card registered, all healthy")],
         ),
         # an old Reported/Deleted stamp is not a pending request
         (
-            node(
+            make_node(
                 "a",
-                card("G0"),
+                device("G0"),
                 allocatable=0,
                 annotations={NODE_HANDSHAKE: encode_handshake(HandshakeKind.DELETED, local_time(ago(600)))},
             ),
             [(OK, "node a", "1 card registered, all healthy")],
         ),
         (
-            node("a", labels={"gpu": "on"}, allocatable=0, annotations={NODE_HANDSHAKE: handshake(61)}),
+            make_node(
+                "a", labels={"gpu": "on"}, allocatable=0, annotations={NODE_HANDSHAKE: handshake(61)}, cards=0
+            ),
             [
                 (
                     FAIL,
@@ -162,19 +163,19 @@ def test_nodes(item: dict[str, Any], expected: list[tuple[Severity, str, str]]) 
 
 
 def test_node_registration_errors_quote_the_codec_and_no_gpu_node_warns() -> None:
-    [bad] = check_nodes([node("a", register='[{"id": 5}]')], SETTINGS, local_now=LOCAL_NOW)
+    [bad] = check_nodes([make_node("a", register='[{"id": 5}]', cards=0)], SETTINGS, local_now=LOCAL_NOW)
     assert bad.severity is FAIL
     assert bad.message.startswith(
         "registration unreadable, the scheduler excludes the node: hami.io/node-nvidia-register "
         '"[{\\"id\\": 5}]"'
     )
-    [none] = check_nodes([node("cpu")], SETTINGS, local_now=LOCAL_NOW)
+    [none] = check_nodes([make_node("cpu", cards=0)], SETTINGS, local_now=LOCAL_NOW)
     assert brief([none]) == [
         (WARN, "cluster", "no node is labelled gpu=on or carries hami.io/node-nvidia-register")
     ]
     # the count resource (and so the allocatable looked at) comes from the device config
     config = DeviceConfig(resources=ResourceNames(count="example.com/vgpu"))
-    stale = node("a", card("G0"), annotations={NODE_HANDSHAKE: handshake(90)})  # nvidia.com/gpu: 10
+    stale = make_node("a", device("G0"), annotations={NODE_HANDSHAKE: handshake(90)})  # nvidia.com/gpu: 10
     found = check_nodes([stale], DoctorSettings(config=config), local_now=LOCAL_NOW)
     assert found[-1].message.endswith(
         "unanswered for 90 s and example.com/vgpu allocatable is 0: the scheduler excludes the node"
@@ -220,7 +221,9 @@ def test_node_registration_errors_quote_the_codec_and_no_gpu_node_warns() -> Non
     ],
 )
 def test_locks(value: str, expected: tuple[Severity, str] | None) -> None:
-    found = check_locks([node("n", annotations={NODE_LOCK: value})], {"default/holder"}, SETTINGS, now=NOW)
+    found = check_locks(
+        [make_node("n", annotations={NODE_LOCK: value}, cards=0)], {"default/holder"}, SETTINGS, now=NOW
+    )
     if expected is None:
         assert brief(found) == [(OK, "cluster", "no node lock is unreadable, expired or dangling (1 held)")]
     else:
@@ -229,7 +232,9 @@ def test_locks(value: str, expected: tuple[Severity, str] | None) -> None:
 
 def test_lock_timeout_is_a_setting() -> None:
     short = DoctorSettings(lock_timeout=datetime.timedelta(seconds=30))
-    [found] = check_locks([node("n", annotations={NODE_LOCK: lock(31)})], {"default/holder"}, short, now=NOW)
+    [found] = check_locks(
+        [make_node("n", annotations={NODE_LOCK: lock(31)}, cards=0)], {"default/holder"}, short, now=NOW
+    )
     assert found.message.startswith("held by default/holder for 31 s, longer than the 30 s lock timeout")
 
 
@@ -239,12 +244,12 @@ def test_lock_timeout_is_a_setting() -> None:
 @pytest.mark.parametrize(
     ("item", "expected"),
     [
-        (pod("cpu", gpus=0, scheduler=None), []),  # asks for nothing of ours
-        (pod("ok", annotations=placed("n", "G0", 1000, 10)), []),
-        (pod("done", scheduler=None, phase="Succeeded"), []),  # finished pods are history
-        (pod("young", annotations=placed("n", "G0", 1000, 10, phase="allocating", bound_ago=300)), []),
+        (make_pod("cpu", gpus=0, scheduler=None), []),  # asks for nothing of ours
+        (make_pod("ok", annotations=placed("n", "G0", 1000, 10)), []),
+        (make_pod("done", scheduler=None, phase="Succeeded"), []),  # finished pods are history
+        (make_pod("young", annotations=placed("n", "G0", 1000, 10, phase="allocating", bound_ago=300)), []),
         (
-            pod("old", annotations=placed("n", "G0", 1000, 10, phase="allocating", bound_ago=301)),
+            make_pod("old", annotations=placed("n", "G0", 1000, 10, phase="allocating", bound_ago=301)),
             [
                 (
                     FAIL,
@@ -254,11 +259,17 @@ def test_lock_timeout_is_a_setting() -> None:
             ],
         ),
         (
-            pod("f", annotations=placed("n", "G0", 1000, 10, phase="failed")),
+            make_pod("f", annotations=placed("n", "G0", 1000, 10, phase="failed")),
             [(WARN, "bind-phase failed on n")],
         ),
         (
-            pod("s", scheduler="default-scheduler", labels={"hami.io/webhook": "ignore"}),
+            make_pod(
+                "s",
+                memory=None,
+                cores=None,
+                scheduler="default-scheduler",
+                labels={"hami.io/webhook": "ignore"},
+            ),
             [
                 (
                     FAIL,
@@ -268,7 +279,7 @@ def test_lock_timeout_is_a_setting() -> None:
             ],
         ),
         (
-            pod("p", annotations={"hami.io/bind-phase": "done"}),
+            make_pod("p", annotations={"hami.io/bind-phase": "done"}),
             [
                 (
                     FAIL,
@@ -287,7 +298,7 @@ def test_pods(item: dict[str, Any], expected: list[tuple[Severity, str]]) -> Non
 
 
 def test_gpu_resources_in_requests_and_init_containers_count() -> None:
-    item = pod("init", gpus=0, scheduler="other")
+    item = make_pod("init", gpus=0, scheduler="other")
     item["spec"]["initContainers"] = [{"name": "i", "resources": {"requests": {"nvidia.com/gpumem": "100"}}}]
     [found] = check_pods([item], SETTINGS, now=NOW)
     assert found.message.startswith("asks for nvidia.com/gpumem but its schedulerName is 'other'")
@@ -311,7 +322,7 @@ def state(*cards: DeviceState) -> NodeState:
     ],
 )
 def test_usage(used: dict[str, int], expected: str | None) -> None:
-    found = check_usage([state(DeviceState(device=card("G0"), **used))], {("n", "G0"): ["ns/b", "ns/a"]})
+    found = check_usage([state(DeviceState(device=device("G0"), **used))], {("n", "G0"): ["ns/b", "ns/a"]})
     if expected is None:
         assert brief(found) == [
             (OK, "cluster", "no card is granted beyond its memory, cores or slots (1 card)")

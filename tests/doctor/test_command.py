@@ -26,12 +26,7 @@ from hami.annotations import (
 from hami.commands.doctor import doctor
 from hami.doctor.findings import DoctorSettings
 from hami.kube.client import load_api_client
-
-from .builders import NOW, card, handshake, lock, node, placed, pod, webhook_config
-
-NODES = "/api/v1/nodes"
-PODS = "/api/v1/namespaces/default/pods"
-MWCS = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
+from tests.builders import NOW, create, device, handshake, lock, make_node, make_pod, placed, webhook_config
 
 
 async def seed(
@@ -41,12 +36,7 @@ async def seed(
     nodes: list[dict[str, Any]] = (),  # type: ignore[assignment]
     pods: list[dict[str, Any]] = (),  # type: ignore[assignment]
 ) -> None:
-    for config in configs:
-        await apiserver.post(MWCS, json=config)
-    for item in nodes:
-        await apiserver.post(NODES, json=item)
-    for item in pods:
-        await apiserver.post(PODS, json=item)
+    await create(apiserver, *configs, *nodes, *pods)
 
 
 async def run_doctor(kubeconfig: Path) -> tuple[int, list[str]]:
@@ -60,10 +50,10 @@ async def run_doctor(kubeconfig: Path) -> tuple[int, list[str]]:
 
 
 def healthy_gpu_node() -> dict[str, Any]:
-    return node(
+    return make_node(
         "gpu-a",
-        card("GPU-a0"),
-        card("GPU-a1"),
+        device("GPU-a0"),
+        device("GPU-a1"),
         labels={"gpu": "on"},
         annotations={NODE_LOCK: lock(10)},  # held by default/holder for 10 s: an allocation in progress
     )
@@ -73,10 +63,10 @@ async def test_healthy_cluster_is_all_ok(apiserver: kmock.KubernetesEmulator, ku
     await seed(
         apiserver,
         configs=[webhook_config()],
-        nodes=[healthy_gpu_node(), node("cpu")],
+        nodes=[healthy_gpu_node(), make_node("cpu", cards=0)],
         pods=[
-            pod("holder", annotations=placed("gpu-a", "GPU-a0", 4000, 30)),
-            pod("web", gpus=0, scheduler="default-scheduler"),  # not a GPU pod: not our business
+            make_pod("holder", annotations=placed("gpu-a", "GPU-a0", 4000, 30)),
+            make_pod("web", gpus=0, scheduler="default-scheduler"),  # not a GPU pod: not our business
         ],
     )
     code, lines = await run_doctor(kubeconfig)
@@ -100,24 +90,28 @@ async def test_every_problem_is_reported(apiserver: kmock.KubernetesEmulator, ku
         apiserver,
         configs=[webhook_config(ca_bundle="", failure_policy="Ignore")],
         nodes=[
-            node("gpu-a", card("GPU-a0"), card("GPU-a1")),
-            node("broken", register=bad_register),
-            node("sick", card("GPU-s0"), card("GPU-s1", health=False)),
-            node("agentless", labels={"gpu": "on"}),
-            node("stale", card("GPU-t0"), allocatable=0, annotations={NODE_HANDSHAKE: handshake(95)}),
-            node("lock-bad", annotations={NODE_LOCK: bad_lock}),
-            node("lock-old", annotations={NODE_LOCK: lock(400)}),
-            node("lock-gone", annotations={NODE_LOCK: lock(10, "default", "ghost")}),
+            make_node("gpu-a", device("GPU-a0"), device("GPU-a1")),
+            make_node("broken", register=bad_register, cards=0),
+            make_node("sick", device("GPU-s0"), device("GPU-s1", health=False)),
+            make_node("agentless", labels={"gpu": "on"}, cards=0),
+            make_node("stale", device("GPU-t0"), allocatable=0, annotations={NODE_HANDSHAKE: handshake(95)}),
+            make_node("lock-bad", annotations={NODE_LOCK: bad_lock}, cards=0),
+            make_node("lock-old", annotations={NODE_LOCK: lock(400)}, cards=0),
+            make_node("lock-gone", annotations={NODE_LOCK: lock(10, "default", "ghost")}, cards=0),
         ],
         pods=[
-            pod("holder", annotations=placed("gpu-a", "GPU-a0", 1000, 10)),
-            pod("stuck", annotations=placed("gpu-a", "GPU-a0", 1000, 10, phase="allocating", bound_ago=600)),
-            pod("failed", annotations=placed("gpu-a", "GPU-a0", 1000, 10, phase="failed"), phase="Pending"),
-            pod("unrouted", gpus=2, scheduler=None),
-            pod("garbled", annotations={POD_VGPU_NODE: "gpu-a", POD_DEVICES_ALLOCATED: bad_devices}),
+            make_pod("holder", annotations=placed("gpu-a", "GPU-a0", 1000, 10)),
+            make_pod(
+                "stuck", annotations=placed("gpu-a", "GPU-a0", 1000, 10, phase="allocating", bound_ago=600)
+            ),
+            make_pod(
+                "failed", annotations=placed("gpu-a", "GPU-a0", 1000, 10, phase="failed"), phase="Pending"
+            ),
+            make_pod("unrouted", gpus=2, memory=None, cores=None, scheduler=None),
+            make_pod("garbled", annotations={POD_VGPU_NODE: "gpu-a", POD_DEVICES_ALLOCATED: bad_devices}),
             # two pods of 6000 MiB and 60% each on one 10000 MiB card
-            pod("over-1", annotations=placed("gpu-a", "GPU-a1", 6000, 60)),
-            pod("over-2", annotations=placed("gpu-a", "GPU-a1", 6000, 60)),
+            make_pod("over-1", annotations=placed("gpu-a", "GPU-a1", 6000, 60)),
+            make_pod("over-2", annotations=placed("gpu-a", "GPU-a1", 6000, 60)),
         ],
     )
     register_error = str(_error(lambda: read_node("broken", {NODE_REGISTER: bad_register})))
@@ -179,7 +173,7 @@ async def test_missing_webhook_and_gpu_nodes(apiserver: kmock.KubernetesEmulator
     other = webhook_config(
         "istio", webhook_name="sidecar.istio.io", client_config={"url": "https://x/inject"}
     )
-    await seed(apiserver, configs=[other], nodes=[node("cpu")])
+    await seed(apiserver, configs=[other], nodes=[make_node("cpu", cards=0)])
     code, lines = await run_doctor(kubeconfig)
     assert lines[0] == (
         "FAIL  webhook  cluster: no MutatingWebhookConfiguration has a webhook with path /webhook or a name "
@@ -200,7 +194,7 @@ async def test_cli_exit_codes(
     code = await asyncio.to_thread(cli.main, ["doctor", "--kubeconfig", str(kubeconfig)])
     assert code == 0, capsys.readouterr().out
     assert "OK    node     node gpu-a: 2 cards registered, all healthy" in capsys.readouterr().out
-    await apiserver.post(NODES, json=node("agentless", labels={"gpu": "on"}))
+    await create(apiserver, make_node("agentless", labels={"gpu": "on"}, cards=0))
     code = await asyncio.to_thread(cli.main, ["doctor", "--kubeconfig", str(kubeconfig)])
     assert code == 1
     assert "FAIL  node     node agentless" in capsys.readouterr().out
@@ -228,16 +222,16 @@ async def test_objects_of_hostile_shapes_read_as_absent(
         "spec": {"schedulerName": 3, "containers": ["c", {"name": "d", "resources": "many"}, gpu]},
         "status": "Running",
     }
-    gpu_node = node("gpu-a", card("GPU-a0"), labels={"gpu": "on"})
+    gpu_node = make_node("gpu-a", device("GPU-a0"), labels={"gpu": "on"})
     await seed(apiserver, configs=[webhook_config()], nodes=[gpu_node, odd_node], pods=[odd_pod])
     code, lines = await run_doctor(kubeconfig)
     assert lines[1:] == [
         "OK    node     node gpu-a: 1 card registered, all healthy",
         "OK    lock     cluster: no node lock is unreadable, expired or dangling (0 held)",
         # schedulerName 3 reads as absent: the API server's default
-        "FAIL  pod      pod default/odd: asks for nvidia.com/gpu but its schedulerName is 'default-scheduler', "
-        "not 'hami-scheduler': the webhook did not route it -> check the webhook findings and the "
-        "namespace's hami.io/webhook label, then recreate the pod",
+        "FAIL  pod      pod default/odd: asks for nvidia.com/gpu but its schedulerName is "
+        "'default-scheduler', not 'hami-scheduler': the webhook did not route it -> check the webhook "
+        "findings and the namespace's hami.io/webhook label, then recreate the pod",
         "OK    usage    cluster: no card is granted beyond its memory, cores or slots (1 card)",
         "1 FAIL, 0 WARN, 4 OK",
     ]

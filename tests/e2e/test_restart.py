@@ -24,8 +24,8 @@ from hami.annotations import (
 from hami.commands.demo import final_state, submit_all, wait_decided
 from hami.sim.cluster import parse_cluster
 from hami.sim.kubeapi import nodes_path
-from hami.sim.processes import poll_until
 from hami.sim.system import SCHEDULER, EmbeddedSystem
+from tests.eventually import eventually
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -61,11 +61,16 @@ async def test_a_scheduler_crash_mid_burst_loses_nothing(workdir: Path) -> None:
         names, refused = await submit_all(system, [_pod(i) for i in range(PODS)])
         assert refused == {}
 
-        async def a_third_bound() -> bool | None:
-            bound = sum(1 for p in system.scheduler.pods.values() if p["spec"].get("nodeName"))
-            return True if bound >= PODS // 3 else None
+        def bound() -> int:
+            return sum(1 for p in system.scheduler.pods.values() if p["spec"].get("nodeName"))
 
-        await poll_until(a_third_bound, what="a third of the burst to be bound", limit=60)
+        await eventually(
+            lambda: bound() >= PODS // 3,
+            "a third of the burst to be bound",
+            within=30,
+            progress=bound,
+            alive=system.supervisor.check,
+        )
         await system.restart_scheduler(kill=True)
         assert system.supervisor.children[SCHEDULER].running
         undecided = await wait_decided(system, names, refused, limit=120)

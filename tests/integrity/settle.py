@@ -16,6 +16,8 @@ from collections.abc import Callable, Hashable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from tests.eventually import time_scale
+
 
 class CountingExecutor(ThreadPoolExecutor):
     """The loop's default executor, counting submitted and unfinished jobs (enough threads that parked
@@ -51,14 +53,16 @@ async def settle(
     rounds: int = 2,
 ) -> None:
     """Return once ``quiet()`` holds and ``marks()`` is unchanged over ``rounds`` checks, each after a
-    few loop turns and a millisecond; raise :class:`NotSettled` after ``limit`` seconds of loop time."""
+    few loop turns and a millisecond; raise :class:`NotSettled` after ``limit`` seconds of loop time
+    (stretched by the machine's load, as :func:`tests.eventually.eventually` bounds)."""
     loop = asyncio.get_running_loop()
+    limit *= time_scale()  # a loaded machine (another test run beside this one) is slower, not stuck
     deadline = loop.time() + limit
     stable = 0
     last: Hashable = None
     while stable < rounds:
         if loop.time() > deadline:
-            raise NotSettled(f"the system did not settle within {limit} s: {describe()}")
+            raise NotSettled(f"the system did not settle within {limit:.0f} s: {describe()}")
         for _ in range(4):
             await asyncio.sleep(0)
         await asyncio.sleep(0.001)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ import pytest
 from hami.kube.client import KubeError, call_json, core_api, load_api_client
 from hami.kube.pods import MERGE_PATCH, bind_pod, get_pod, list_pods, patch_pod
 from hami.sim.apiserver import write_kubeconfig
+from tests.eventually import eventually
 
 from .faults import FaultProxy, Mode, Rule, classify
 from .store import Store
@@ -56,14 +57,6 @@ def annotation(store: Store, name: str) -> str | None:
     return ((pod.get("metadata") or {}).get("annotations") or {}).get("a")
 
 
-async def until(predicate: Callable[[], bool]) -> None:
-    for _ in range(2000):
-        if predicate():
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError("timed out")
-
-
 def arm(proxy: FaultProxy, mode: Mode, *, kind: str = "pod-patch", subject: str = "p1", **kw: Any) -> None:
     proxy.arm(Rule(owner=1, who=kw.pop("who", "scheduler"), kind=kind, subject=subject, mode=mode, **kw))
 
@@ -103,13 +96,15 @@ async def test_late_answers_504_and_applies_only_when_released(
     (entry,) = proxy.parked
     assert not entry.waiting and proxy.waiting == 0
     proxy.release(entry)
-    await until(lambda: annotation(store, "p1") == "late")  # landed after the newer write
+    await eventually(
+        lambda: annotation(store, "p1") == "late", "the late write"
+    )  # landed after the newer write
 
 
 async def test_hold_parks_the_request_until_released(store: Store, proxy: FaultProxy, client: Any) -> None:
     arm(proxy, Mode.HOLD)
     call = asyncio.create_task(patch_pod(client, "default", "p1", annotations={"a": "1"}))
-    await until(lambda: bool(proxy.parked))
+    await eventually(lambda: bool(proxy.parked), "a parked request")
     assert proxy.waiting == 1 and not call.done() and annotation(store, "p1") is None
     proxy.release(proxy.parked[0])
     await call
@@ -121,7 +116,7 @@ async def test_slow_applies_at_once_and_parks_the_answer(
 ) -> None:
     arm(proxy, Mode.SLOW)
     call = asyncio.create_task(patch_pod(client, "default", "p1", annotations={"a": "1"}))
-    await until(lambda: bool(proxy.parked))
+    await eventually(lambda: bool(proxy.parked), "a parked request")
     assert annotation(store, "p1") == "1" and not call.done()
     proxy.release(proxy.parked[0])
     await call

@@ -22,8 +22,10 @@ from hami.kube.events import EventRecorder
 from hami.scheduler.app import build_context, create_app, create_probe_app
 from hami.scheduler.config import SchedulerSettings
 from hami.sim.apiserver import write_kubeconfig
+from tests.builders import NOW
+from tests.eventually import eventually
 
-from .kit import NOW, Extender, StartExtender, until
+from .kit import Extender, StartExtender
 
 
 @pytest.fixture
@@ -72,7 +74,7 @@ async def start_extender(
         await probes.start_server()
         running.append((client, api))
         running.append((probes, None))
-        await until(lambda: ctx.snapshot.ready, "the first list of nodes, pods and quotas")
+        await eventually(lambda: ctx.snapshot.ready, "the first list of nodes, pods and quotas")
         return Extender(ctx=ctx, client=client, apiserver=apiserver, probes=probes, recorder=recorder)
 
     yield start

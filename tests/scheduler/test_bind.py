@@ -12,9 +12,11 @@ from kmock._internal.rendering import Response
 from hami.annotations import NODE_LOCK, POD_BIND_PHASE, decode_node_lock, decode_pod_devices
 from hami.kube.nodelock import release_node_lock
 from hami.scheduler.snapshot import local_time
+from tests.builders import NOW, make_node, make_pod
+from tests.eventually import eventually
 
 from .faults import FaultProxy, pod_write, proxy_fixture  # noqa: F401  (the `proxy` fixture)
-from .kit import NOW, Extender, StartExtender, make_node, make_pod, until
+from .kit import Extender, StartExtender
 
 PODS = kmock.resource("v1/pods")
 EVENTS = kmock.resource("v1/events")
@@ -159,11 +161,11 @@ async def test_twenty_concurrent_binds_on_room_for_ten(start_extender: StartExte
     async def agent() -> None:
         """Stand-in node agent: releases each lock as soon as the watch shows it (Allocate done)."""
         while True:
-            await until(lambda: bool(ext.ctx.snapshot.lock_of("n1")), "a node lock", seconds=30)
+            await eventually(lambda: bool(ext.ctx.snapshot.lock_of("n1")), "a node lock", within=30)
             holder = decode_node_lock(ext.ctx.snapshot.lock_of("n1") or "")
             assert holder.namespace is not None and holder.name is not None
             await release_node_lock(ext.ctx.api, "n1", holder.namespace, holder.name)
-            await until(lambda: ext.ctx.snapshot.lock_of("n1") is None, "the release to be seen")
+            await eventually(lambda: ext.ctx.snapshot.lock_of("n1") is None, "the release to be seen")
 
     releaser = asyncio.create_task(agent())
     try:
@@ -242,7 +244,7 @@ async def test_a_hanging_api_request_fails_within_the_timeout(start_extender: St
 async def _assert_clean_failure(ext: Extender) -> None:
     assert await _lock(ext) is None  # released
     assert (await ext.pod("p"))["metadata"]["annotations"][POD_BIND_PHASE] == "failed"
-    await until(lambda: ext.ctx.snapshot.record(("default", "p")) is None, "the booking to be undone")
+    await eventually(lambda: ext.ctx.snapshot.record(("default", "p")) is None, "the booking to be undone")
     await ext.settle()
     assert len(_events(ext, "BindingFailed")) == 1
     # the card is free again: another pod fits where the failed one would have gone
@@ -260,7 +262,9 @@ async def test_a_pod_watch_that_ends_is_resumed(
         "hami.io/vgpu-devices-allocated": "GPU-n1-0,NVIDIA,9500,30:;",
     }
     await apiserver.post("/api/v1/namespaces/default/pods", json=busy)
-    await until(lambda: ext.ctx.snapshot.record(("default", "busy")) is not None, "the pod created later")
+    await eventually(
+        lambda: ext.ctx.snapshot.record(("default", "busy")) is not None, "the pod created later"
+    )
     assert len(apiserver[kmock.action.WATCH, PODS]) >= 2  # the first (cut) and its replacement
     result = await ext.filter(make_pod("p", memory=1000), ["n1"])
     assert result["FailedNodes"] == {"n1": "1/1 CardInsufficientMemory"}

@@ -24,6 +24,8 @@ from hami.annotations import (
 )
 from hami.kube.nodelock import release_node_lock
 from hami.scheduler.snapshot import local_time
+from tests.builders import NOW, make_node, make_pod
+from tests.eventually import eventually
 
 from .faults import (  # noqa: F401  (proxy_fixture: the `proxy` fixture)
     FaultProxy,
@@ -32,7 +34,7 @@ from .faults import (  # noqa: F401  (proxy_fixture: the `proxy` fixture)
     pod_write,
     proxy_fixture,
 )
-from .kit import NOW, Extender, StartExtender, make_node, make_pod, until
+from .kit import Extender, StartExtender
 
 PODS = kmock.resource("v1/pods")
 NODES = kmock.resource("v1/nodes")
@@ -93,7 +95,7 @@ async def node_agent(*replicas: Extender, node: str = "n1") -> AsyncIterator[Non
 
     async def run() -> None:
         while True:
-            await until(lambda: bool(ext.ctx.snapshot.lock_of(node)), "a node lock", seconds=120)
+            await eventually(lambda: bool(ext.ctx.snapshot.lock_of(node)), "a node lock", within=120)
             value = ext.ctx.snapshot.lock_of(node) or ""
             owner = decode_node_lock(value)
             assert owner.namespace is not None and owner.name is not None
@@ -107,10 +109,10 @@ async def node_agent(*replicas: Extender, node: str = "n1") -> AsyncIterator[Non
                     r.ctx.snapshot.record(key) is not None for r in replicas
                 )
 
-            await until(settled, f"{key} bound and seen, or its lock released", seconds=30)
+            await eventually(settled, f"{key} bound and seen, or its lock released", within=30)
             gone = {"metadata": {"annotations": {NODE_LOCK: None}}}  # released straight on the API server
             await ext.apiserver.patch(f"/api/v1/nodes/{node}", json=gone)
-            await until(lambda v=value: ext.ctx.snapshot.lock_of(node) != v, "the release seen")  # type: ignore[misc]
+            await eventually(lambda v=value: ext.ctx.snapshot.lock_of(node) != v, "the release seen")  # type: ignore[misc]
 
     task = asyncio.create_task(run())
     try:
@@ -152,7 +154,7 @@ async def test_a_stale_bind_does_not_rewrite_a_pod_bound_elsewhere_meanwhile(
     b = await start_extender(ticker=frozen)
     conflicting_bindings(a.apiserver)
     stale = asyncio.create_task(a.bind("g", "n1"))
-    await until(lambda: holder_checks(a) >= 1, "the stale bind to meet the busy lock")
+    await eventually(lambda: holder_checks(a) >= 1, "the stale bind to meet the busy lock")
     assert await b.bind("g", "n2") == {"Error": ""}
     bound = await a.pod("g")
     assert bound["spec"]["nodeName"] == "n2" and bound["metadata"]["annotations"][POD_VGPU_NODE] == "n2"
@@ -161,7 +163,7 @@ async def test_a_stale_bind_does_not_rewrite_a_pod_bound_elsewhere_meanwhile(
     assert result == {"Error": "pod default/g is already bound to node n2: refused"}
     assert await a.pod("g") == bound  # not one write
     assert await lock_of(a) is None  # the lock it took for nothing is given back
-    await until(lambda: a.ctx.snapshot.record(("default", "g")) is not None, "the pod seen on n2")
+    await eventually(lambda: a.ctx.snapshot.record(("default", "g")) is not None, "the pod seen on n2")
     assert a.ctx.snapshot.record(("default", "g")).node == "n2"  # type: ignore[union-attr]
 
 
@@ -175,7 +177,7 @@ async def test_waiting_for_a_lock_never_holds_the_node_queue(start_extender: Sta
         node_lock_retry_timeout=10.0,
     )
     waiter = asyncio.create_task(ext.bind("g", "n1"))
-    await until(lambda: holder_checks(ext) >= 1, "the member to meet the busy lock")
+    await eventually(lambda: holder_checks(ext) >= 1, "the member to meet the busy lock")
     assert await ext.bind("holder", "n1") == {"Error": ""}
     assert not waiter.done()  # still waiting: the holder's retry did not wait behind it
     assert (await ext.pod("holder"))["spec"]["nodeName"] == "n1"
@@ -192,7 +194,7 @@ async def test_a_bind_whose_deadline_passed_while_waiting_writes_nothing(
         nodes=[locked("n1")], pods=[holder(), group_pod("g")], ticker=ticker, bind_timeout=20.0
     )  # a PodGroup member would wait 28 s: the 20 s deadline comes first
     waiter = asyncio.create_task(ext.bind("g", "n1"))
-    await until(lambda: holder_checks(ext) >= 1, "the member to meet the busy lock")
+    await eventually(lambda: holder_checks(ext) >= 1, "the member to meet the busy lock")
     ticker.now = 21.0  # kube-scheduler's extender timeout is over: it no longer waits for us
     assert await release_node_lock(ext.ctx.api, "n1", "default", "holder")
     result = await asyncio.wait_for(waiter, timeout=30)
@@ -228,7 +230,7 @@ async def test_a_bind_that_passes_its_deadline_midway_gives_back_and_stops(
     assert "nodeName" not in pod["spec"]
     assert pod["metadata"]["annotations"][POD_BIND_PHASE] == "failed"  # undone: tested on our values
     assert await lock_of(ext) is None
-    await until(lambda: ext.ctx.snapshot.record(("default", "p")) is None, "the grant to stop counting")
+    await eventually(lambda: ext.ctx.snapshot.record(("default", "p")) is None, "the grant to stop counting")
 
 
 # ------------------------------------------------------------- case 2: ambiguous Binding outcome
@@ -306,7 +308,9 @@ async def test_a_binding_refused_for_a_pod_bound_elsewhere_undoes_only_its_own_w
     annotations = (await ext.pod("p"))["metadata"]["annotations"]
     assert annotations[POD_BIND_PHASE] == "failed"  # our grant on n1 is marked dead
     assert await lock_of(ext) is None
-    await until(lambda: ext.ctx.snapshot.record(("default", "p")) is None, "the n1 grant to stop counting")
+    await eventually(
+        lambda: ext.ctx.snapshot.record(("default", "p")) is None, "the n1 grant to stop counting"
+    )
     assert used(ext) == [(0, 0, 0)]  # n1's card is free: the pod runs on n2, not here
 
 
@@ -329,7 +333,7 @@ async def test_a_late_allocation_patch_cannot_resurrect_an_undone_bind(
     stored = await ext.pod("p")
     assert stored["metadata"]["annotations"].get(POD_BIND_PHASE) == "failed"  # not resurrected
     assert POD_VGPU_NODE not in stored["metadata"]["annotations"]
-    await until(lambda: ext.ctx.snapshot.record(("default", "p")) is None, "nothing to count")
+    await eventually(lambda: ext.ctx.snapshot.record(("default", "p")) is None, "nothing to count")
     assert (await ext.filter(make_pod("next", memory=10000), ["n1"]))["NodeNames"] == ["n1"]
     # each late patch tested the pod as its bind had read it, and the undo changed that: none applied
     assert all(s >= 400 for s in statuses)
@@ -347,7 +351,7 @@ async def test_an_allocation_patch_landing_before_the_undo_is_undone(start_exten
     annotations = (await ext.pod("p"))["metadata"]["annotations"]
     assert annotations[POD_BIND_PHASE] == "failed" and annotations[POD_VGPU_NODE] == "n1"
     assert await lock_of(ext) is None
-    await until(lambda: ext.ctx.snapshot.record(("default", "p")) is None, "nothing to count")
+    await eventually(lambda: ext.ctx.snapshot.record(("default", "p")) is None, "nothing to count")
     assert used(ext) == [(0, 0, 0)]
 
 
@@ -463,7 +467,9 @@ async def test_sixty_concurrent_binds_get_exactly_the_capacity_and_a_restart_agr
     assert len(bound) == 20, "\n".join(e for e in errors if e)
     assert all("does not fit node n1" in e for e in errors if e), "\n".join(e for e in errors if e)
     assert await card_memory(ext, bound) == {"GPU-n1-0": 10000, "GPU-n1-1": 10000}
-    await until(lambda: all(ext.ctx.snapshot.record(("default", n)) is not None for n in bound), "all seen")
+    await eventually(
+        lambda: all(ext.ctx.snapshot.record(("default", n)) is not None for n in bound), "all seen"
+    )
     assert used(ext) == [(10, 10000, 50), (10, 10000, 50)]
     restarted = await start_extender()
     assert used(restarted) == used(ext)

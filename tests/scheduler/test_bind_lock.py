@@ -12,8 +12,10 @@ import pytest
 
 from hami.annotations import NODE_LOCK, POD_BIND_PHASE, POD_GROUP_LABEL, decode_pod_devices
 from hami.kube.nodelock import release_node_lock
+from tests.builders import make_node, make_pod
+from tests.eventually import eventually
 
-from .kit import Extender, StartExtender, make_node, make_pod, until
+from .kit import Extender, StartExtender
 
 PODS = kmock.resource("v1/pods")
 EVENTS = kmock.resource("v1/events")
@@ -59,7 +61,7 @@ async def test_a_group_member_waits_for_the_lock_until_it_is_released(start_exte
     assert ext.ctx.settings.node_lock_retry_timeout == 28.0
     binding = asyncio.create_task(ext.bind("g", "n1"))
     # the bind found the lock busy (it checked the holder) and is still waiting, not failed
-    await until(lambda: _holder_checks(ext) >= 1, "the bind to meet the busy lock")
+    await eventually(lambda: _holder_checks(ext) >= 1, "the bind to meet the busy lock")
     assert not binding.done()
     assert await release_node_lock(ext.ctx.api, "n1", "default", "holder")  # the agent's release
     result = await asyncio.wait_for(binding, timeout=10)
@@ -154,4 +156,4 @@ async def test_an_init_only_bind_that_fails_releases_its_own_lock(start_extender
     assert result["Error"].startswith("500 "), result
     assert await _lock(ext) is None
     assert (await ext.pod("warm"))["metadata"]["annotations"][POD_BIND_PHASE] == "failed"
-    await until(lambda: ext.ctx.snapshot.record(("default", "warm")) is None, "the booking to be undone")
+    await eventually(lambda: ext.ctx.snapshot.record(("default", "warm")) is None, "the booking to be undone")

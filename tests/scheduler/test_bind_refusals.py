@@ -11,9 +11,10 @@ import kmock
 import pytest
 
 from hami.annotations import NODE_LOCK, POD_BIND_PHASE, POD_DEVICES_ALLOCATED, POD_VGPU_NODE
+from tests.builders import make_node, make_pod
 
 from .faults import conflicting_bindings
-from .kit import Extender, StartExtender, make_node, make_pod
+from .kit import Extender, StartExtender
 
 PODS = kmock.resource("v1/pods")
 NODES = kmock.resource("v1/nodes")

@@ -11,7 +11,9 @@ import asyncio
 import contextlib
 import json
 
-from .kit import Extender, StartExtender, make_node
+from tests.builders import make_node
+
+from .kit import Extender, StartExtender
 
 MIB = 1024 * 1024
 #: bound on waiting for one answer; each answer is expected at once

@@ -20,8 +20,10 @@ from hami.kube.client import load_api_client
 from hami.kube.cordon import CORDON_POINTER as POINTER
 from hami.kube.cordon import update_device_cordon
 from hami.kube.nodes import JSON_PATCH
+from tests.builders import make_node, make_pod
+from tests.eventually import eventually
 
-from .kit import StartExtender, make_node, make_pod, until
+from .kit import StartExtender
 
 Emulator = kmock.KubernetesEmulator
 NODES = kmock.resource("v1/nodes")
@@ -180,7 +182,7 @@ async def test_the_extender_skips_a_cordoned_card(start_extender: StartExtender,
         entry = next(e for e in ext.ctx.snapshot.entries() if e.name == "n1")
         return entry.state is not None and A0 in entry.state.cordoned
 
-    await until(seen, "the extender to see the cordon")
+    await eventually(seen, "the extender to see the cordon")
     result = await ext.filter(make_pod("p"), ["n1"])
     assert result["NodeNames"] == []
     failed = {**result["FailedNodes"], **result["FailedAndUnresolvableNodes"]}

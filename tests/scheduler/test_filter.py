@@ -15,8 +15,10 @@ from hami.annotations import (
 )
 from hami.core.rejection import Reason, Rejection
 from hami.scheduler.snapshot import local_time
+from tests.builders import NOW, make_node, make_pod
+from tests.eventually import eventually
 
-from .kit import NOW, StartExtender, make_node, make_pod, until
+from .kit import StartExtender
 
 EVENTS = kmock.resource("v1/events")
 
@@ -140,7 +142,9 @@ async def test_used_cards_are_a_resolvable_failure(start_extender: StartExtender
     assert event["involvedObject"]["name"] == "p"
     # the busy pod finishing frees the card: the watch applies it incrementally
     await ext.apiserver.patch("/api/v1/namespaces/default/pods/busy", json={"status": {"phase": "Succeeded"}})
-    await until(lambda: ext.ctx.snapshot.record(("default", "busy")) is None, "the finished pod to drop out")
+    await eventually(
+        lambda: ext.ctx.snapshot.record(("default", "busy")) is None, "the finished pod to drop out"
+    )
     assert (await ext.filter(make_pod("p", memory=1000), ["n1"]))["NodeNames"] == ["n1"]
 
 
@@ -236,4 +240,6 @@ async def test_the_handshake_is_written_and_a_stale_node_is_excluded(start_exten
     await ext.apiserver.patch(
         "/api/v1/nodes/stale", json={"status": {"allocatable": {"nvidia.com/gpu": "20"}}}
     )
-    await until(lambda: ext.ctx.snapshot.problem("stale", local_time(NOW)) is None, "the node to recover")
+    await eventually(
+        lambda: ext.ctx.snapshot.problem("stale", local_time(NOW)) is None, "the node to recover"
+    )

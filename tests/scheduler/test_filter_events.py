@@ -15,7 +15,9 @@ from typing import Any
 
 import kmock
 
-from .kit import NOW, Extender, StartExtender, make_node, make_pod
+from tests.builders import NOW, make_node, make_pod
+
+from .kit import Extender, StartExtender
 
 EVENTS = kmock.resource("v1/events")
 PODS = kmock.resource("v1/pods")

@@ -22,8 +22,8 @@ import pytest
 from hami.kube.client import load_api_client
 from hami.scheduler.app import Listeners, build_context, serving
 from hami.scheduler.config import add_arguments, from_args
-
-from .kit import NOW, make_node, make_pod, until
+from tests.builders import NOW, make_node, make_pod
+from tests.eventually import eventually
 
 VERBS = ("/filter", "/prioritize", "/bind")
 PROBES = ("/healthz", "/readyz", "/metrics")
@@ -51,7 +51,7 @@ async def running(apiserver: kmock.KubernetesEmulator, kubeconfig: Path) -> Asyn
     ctx = build_context(settings, api, clock=lambda: NOW)
     try:
         async with serving(ctx) as listeners:
-            await until(lambda: ctx.snapshot.ready, "the first lists")
+            await eventually(lambda: ctx.snapshot.ready, "the first lists")
             yield listeners
     finally:
         api.close()

@@ -22,8 +22,10 @@ from hami.kube.nodelock import release_node_lock
 from hami.scheduler.filter import failure_summary
 from hami.scheduler.metrics import BIND_RESULTS, LockHolds
 from hami.scheduler.reasons import VOCABULARY, advice, label, rejection_words
+from tests.builders import make_node, make_pod
+from tests.eventually import eventually
 
-from .kit import Extender, StartExtender, make_node, make_pod, until
+from .kit import Extender, StartExtender
 
 PODS = kmock.resource("v1/pods")
 NODES = kmock.resource("v1/nodes")
@@ -185,19 +187,21 @@ async def test_lock_hold_time_runs_from_acquire_until_the_watch_sees_it_go(
     # a bind that fails after locking releases the lock itself: one hold, ended by its own release
     (ext.apiserver**10)["post", PODS, kmock.subresource("binding")][:1] << 500  # the first binding
     assert (await ext.bind("r", "n2"))["Error"].startswith("500 ")
-    await until(lambda: ext.ctx.metrics.lock_holds.pending() == 0, "the failed bind's release to be seen")
+    await eventually(
+        lambda: ext.ctx.metrics.lock_holds.pending() == 0, "the failed bind's release to be seen"
+    )
     assert value(await scrape(ext), hold + "_count") == 1
     assert ext.ctx.snapshot.lock_of("n2") is None
 
     started = time.monotonic()
     assert await ext.bind("p", "n1") == {"Error": ""}
-    await until(lambda: ext.ctx.snapshot.lock_of("n1") is not None, "the watch to show the lock")
+    await eventually(lambda: ext.ctx.snapshot.lock_of("n1") is not None, "the watch to show the lock")
     assert value(await scrape(ext), hold + "_count") == 1  # still held: the node agent has not released it
     assert ext.ctx.metrics.lock_holds.pending() == 1
     first = value(await scrape(ext), hold + "_sum")
     # the node agent releases it after Allocate
     assert await release_node_lock(ext.ctx.api, "n1", "default", "p")
-    await until(lambda: ext.ctx.metrics.lock_holds.pending() == 0, "the release to be seen")
+    await eventually(lambda: ext.ctx.metrics.lock_holds.pending() == 0, "the release to be seen")
     elapsed = time.monotonic() - started
     samples = await scrape(ext)
     assert value(samples, hold + "_count") == 2
@@ -240,7 +244,7 @@ async def test_snapshot_sizes_are_computed_at_scrape_time(start_extender: StartE
     assert await ext.bind("p", "b") == {"Error": ""}
     assert value(await scrape(ext), "hami_scheduler_snapshot_pods_tracked") == 2
     await ext.apiserver.delete("/api/v1/nodes/broken")
-    await until(lambda: len(list(ext.ctx.snapshot.entries())) == 2, "the node deletion")
+    await eventually(lambda: len(list(ext.ctx.snapshot.entries())) == 2, "the node deletion")
     assert value(await scrape(ext), "hami_scheduler_snapshot_nodes") == 2
 
 
@@ -264,8 +268,8 @@ async def test_watch_restarts_are_counted(
             if name == restarts
         }
 
-    await until(lambda: len(apiserver[kmock.action.WATCH, PODS]) >= 2, "the pod watch to be reopened")
-    await until(lambda: len(apiserver[kmock.action.WATCH, NODES]) >= 2, "the node watch to be reopened")
+    await eventually(lambda: len(apiserver[kmock.action.WATCH, PODS]) >= 2, "the pod watch to be reopened")
+    await eventually(lambda: len(apiserver[kmock.action.WATCH, NODES]) >= 2, "the node watch to be reopened")
     found = await counted()
     assert {k: v for k, v in found.items() if v} == {("pods", "ended"): 1, ("nodes", "gone_410"): 1}
     assert len(found) == 12  # nodes, pods, resourcequotas x ended, dropped, gone_410, error, from the start

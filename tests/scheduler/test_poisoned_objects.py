@@ -17,8 +17,10 @@ from hami.annotations import (
     encode_node_devices,
 )
 from hami.core.model import NamespaceQuota
+from tests.builders import card, make_node, make_pod
+from tests.eventually import eventually
 
-from .kit import StartExtender, card, make_node, make_pod, until
+from .kit import StartExtender
 
 EVENTS = kmock.resource("v1/events")
 MEM = "limits.nvidia.com/gpumem"
@@ -108,7 +110,7 @@ async def test_poisoned_objects_in_the_lists_leave_the_scheduler_ready_and_filte
 
     # the watches go on: a new node after all that is seen and used
     await ext.apiserver.post("/api/v1/nodes", json=make_node("late"))
-    await until(lambda: ext.ctx.snapshot.problem("late", ext.ctx.clock()) is None, "the late node")
+    await eventually(lambda: ext.ctx.snapshot.problem("late", ext.ctx.clock()) is None, "the late node")
     again = await ext.filter(make_pod("r", memory=1000), ["late", "deep-json"])
     assert again["NodeNames"] == ["late"]
 

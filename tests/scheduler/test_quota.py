@@ -13,8 +13,10 @@ from hami.core.model import NamespaceQuota
 from hami.core.usage import pod_usage
 from hami.scheduler.quotas import QuotaBook
 from hami.settings import DeviceConfig
+from tests.builders import make_node, make_pod
+from tests.eventually import eventually
 
-from .kit import Extender, StartExtender, make_node, make_pod, until
+from .kit import Extender, StartExtender
 
 MEM = "limits.nvidia.com/gpumem"
 CORES = "limits.nvidia.com/gpucores"
@@ -86,7 +88,7 @@ async def test_existing_usage_counts_and_deleting_the_pod_frees_the_quota(
 
     response = await ext.apiserver.delete("/api/v1/namespaces/team/pods/busy")
     assert response.status == 200
-    await until(lambda: ext.ctx.snapshot.quotas.used("team") == (0, 0), "the deletion to free the quota")
+    await eventually(lambda: ext.ctx.snapshot.quotas.used("team") == (0, 0), "the deletion to free the quota")
     assert (await _filter(ext, pod))["NodeNames"] == ["n1"]
     assert await ext.bind("p", "n1", namespace="team") == {"Error": ""}
 
@@ -158,11 +160,11 @@ async def test_quota_changes_are_watched(start_extender: StartExtender) -> None:
     await ext.apiserver.post(
         "/api/v1/namespaces/team/resourcequotas", json=make_quota("tighter", {MEM: "2000"})
     )
-    await until(lambda: len(ext.ctx.snapshot.quotas) == 2, "both quotas to be seen")
+    await eventually(lambda: len(ext.ctx.snapshot.quotas) == 2, "both quotas to be seen")
     # several quotas in one namespace: the tightest limit applies
     assert (await _filter(ext, pod))["FailedAndUnresolvableNodes"] == {"n1": "2/2 ResourceQuotaNotFit"}
     await ext.apiserver.delete("/api/v1/namespaces/team/resourcequotas/tighter")
-    await until(lambda: len(ext.ctx.snapshot.quotas) == 1, "the deletion to be seen")
+    await eventually(lambda: len(ext.ctx.snapshot.quotas) == 1, "the deletion to be seen")
     assert (await _filter(ext, pod))["NodeNames"] == ["n1"]
 
 

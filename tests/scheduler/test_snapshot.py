@@ -17,8 +17,7 @@ from hami.core.model import NodeState
 from hami.core.usage import pod_usage
 from hami.scheduler.podrecords import allocating_until
 from hami.scheduler.snapshot import PodRecord, Snapshot, local_time
-
-from .kit import NOW, make_node, make_pod
+from tests.builders import NOW, make_node, make_pod
 
 LOCAL_NOW = local_time(NOW)
 

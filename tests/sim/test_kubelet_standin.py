@@ -22,7 +22,7 @@ from hami.kube.client import load_api_client
 from hami.kubeletapi import api_pb2, api_pb2_grpc
 from hami.sim.kubeapi import nodes_path, pods_path
 from hami.sim.kubelet_standin import CHECKPOINT, NodeKubelet
-from hami.sim.processes import poll_until
+from tests.eventually import eventually
 
 DEVICES = [f"GPU-{card}-{i}" for card in ("a", "b") for i in range(3)]
 
@@ -116,7 +116,7 @@ async def _phase(apiserver: kmock.KubernetesEmulator, name: str) -> dict[str, An
         status = (await (await apiserver.get(pods_path("default", name))).json()).get("status") or {}
         return status if status.get("phase") in ("Running", "Failed") else None
 
-    return await poll_until(probe, what=f"{name} to be admitted or failed", limit=10)
+    return await eventually(probe, f"{name} to be admitted or failed", within=10)
 
 
 async def test_registration_publishes_capacity(
@@ -126,7 +126,7 @@ async def test_registration_publishes_capacity(
         status = (await (await apiserver.get(nodes_path("n1"))).json())["status"]
         return status if status["allocatable"].get("nvidia.com/gpu") == "6" else None
 
-    status = await poll_until(published, what="n1's allocatable", limit=10)
+    status = await eventually(published, "n1's allocatable", within=10)
     assert status["capacity"]["nvidia.com/gpu"] == "6"
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from hami.sim.processes import ChildFailed, Supervisor, poll_until
+from tests.eventually import eventually
 
 SLEEPER = "import time; print('up', flush=True); time.sleep(60)"
 # ignores SIGTERM and starts a grandchild in the same process group, then reports both pids
@@ -38,7 +39,7 @@ async def _line(path: Path, prefix: str) -> str:
                 return line
         return None
 
-    return await poll_until(probe, what=f"{prefix!r} in {path}", limit=10)
+    return await eventually(probe, f"{prefix!r} in {path}", within=10)
 
 
 async def test_leaving_the_block_stops_every_child(tmp_path: Path) -> None:
@@ -62,7 +63,7 @@ async def test_a_child_ignoring_sigterm_is_killed_with_its_group(tmp_path: Path)
     async def gone() -> bool | None:
         return True if not _alive(grandchild) else None
 
-    await poll_until(gone, what="the grandchild to die", limit=5)
+    await eventually(gone, "the grandchild to die", within=5)
 
 
 async def test_an_error_inside_the_block_still_stops_children(tmp_path: Path) -> None:

@@ -17,8 +17,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from hami.sim.kubeapi import SimApi, nodes_path, pods_path
-from hami.sim.processes import poll_until
 from hami.sim.scheduler_standin import SchedulerStandIn
+from tests.eventually import eventually
 
 Reply = Callable[[dict[str, Any]], Any]
 
@@ -107,7 +107,7 @@ async def _bound(apiserver: kmock.KubernetesEmulator, name: str) -> str:
     async def probe() -> str | None:
         return (await _stored(apiserver, name))["spec"].get("nodeName")
 
-    return await poll_until(probe, what=f"{name} to be bound", limit=10)
+    return await eventually(probe, f"{name} to be bound", within=10)
 
 
 async def test_filter_prioritize_bind_with_node_names_only(
@@ -122,7 +122,7 @@ async def test_filter_prioritize_bind_with_node_names_only(
         "NodeNames": ["n1", "n2"],
         "FailedNodes": {"n3": "1/1 CardInsufficientMemory"},
     }
-    await poll_until(lambda: _ready(standin, 4), what="the stand-in to see the nodes", limit=10)
+    await eventually(lambda: _ready(standin, 4), "the stand-in to see the nodes", within=10)
     await _pod(apiserver, "p1", nodeSelector={"gpu": "on"})
     assert await _bound(apiserver, "p1") == "n2"  # highest score
     assert fake.verbs() == ["filter", "prioritize", "bind"]
@@ -155,18 +155,20 @@ async def test_unschedulable_pods_are_explained_and_retried_when_a_node_changes(
     fake.filter = lambda args: {"NodeNames": [], "FailedNodes": {"n1": "1/1 CardInsufficientMemory"}}
     await _pod(apiserver, "p1")
 
-    async def settled() -> bool | None:
-        pod = standin.pods.get(("default", "p1"))
-        return True if pod is not None and standin.settled(pod) else None
+    def events() -> list[dict[str, Any]]:
+        return [o.raw for (r, _, _), o in apiserver.objects.items() if r.plural == "events"]
 
-    await poll_until(settled, what="p1 to be unschedulable", limit=10)
+    def settled() -> bool:  # the attempt is recorded before its condition and Event are written
+        pod = standin.pods.get(("default", "p1"))
+        return pod is not None and standin.settled(pod) and bool(events())
+
+    await eventually(settled, "p1 to be unschedulable and its Event written", within=10)
     message = "0/1 nodes are available: 1 1/1 CardInsufficientMemory."
     pod = await _stored(apiserver, "p1")
     assert pod["status"]["conditions"] == [
         {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}
     ]
-    events = [o.raw for (r, _, _), o in apiserver.objects.items() if r.plural == "events"]
-    assert [(e["reason"], e["message"], e["involvedObject"]["name"]) for e in events] == [
+    assert [(e["reason"], e["message"], e["involvedObject"]["name"]) for e in events()] == [
         ("FailedScheduling", message, "p1")
     ]
     assert fake.verbs() == ["filter"]  # nothing changed: no retry
@@ -190,7 +192,7 @@ async def test_errors_are_retried_with_backoff(
     async def failed_twice() -> bool | None:
         return True if fake.verbs().count("bind") >= 2 else None
 
-    await poll_until(failed_twice, what="two failed binds", limit=10)
+    await eventually(failed_twice, "two failed binds", within=10)
     attempt = standin.attempt(await _stored(apiserver, "p1"))
     assert attempt is not None and attempt.kind == "error" and "locked" in attempt.message
     fake.bind_error = ""

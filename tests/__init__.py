@@ -1,0 +1,1 @@
+"""The test suite (a package, so shared kits import as ``tests.builders``)."""
