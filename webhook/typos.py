@@ -36,18 +36,7 @@ import difflib
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
-from hami.annotations import (
-    POD_GPU_POLICY,
-    POD_NODE_POLICY,
-    POD_NOUSE_GPUTYPE,
-    POD_NOUSE_GPUUUID,
-    POD_NUMA_BIND,
-    POD_SCORING_WEIGHTS,
-    POD_USE_GPUTYPE,
-    POD_USE_GPUUUID,
-    POD_VGPU_MODE,
-    WEBHOOK_IGNORE_LABEL,
-)
+from hami.annotations import USER_POD_ANNOTATIONS, WEBHOOK_IGNORE_LABEL
 from hami.core.requests import lookup, whole_number
 from hami.settings import ResourceNames
 
@@ -62,18 +51,8 @@ NAMESPACES = ("nvidia.com/", "hami.io/")
 STRICT = ("hami.io/",)
 #: NVIDIA device plugin resources, never judged: MIG (mixed strategy) and time-slicing renames.
 NVIDIA_PLUGIN = re.compile(r"^nvidia\.com/(mig-[^/]+|[^/]+\.shared)$")
-#: The steering annotations users set on pods (spec-scheduler §17).
-USER_KEYS = (
-    POD_USE_GPUTYPE,
-    POD_NOUSE_GPUTYPE,
-    POD_USE_GPUUUID,
-    POD_NOUSE_GPUUUID,
-    POD_NUMA_BIND,
-    POD_VGPU_MODE,
-    POD_NODE_POLICY,
-    POD_GPU_POLICY,
-    POD_SCORING_WEIGHTS,
-)
+#: The steering annotations users set on pods (spec-scheduler §17): the codec's list.
+USER_KEYS = USER_POD_ANNOTATIONS
 #: HAMi's per-vendor uuid steering keys (``hami.io/use-Ascend910B2-uuid``, ``hami.io/no-use-xpu-uuid``).
 OTHER_VENDOR_KEY = re.compile(r"^hami\.io/(no-)?use-[A-Za-z0-9.]+-uuid$")
 SIMILARITY = 0.75

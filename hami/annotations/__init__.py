@@ -38,6 +38,7 @@ from hami.annotations.keys import (
     POD_VGPU_MODE,
     POD_VGPU_NODE,
     POD_VGPU_TIME,
+    USER_POD_ANNOTATIONS,
     WEBHOOK_IGNORE_LABEL,
 )
 from hami.annotations.lock import (
@@ -120,6 +121,7 @@ __all__ = [
     "POD_VGPU_MODE",
     "POD_VGPU_NODE",
     "POD_VGPU_TIME",
+    "USER_POD_ANNOTATIONS",
     "WEBHOOK_IGNORE_LABEL",
     "AnnotationError",
     "BindPhase",

@@ -36,6 +36,19 @@ POD_SCORING_WEIGHTS = "hami.io/device-scoring-weights"
 WEBHOOK_IGNORE_LABEL = "hami.io/webhook"  # value "ignore" excludes a pod or namespace
 POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
 
+#: The steering annotations users set on pods (spec-scheduler §17; docs/annotations.md).
+USER_POD_ANNOTATIONS: tuple[str, ...] = (
+    POD_USE_GPUTYPE,
+    POD_NOUSE_GPUTYPE,
+    POD_USE_GPUUUID,
+    POD_NOUSE_GPUUUID,
+    POD_NUMA_BIND,
+    POD_VGPU_MODE,
+    POD_NODE_POLICY,
+    POD_GPU_POLICY,
+    POD_SCORING_WEIGHTS,
+)
+
 #: Annotations only our components may write; a new pod carrying one is refused by the webhook.
 INTERNAL_POD_ANNOTATIONS: tuple[str, ...] = (
     POD_VGPU_NODE,
