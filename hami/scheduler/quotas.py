@@ -12,7 +12,8 @@ Rules: the limits are kept by the core's :class:`~hami.core.quota.LimitsBook` (s
 webhook's admission pre-check: whole numbers rounded up like Go's ``Quantity.Value``, the memory limit
 times ``memoryFactor`` when it is > 1); with several quotas in one namespace each dimension takes the
 tightest (smallest) limit; a value that is not a non-negative quantity is logged once and ignored (the
-rest of that quota still counts). Every other ``spec.hard`` key is ignored; the quota's ``status`` is never read (HAMi counts from its own pods).
+rest of that quota still counts). Every other ``spec.hard`` key is ignored; the quota's ``status`` is
+never read (HAMi counts from its own pods).
 
 No I/O: must not import the Kubernetes client or aiohttp.
 """
