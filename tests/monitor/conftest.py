@@ -1,10 +1,14 @@
 """Fixtures for the node agent: a real API client on the embedded API server, a short temporary
 directory for unix sockets (their paths are limited to ~107 bytes, which pytest's tmp_path can exceed),
-and node n1's Allocator and device plugin (``allocator``, ``stub``) over the cards of a module's own
-``inventory`` fixture, with its ``agent_settings`` (default settings unless the module overrides them)."""
+node n1's Allocator and device plugin (``allocator``, ``stub``) over the cards of a module's own
+``inventory`` fixture, with its ``agent_settings`` (default settings unless the module overrides them),
+and the host markers: a test marked ``gpu`` talks to this host's real NVML and runs only where the
+NVIDIA driver's library loads; one marked ``no_gpu`` asserts its absence and runs only where it does not."""
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -18,6 +22,24 @@ from hami.kube.client import load_api_client
 from monitor.allocate_call import Allocator
 from monitor.config import NodeSettings
 from monitor.inventory import Inventory
+
+
+@functools.cache
+def nvml_library_here() -> bool:
+    """Whether this host has NVIDIA's NVML library (what pynvml loads on Linux)."""
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return False
+    return True
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    here = nvml_library_here()
+    if item.get_closest_marker("gpu") is not None and not here:
+        pytest.skip("needs the NVIDIA driver's NVML library (libnvidia-ml.so.1) on this host")
+    if item.get_closest_marker("no_gpu") is not None and here:
+        pytest.skip("asserts a host without the NVIDIA driver; this one has libnvidia-ml.so.1")
 
 
 @pytest.fixture

@@ -198,10 +198,28 @@ def test_nvml_library_missing_is_a_clear_unavailable_error() -> None:
         NvmlBackend(nvml=fake)
 
 
+@pytest.mark.no_gpu
 def test_nvml_without_a_driver_here_fails_cleanly() -> None:
-    """This machine has no libnvidia-ml: the real module raises LibraryNotFound, mapped to a clear error."""
+    """A host without libnvidia-ml: the real module raises LibraryNotFound, mapped to a clear error."""
     with pytest.raises(BackendUnavailable, match="NVML library not found"):
         open_backend("auto")
+
+
+@pytest.mark.gpu
+def test_nvml_on_a_gpu_host_lists_its_cards_through_the_real_driver() -> None:
+    """A host with the NVIDIA driver: the real NVML answers with every card, each named by its UUID."""
+    backend = open_backend("auto")
+    try:
+        assert backend.name == "nvml"
+        cards = backend.cards()
+        assert cards, "the driver loads but lists no card"
+        assert [c.index for c in cards] == list(range(len(cards)))
+        for found in cards:
+            assert found.uuid.startswith("GPU-") and found.model, found
+            assert found.memory_mib is None or found.memory_mib > 0, found
+            assert found.healthy, found
+    finally:
+        backend.close()
 
 
 def test_nvml_discovery_memory_numa_from_sysfs(tmp_path: Path) -> None:

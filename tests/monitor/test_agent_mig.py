@@ -27,6 +27,7 @@ from agent_helpers import (
     plugin_stub,
     refused,
     sim_inventory,
+    visible,
 )
 
 from hami.annotations import (
@@ -345,6 +346,29 @@ async def test_an_instance_stays_protected_when_its_pods_grant_annotations_are_g
     await bound_pod(apiserver, api, "p", [[Book("GPU-m", "2g.10gb", 4)]])
     await assert_failed(apiserver, plugin.stub, "p", ["GPU-m-0"], "occupied by 3g.20gb", "default/stripped")
     assert plugin.backend.mig_instances("GPU-m") == (mine,)
+
+
+async def test_a_recorded_instance_stays_protected_until_its_failed_pod_is_rejected(
+    apiserver: kmock.KubernetesEmulator, api: Any, plugin: Plugin
+) -> None:
+    """The ``hami.io/vgpu-mig-allocations`` write lands but its answer is lost (500): the pod fails, yet
+    its record names the instance, which stays protected while the pod may still run; once kubelet has
+    rejected the pod the instance is a left-over and the next booking of its slices reclaims it."""
+    (apiserver**10)["patch", kmock.resource("v1/pods")][:1] << 500
+    await bound_pod(apiserver, api, "p", [[Book("GPU-m", "3g.20gb", 4)]])
+    await assert_failed(apiserver, plugin.stub, "p", ["GPU-m-0"], "pod default/p", "500")
+    (made,) = plugin.backend.mig_instances("GPU-m")
+    assert [e.mig_uuid for e in await recorded(apiserver, "p")] == [made.mig_uuid]
+
+    await bound_pod(apiserver, api, "q", [[Book("GPU-m", "2g.10gb", 4)]])
+    await assert_failed(apiserver, plugin.stub, "q", ["GPU-m-1"], "occupied by 3g.20gb", "default/p")
+    assert plugin.backend.mig_instances("GPU-m") == (made,)
+
+    await apiserver.patch(POD + "p/status", json={"status": {"phase": "Failed"}})  # kubelet's verdict
+    await bound_pod(apiserver, api, "r", [[Book("GPU-m", "2g.10gb", 4)]])
+    new = await visible(plugin.stub, "GPU-m-2")
+    assert placements(plugin.backend, "GPU-m") == [("2g.10gb", 4, 2, new)] and new != made.mig_uuid
+    assert [e.mig_uuid for e in await recorded(apiserver, "r")] == [new]
 
 
 async def test_an_entry_without_a_reservation_fails(
