@@ -1,12 +1,13 @@
 """The running extender for the scheduler tests.
 
 ``start_extender`` runs the real aiohttp apps under ``aiohttp.test_utils.TestServer`` on 127.0.0.1 (the
-verbs app, fed by list+watch from this test's embedded API server (kmock), and the probes/metrics app);
-the clock is fixed at ``NOW``.
+verbs app and the probes/metrics app) and the service's sync tasks (list+watch from this test's
+embedded API server (kmock), the registration pass: ``keep_synced``); the clock is fixed at ``NOW``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
@@ -19,8 +20,10 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from hami.kube.client import load_api_client
 from hami.kube.events import EventRecorder
-from hami.scheduler.app import build_context, create_app, create_probe_app
+from hami.scheduler.app import create_app, create_probe_app
 from hami.scheduler.config import SchedulerSettings
+from hami.scheduler.main import build_context
+from hami.scheduler.watches import keep_synced
 from hami.sim.apiserver import write_kubeconfig
 from tests.builders import NOW
 from tests.eventually import eventually
@@ -37,6 +40,7 @@ async def start_extender(
     ``api_url`` the API server the extender talks to (a fault proxy in front of this test's), ``events``
     EventRecorder options (interval, max_objects, clock, ...)."""
     running: list[tuple[TestClient[Any, Any], Any]] = []
+    syncing: list[asyncio.Task[None]] = []
 
     async def start(
         nodes: list[dict[str, Any]] = (),  # type: ignore[assignment]
@@ -74,10 +78,16 @@ async def start_extender(
         await probes.start_server()
         running.append((client, api))
         running.append((probes, None))
+        syncing.append(asyncio.create_task(keep_synced(ctx), name="sync"))
         await eventually(lambda: ctx.snapshot.ready, "the first list of nodes, pods and quotas")
         return Extender(ctx=ctx, client=client, apiserver=apiserver, probes=probes, recorder=recorder)
 
     yield start
+    for task in syncing:  # the watches stop and the background writes drain before the API client closes
+        task.cancel()
+    for result in await asyncio.gather(*syncing, return_exceptions=True):
+        if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
+            raise result  # a sync task that failed during the test
     for client, api in reversed(running):
         await client.close()
         if api is not None:

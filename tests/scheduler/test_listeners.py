@@ -3,13 +3,16 @@
 kube-scheduler calls ``/filter``, ``/prioritize`` and ``/bind`` over loopback inside the scheduler pod;
 nothing else may reach them. The kubelet's probes and Prometheus reach ``/healthz``, ``/readyz`` and
 ``/metrics`` on the metrics listener, which serves nothing else. Started with ``serving``, the same
-code ``hami scheduler`` runs, with the default hosts and OS-chosen ports.
+code ``hami scheduler`` runs (:func:`hami.scheduler.main.serve`, every loop a named task), with the
+default hosts and OS-chosen ports.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import socket
+import threading
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
@@ -20,8 +23,9 @@ import kmock
 import pytest
 
 from hami.kube.client import load_api_client
-from hami.scheduler.app import Listeners, build_context, serving
+from hami.scheduler.app import Listeners
 from hami.scheduler.config import add_arguments, from_args
+from hami.scheduler.main import build_context, serve
 from tests.builders import NOW, make_node, make_pod
 from tests.eventually import eventually
 
@@ -49,12 +53,34 @@ async def running(apiserver: kmock.KubernetesEmulator, kubeconfig: Path) -> Asyn
     settings = replace(from_args(parser.parse_args([])), port=0, metrics_port=0, api_timeout=5.0)
     api = load_api_client(str(kubeconfig), request_timeout=settings.api_timeout)
     ctx = build_context(settings, api, clock=lambda: NOW)
+    bound: asyncio.Future[Listeners] = asyncio.get_running_loop().create_future()
+    service = asyncio.create_task(serve(ctx, on_listening=bound.set_result))
     try:
-        async with serving(ctx) as listeners:
-            await eventually(lambda: ctx.snapshot.ready, "the first lists")
-            yield listeners
+        started: set[asyncio.Future[Any]] = {bound, service}
+        await asyncio.wait(started, timeout=10, return_when=asyncio.FIRST_COMPLETED)
+        assert bound.done(), service  # a service that failed to start fails here, with its exception
+        await eventually(lambda: ctx.snapshot.ready, "the first lists")
+        yield bound.result()
     finally:
+        service.cancel()
+        await asyncio.gather(service, return_exceptions=True)
         api.close()
+
+
+async def test_every_loop_is_a_named_task(running: Listeners) -> None:
+    names = {task.get_name() for task in asyncio.all_tasks()}
+    assert {
+        "listeners",
+        "watch-nodes",
+        "watch-pods",
+        "watch-resourcequotas",
+        "registration-resync",
+    } <= names
+    assert {t.name for t in threading.enumerate() if t.name.startswith("hami-watch-")} == {
+        "hami-watch-nodes",
+        "hami-watch-pods",
+        "hami-watch-resourcequotas",
+    }
 
 
 async def test_verbs_bind_loopback_and_probes_all_interfaces_by_default(running: Listeners) -> None:
