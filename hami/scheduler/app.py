@@ -32,6 +32,7 @@ from hami.process.http import Handler, alive, listening, metrics_app
 from hami.scheduler.bind import handle_bind
 from hami.scheduler.context import Context
 from hami.scheduler.filter import FILTERING_FAILED, handle_filter
+from hami.scheduler.preempt import preempt_view
 from hami.scheduler.prioritize import handle_prioritize
 from hami.scheduler.snapshot import Snapshot
 from hami.scheduler.wire import (
@@ -164,6 +165,7 @@ def create_app(ctx: Context, *, recorder: EventRecorder | None = None) -> web.Ap
     app.router.add_post("/filter", filter_view)
     app.router.add_post("/prioritize", prioritize_view)
     app.router.add_post("/bind", bind_view)
+    app.router.add_post("/preempt", preempt_view(ctx))
     app.on_cleanup.append(_flush_events)
     return app
 

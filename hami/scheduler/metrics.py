@@ -47,7 +47,7 @@ BIND_RESULTS = (
 )
 #: Label values that exist from start-up (at 0): every verb and outcome of a request, every resource
 #: the scheduler lists and watches, every kind of watch event.
-VERBS = ("filter", "prioritize", "bind")
+VERBS = ("filter", "prioritize", "bind", "preempt")
 OUTCOMES = ("ok", "error")
 WATCHED = ("nodes", "pods", "resourcequotas")
 EVENT_KINDS = ("node", "pod", "quota")
@@ -226,6 +226,27 @@ class Metrics:
             ["reason"],
             registry=self.registry,
         )
+        self.preemptions = Counter(
+            "hami_scheduler_preemption_attempts",
+            "answered /preempt calls (kube-scheduler preempting for a pod that fits nowhere)",
+            registry=self.registry,
+        )
+        self.preemption_nodes = Counter(
+            "hami_scheduler_preemption_nodes",
+            "candidate nodes offered to /preempt, by result: kept (with victims) or dropped",
+            ["result"],
+            registry=self.registry,
+        )
+        self.preemption_victims = Counter(
+            "hami_scheduler_preemption_victims",
+            "victims in /preempt answers, by source: kube-scheduler's own or added for the GPU cards",
+            ["source"],
+            registry=self.registry,
+        )
+        for result in ("kept", "dropped"):
+            self.preemption_nodes.labels(result)
+        for source in ("kube_scheduler", "gpu"):
+            self.preemption_victims.labels(source)
         for reason in TAKEOVER_REASONS:
             self.lock_takeovers.labels(reason)
         for reason in VOCABULARY:
@@ -253,6 +274,14 @@ class Metrics:
 
     def bound(self, result: str) -> None:
         self.binds.labels(result).inc()
+
+    def preempted(self, offered: int, kept: int, proposed: int, added: int) -> None:
+        """One answered ``/preempt``: nodes offered and kept, victims kube-scheduler's and added."""
+        self.preemptions.inc()
+        self.preemption_nodes.labels("kept").inc(kept)
+        self.preemption_nodes.labels("dropped").inc(offered - kept)
+        self.preemption_victims.labels("kube_scheduler").inc(proposed)
+        self.preemption_victims.labels("gpu").inc(added)
 
     def watch_restarted(self, resource: str) -> Callable[[str], None]:
         """The ``on_restart`` callback of one ListWatcher."""

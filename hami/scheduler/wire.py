@@ -5,14 +5,16 @@ tags, so the keys are the Go field names (``Pod``, ``Nodes``, ``NodeNames``, ...
 case-insensitively, so the body's keys are folded as Go matches them (``hami.core.gocompat.fold_keys``:
 any casing, the later of two keys wins) and unknown keys are ignored. Pods and Nodes stay raw JSON
 dicts (``dict[str, Any]``): the codec reads what it needs, nothing builds model objects.
-Imports the stdlib and ``hami.core.gocompat`` only.
+The ``/preempt`` shapes are here too (``ExtenderPreemptionArgs`` in, ``ExtenderPreemptionResult``
+out). Imports the stdlib and ``hami.core.gocompat`` only.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from typing import Any, NotRequired, TypedDict, cast
+from collections.abc import Callable
+from typing import Any, NotRequired, TypedDict, TypeVar, cast
 
 from hami.core.gocompat import fold_keys
 
@@ -169,3 +171,120 @@ def filter_result(
     if unresolvable:
         result["FailedAndUnresolvableNodes"] = unresolvable
     return result
+
+
+# ------------------------------------------------------------------------------------ preemption
+
+
+class MetaPod(TypedDict):
+    """``MetaPod``: a victim named by uid."""
+
+    UID: str
+
+
+class MetaVictims(TypedDict):
+    """``MetaVictims``: a node's victims by uid (``nodeCacheCapable: true``, and every answer)."""
+
+    Pods: list[MetaPod]
+    NumPDBViolations: int
+
+
+class VictimsWire(TypedDict):
+    """``Victims``: a node's victims as full pods (``nodeCacheCapable: false``)."""
+
+    Pods: list[dict[str, Any]]
+    NumPDBViolations: int
+
+
+class ExtenderPreemptionArgs(TypedDict):
+    """``ExtenderPreemptionArgs``: the body of ``/preempt``; kube-scheduler sets one of the maps."""
+
+    Pod: dict[str, Any] | None
+    NodeNameToVictims: dict[str, VictimsWire] | None
+    NodeNameToMetaVictims: dict[str, MetaVictims] | None
+
+
+class ExtenderPreemptionResult(TypedDict):
+    """``ExtenderPreemptionResult``: the nodes kept, each with its victims by uid."""
+
+    NodeNameToMetaVictims: dict[str, MetaVictims]
+
+
+#: Most candidate nodes one ``/preempt`` body may name (kube-scheduler sends at most all its nodes).
+MAX_PREEMPT_NODES = 10_000
+#: Longest victim uid accepted (Kubernetes uids have 36 characters).
+MAX_UID = 128
+_INT64_MAX = 2**63 - 1
+_T = TypeVar("_T")
+
+
+def parse_preemption_args(data: bytes) -> ExtenderPreemptionArgs:
+    """The ``/preempt`` body; raises :class:`WireError` naming the bad field."""
+    body = fold_keys(_object(data))
+    pod = body.get("pod")
+    if pod is not None and not isinstance(pod, dict):
+        raise WireError(f"Pod must be an object, got {json.dumps(pod)[:100]}")
+    full, meta = body.get("nodenametovictims"), body.get("nodenametometavictims")
+    if full is not None and meta is not None:
+        raise WireError("send NodeNameToVictims or NodeNameToMetaVictims, not both")
+    return ExtenderPreemptionArgs(
+        Pod=pod,
+        NodeNameToVictims=None if full is None else _nodes("NodeNameToVictims", full, _full_victims),
+        NodeNameToMetaVictims=None if meta is None else _nodes("NodeNameToMetaVictims", meta, _meta_victims),
+    )
+
+
+def _nodes(field: str, value: Any, one: Callable[[str, Any], _T]) -> dict[str, _T]:
+    if not isinstance(value, dict):
+        raise WireError(f"{field} must be an object keyed by node name, got {json.dumps(value)[:100]}")
+    if len(value) > MAX_PREEMPT_NODES:
+        raise WireError(f"{field} names {len(value)} nodes, more than {MAX_PREEMPT_NODES}")
+    return {node: one(f"{field}[{json.dumps(node)[:80]}]", item) for node, item in value.items()}
+
+
+def _victim_list(where: str, value: Any) -> tuple[list[Any], int]:
+    """A (Meta)Victims object -> its Pods list and NumPDBViolations (null: no victims)."""
+    if value is None:
+        return [], 0
+    if not isinstance(value, dict):
+        raise WireError(
+            f"{where} must be an object with Pods and NumPDBViolations, got {json.dumps(value)[:100]}"
+        )
+    body = fold_keys(value)
+    pods = body.get("pods")
+    if pods is not None and not isinstance(pods, list):
+        raise WireError(f"{where}.Pods must be a list, got {json.dumps(pods)[:100]}")
+    count = body.get("numpdbviolations")
+    if count is None:
+        count = 0
+    if not isinstance(count, int) or isinstance(count, bool) or not 0 <= count <= _INT64_MAX:
+        raise WireError(f"{where}.NumPDBViolations must be a count, got {json.dumps(count)[:100]}")
+    return pods or [], count
+
+
+def _uid(where: str, uid: Any) -> str:
+    if not isinstance(uid, str) or not uid or len(uid) > MAX_UID:
+        raise WireError(f"{where} must be a uid (1..{MAX_UID} characters), got {json.dumps(uid)[:100]}")
+    return uid
+
+
+def _meta_victims(where: str, value: Any) -> MetaVictims:
+    pods, count = _victim_list(where, value)
+    named: list[MetaPod] = []
+    for index, item in enumerate(pods):
+        if not isinstance(item, dict):
+            raise WireError(
+                f"{where}.Pods[{index}] must be an object with a UID, got {json.dumps(item)[:100]}"
+            )
+        named.append(MetaPod(UID=_uid(f"{where}.Pods[{index}].UID", fold_keys(item).get("uid"))))
+    return MetaVictims(Pods=named, NumPDBViolations=count)
+
+
+def _full_victims(where: str, value: Any) -> VictimsWire:
+    pods, count = _victim_list(where, value)
+    for index, item in enumerate(pods):
+        metadata = item.get("metadata") if isinstance(item, dict) else None
+        if not isinstance(metadata, dict):
+            raise WireError(f"{where}.Pods[{index}] must be a Pod object with metadata")
+        _uid(f"{where}.Pods[{index}].metadata.uid", metadata.get("uid"))
+    return VictimsWire(Pods=pods, NumPDBViolations=count)

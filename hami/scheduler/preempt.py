@@ -1,0 +1,182 @@
+"""``POST /preempt`` (the extender's ``preemptVerb``): kube-scheduler's preemption, made device-aware.
+
+Owns :func:`handle_preempt` and the view :func:`preempt_view` (the only aiohttp here; the app
+registers it). In: ``ExtenderPreemptionArgs`` — the pod and, per candidate node, the victims
+kube-scheduler's own plugins chose (by uid with ``nodeCacheCapable: true``, full pods without). Out:
+``ExtenderPreemptionResult`` — the nodes kept, each with its victims by uid (both forms).
+
+kube-scheduler ignores the GPU resources (``ignoredByScheduler``), so its victims are what *its*
+plugins need (CPU, memory, ports ...): they are all kept, their cards' usage is taken off first,
+and :func:`hami.core.preempt.preempt_node` adds the cheapest set of pods of strictly lower
+priority whose eviction lets the pod fit on specific cards (the live snapshot's state, the
+namespace quota, the scheduler's own Fit). Only pods bound to that node with a uid can be added
+(:mod:`hami.scheduler.victims`): kube-scheduler fails the whole preemption on a uid it cannot find
+there. A node is dropped (left out of the answer) when the snapshot cannot take GPU pods there,
+when no set works, when a victim kube-scheduler named has a priority not below the pod's (as
+far as this extender knows it), or when the answer would name no victim (the pod fits already;
+an empty list would fail kube-scheduler). Victims the snapshot does not know (pods without GPU
+grants) pass through unchanged. ``NumPDBViolations`` is kube-scheduler's count for its own
+victims: PodDisruptionBudgets are not read here, so added victims count none (docs/scheduler.md).
+
+A pod without a GPU request gets its input back unchanged (as uids); one with
+``preemptionPolicy: Never`` gets no node. The answer type has no error field, so errors are HTTP
+statuses (kube-scheduler reports any non-200 as the extender's error): 400 for an empty or
+unreadable body or a missing pod, 503 before the snapshot is synced. Must not import the
+Kubernetes client.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from hami.annotations import AnnotationError, read_pod_request
+from hami.core.preempt import preempt_node
+from hami.core.rejection import Rejection
+from hami.scheduler.context import Context
+from hami.scheduler.snapshot import local_time
+from hami.scheduler.victims import node_holders, priority_of
+from hami.scheduler.wire import (
+    ExtenderPreemptionArgs,
+    ExtenderPreemptionResult,
+    MetaPod,
+    MetaVictims,
+    WireError,
+    parse_preemption_args,
+)
+
+VERB = "preempt"
+NO_BODY = "Please send a request body"  # HAMi's text for every verb (spec-scheduler §15)
+MISSING_POD = "extender args missing pod"
+NOT_SYNCED = "scheduler cache not synced yet"
+
+
+class PreemptError(ValueError):
+    """A request ``/preempt`` cannot answer: the HTTP status and the reason."""
+
+    def __init__(self, status: int, text: str) -> None:
+        super().__init__(text)
+        self.status = status
+
+
+@dataclass(frozen=True, slots=True)
+class Proposal:
+    """kube-scheduler's victims on one node: uids in its order, priorities when it sent full pods."""
+
+    uids: tuple[str, ...]
+    pdb: int
+    priorities: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Preempted:
+    """The answer and what it took (for the metrics)."""
+
+    result: ExtenderPreemptionResult
+    offered: int = 0  # nodes kube-scheduler sent
+    proposed: int = 0  # kube-scheduler's victims on the kept nodes
+    added: int = 0  # victims this extender added on the kept nodes
+
+
+def proposals(args: ExtenderPreemptionArgs) -> dict[str, Proposal]:
+    """Either form of the request -> per node, kube-scheduler's victims (uids deduplicated)."""
+    found: dict[str, Proposal] = {}
+    for node, meta in (args["NodeNameToMetaVictims"] or {}).items():
+        uids = dict.fromkeys(p["UID"] for p in meta["Pods"])
+        found[node] = Proposal(uids=tuple(uids), pdb=meta["NumPDBViolations"])
+    for node, full in (args["NodeNameToVictims"] or {}).items():
+        priorities = {str(p["metadata"]["uid"]): priority_of(p) for p in full["Pods"]}
+        found[node] = Proposal(uids=tuple(priorities), pdb=full["NumPDBViolations"], priorities=priorities)
+    return found
+
+
+def _answer(
+    kept: Mapping[str, tuple[str, ...] | list[str]], pdb: Mapping[str, int]
+) -> ExtenderPreemptionResult:
+    return ExtenderPreemptionResult(
+        NodeNameToMetaVictims={
+            node: MetaVictims(Pods=[MetaPod(UID=u) for u in uids], NumPDBViolations=pdb[node])
+            for node, uids in kept.items()
+        }
+    )
+
+
+def handle_preempt(ctx: Context, args: ExtenderPreemptionArgs) -> Preempted:
+    """Refine kube-scheduler's candidate nodes (see the module docstring); raises :class:`PreemptError`."""
+    pod = args["Pod"]
+    if pod is None:
+        raise PreemptError(400, MISSING_POD)
+    offered = proposals(args)
+    try:
+        request = read_pod_request(pod, ctx.settings.device_config)
+    except AnnotationError as exc:
+        raise PreemptError(400, str(exc)) from None
+    pdb = {node: p.pdb for node, p in offered.items()}
+    if not request.has_devices:  # not ours to judge: kube-scheduler's answer stands
+        kept = {node: p.uids for node, p in sorted(offered.items()) if p.uids}
+        return Preempted(_answer(kept, pdb), len(offered), sum(len(u) for u in kept.values()))
+    if (pod.get("spec") or {}).get("preemptionPolicy") == "Never":
+        return Preempted(_answer({}, pdb), len(offered))
+    if not ctx.snapshot.ready:
+        raise PreemptError(503, NOT_SYNCED)
+    priority = priority_of(pod)
+    key = (request.namespace, request.name)
+    local_now = local_time(ctx.clock())
+    quotas = ctx.snapshot.quotas_for(request.namespace, exclude=key)
+    answer: dict[str, list[str]] = {}
+    proposed = added = 0
+    for node, proposal in sorted(offered.items()):
+        if any(p >= priority for p in proposal.priorities.values()):
+            continue
+        state = ctx.snapshot.candidate(node, local_now, exclude=key)
+        if isinstance(state, Rejection):
+            continue
+        holders = node_holders(ctx.snapshot, node, exclude=key)
+        required = [holders.by_uid[u] for u in proposal.uids if u in holders.by_uid]
+        pool = [h for uid, h in holders.by_uid.items() if uid in holders.evictable]
+        found = preempt_node(
+            request, priority, state, pool, ctx.settings.policy, required=required, quotas=quotas
+        )
+        if found is None or not (proposal.uids or found.added):
+            continue
+        answer[node] = [*proposal.uids, *(h.uid for h in found.added)]
+        pdb[node] += sum(1 for h in found.added if h.violates_pdb)
+        proposed += len(proposal.uids)
+        added += len(found.added)
+    return Preempted(_answer(answer, pdb), len(offered), proposed, added)
+
+
+def _json(payload: Any) -> web.Response:
+    return web.Response(
+        body=json.dumps(payload, separators=(",", ":")).encode(), content_type="application/json"
+    )
+
+
+def preempt_view(ctx: Context) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """The ``POST /preempt`` handler of the verbs app."""
+
+    async def view(request: web.Request) -> web.Response:
+        started = time.perf_counter()
+        body = await request.read()
+        try:
+            if not body:
+                raise PreemptError(400, NO_BODY)
+            try:
+                outcome = handle_preempt(ctx, parse_preemption_args(body))
+            except WireError as exc:
+                raise PreemptError(400, str(exc)) from None
+        except PreemptError as exc:
+            ctx.metrics.observe(VERB, "error", time.perf_counter() - started)
+            return web.Response(status=exc.status, text=str(exc))
+        ctx.metrics.preempted(
+            outcome.offered, len(outcome.result["NodeNameToMetaVictims"]), outcome.proposed, outcome.added
+        )
+        ctx.metrics.observe(VERB, "ok", time.perf_counter() - started)
+        return _json(outcome.result)
+
+    return view
