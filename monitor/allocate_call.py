@@ -12,8 +12,11 @@ annotation back; when no entry is left set ``bind-phase=success`` and release th
 with the pod known, set ``bind-phase=failed`` and release its lock (only on a pod waiting for our grant
 here; release is owner-checked: a lock held by another pod stays) and remember its UID, since kubelet
 rejects it. Either way an Event tells the pod's owner (``monitor.podevents``). Calls are serialised:
-kubelet's request names no pod, so only one pod may be in flight per node.
-Imports the codec and ``hami.kube``; must not import grpc or pynvml.
+kubelet's request names no pod, so only one pod may be in flight per node. Also answers
+GetPreferredAllocation's question, the paired pod's next cards (:meth:`Allocator.next_uuids`).
+The rules are pure modules (``allocate_rules``, ``pairing``, ``handout``); this one does their I/O
+(``monitor.mig`` its own, for the instances). Imports the codec and ``hami.kube``; must not import
+grpc or pynvml.
 """
 
 from __future__ import annotations

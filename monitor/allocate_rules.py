@@ -1,10 +1,14 @@
 """What one container gets from Allocate: the pure rules (spec-node-chart §A.9), no I/O.
 
-Owns: recognising a pod waiting here for our grant (:func:`is_candidate`; ``monitor.pairing`` decides
-which one kubelet is admitting), the container names in annotation order (init first), and the envs and
-HAMi-core mounts for one container's grants.
-The caller (``monitor.allocate_call``) does the API calls and the host directory work. Pure: must not
-import grpc, pynvml, the Kubernetes client, ``os`` or ``logging``.
+Owns: the Allocate outcomes (:class:`AllocationError` and its kinds :class:`PodMissing`,
+:class:`HandoutRefused`, :class:`Ambiguous`; :class:`ContainerAnswer` and :class:`MountSpec`, what
+the device plugin turns into kubelet's answer), recognising a pod waiting here for our grant
+(:func:`is_candidate`; ``monitor.pairing`` decides which one kubelet is admitting), the containers in
+annotation order (init first: :func:`container_names`, :func:`container_spec`), and the envs and
+HAMi-core mounts for one container's grants (:func:`container_envs`, :func:`hook_mounts`; the
+``CUDA_DISABLE_CONTROL`` rule is the core's ``hami.core.gobool``, shared with the webhook).
+``monitor.allocate_call`` does the API calls and the host directory work. Pure: must not import grpc,
+pynvml, the Kubernetes client, ``os`` or ``logging``.
 """
 
 from __future__ import annotations

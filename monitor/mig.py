@@ -9,9 +9,10 @@ UUIDs and no HAMi-core limits.
 
 Leftovers are reclaimed lazily, never by a background sweep: an instance overlapping the booked slices
 is destroyed only when no live pod on this node records its MIG UUID (``hami.annotations.holding``
-without the grant: any pod bound here but Succeeded/Failed, deleting pods included); an instance a live pod records is a conflict and the Allocate fails.
-The agent owns every instance on a MIG-mode card, so an instance nobody records (a deleted pod's, a
-half-made one, one made by hand) counts as left over. Imports the codec, ``hami.kube`` and the
+without the grant: any pod bound here but Succeeded/Failed, deleting pods included); an instance a
+live pod records is a conflict and the Allocate fails. The agent owns every instance on a MIG-mode
+card, so an instance nobody records (a deleted pod's, a half-made one, one made by hand) counts as
+left over. Imports the codec, ``hami.kube`` and the
 backend protocol; must not import grpc or pynvml.
 """
 
