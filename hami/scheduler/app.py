@@ -20,7 +20,7 @@ import contextlib
 import json
 import ssl
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,13 +84,35 @@ def _ours_to_schedule(scheduler_name: str) -> Callable[[Mapping[str, Any]], bool
     return accept
 
 
-async def filter_view(request: web.Request) -> web.Response:
-    ctx = request.app[CONTEXT]
-    started = time.perf_counter()
-    body = await request.read()
-    if not body:
-        ctx.metrics.observe("filter", "error", time.perf_counter() - started)
-        return web.Response(status=400, text=NO_BODY)
+#: One verb's work on a non-empty body: the answer, and whether it counts as ``ok`` (else ``error``).
+Verb = Callable[[web.Request, Context, bytes], Awaitable[tuple[web.Response, bool]]]
+
+
+def _verb(name: str) -> Callable[[Verb], Handler]:
+    """A verb's view: an empty body is HTTP 400 ``Please send a request body``; every request is
+    counted and timed in ``hami_scheduler_requests_total`` / ``hami_scheduler_request_seconds``."""
+
+    def wrap(handle: Verb) -> Handler:
+        async def view(request: web.Request) -> web.StreamResponse:
+            ctx = request.app[CONTEXT]
+            started = time.perf_counter()
+            body = await request.read()
+            if body:
+                response, ok = await handle(request, ctx, body)
+            else:
+                response, ok = web.Response(status=400, text=NO_BODY), False
+                if name == "bind":
+                    ctx.metrics.bound("invalid")
+            ctx.metrics.observe(name, "ok" if ok else "error", time.perf_counter() - started)
+            return response
+
+        return view
+
+    return wrap
+
+
+@_verb("filter")
+async def filter_view(request: web.Request, ctx: Context, body: bytes) -> tuple[web.Response, bool]:
     try:
         args = parse_extender_args(body)
         outcome = handle_filter(ctx, args)
@@ -105,43 +127,27 @@ async def filter_view(request: web.Request) -> web.Response:
                 message=outcome.failure,
                 accept=_ours_to_schedule(ctx.settings.scheduler_name),
             )
-    ctx.metrics.observe("filter", "error" if result["Error"] else "ok", time.perf_counter() - started)
-    return _json(result)
+    return _json(result), not result["Error"]
 
 
-async def prioritize_view(request: web.Request) -> web.Response:
-    ctx = request.app[CONTEXT]
-    started = time.perf_counter()
-    body = await request.read()
-    if not body:
-        ctx.metrics.observe("prioritize", "error", time.perf_counter() - started)
-        return web.Response(status=400, text=NO_BODY)
+@_verb("prioritize")
+async def prioritize_view(_request: web.Request, ctx: Context, body: bytes) -> tuple[web.Response, bool]:
     try:
         scores: Any = handle_prioritize(ctx, parse_extender_args(body))
-        outcome = "ok"
     except WireError as exc:
         # HostPriorityList has no error field: answer 400 so kube-scheduler reports the extender error
-        ctx.metrics.observe("prioritize", "error", time.perf_counter() - started)
-        return web.Response(status=400, text=str(exc))
-    ctx.metrics.observe("prioritize", outcome, time.perf_counter() - started)
-    return _json(scores)
+        return web.Response(status=400, text=str(exc)), False
+    return _json(scores), True
 
 
-async def bind_view(request: web.Request) -> web.Response:
-    ctx = request.app[CONTEXT]
-    started = time.perf_counter()
-    body = await request.read()
-    if not body:
-        ctx.metrics.observe("bind", "error", time.perf_counter() - started)
-        ctx.metrics.bound("invalid")
-        return web.Response(status=400, text=NO_BODY)
+@_verb("bind")
+async def bind_view(_request: web.Request, ctx: Context, body: bytes) -> tuple[web.Response, bool]:
     try:
         result = await handle_bind(ctx, parse_binding_args(body))
     except WireError as exc:
         ctx.metrics.bound("invalid")
         result = ExtenderBindingResult(Error=str(exc))
-    ctx.metrics.observe("bind", "error" if result["Error"] else "ok", time.perf_counter() - started)
-    return _json(result)
+    return _json(result), not result["Error"]
 
 
 def _readiness(snapshot: Snapshot) -> Handler:
