@@ -156,7 +156,7 @@ def group_version(group: str, version: str, resources_: Iterable[tuple[str, str,
 
 @functools.cache
 def _validator(kind: str, api_version: str) -> Any:
-    import jsonschema  # type: ignore[import-untyped]  # kubernetes-validate depends on it
+    import jsonschema  # type: ignore[import-untyped, unused-ignore]  # kubernetes-validate depends on it
     from referencing import Registry, Resource  # loaded on first use, like the schema
 
     group, _, version = api_version.rpartition("/")
