@@ -14,7 +14,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from hami.process.flags import Address
 from hami.process.http import metrics_app, serve_retrying
@@ -67,6 +67,10 @@ class WebhookMetrics:
         """Record one admission: its duration and the result read from the AdmissionReview response."""
         self.duration.observe(seconds)
         self.admissions.labels(classify(response)).inc()
+
+    def render(self) -> bytes:
+        """The registry in Prometheus' text format (what ``/metrics`` serves by default)."""
+        return generate_latest(self.registry)
 
 
 def classify(response: Mapping[str, Any] | None) -> str:
