@@ -31,6 +31,7 @@ from monitor.backends.sim import SimBackend
 from monitor.config import NodeSettings
 from monitor.deviceplugin.server import DevicePluginService
 from monitor.inventory import Inventory
+from tests.builders import create, make_node, make_pod
 
 #: when the pods of these tests were bound (their hami.io/bind-time)
 NOW = datetime.datetime(2026, 3, 1, 12, 0, tzinfo=datetime.UTC)
@@ -62,45 +63,16 @@ def card(
 async def create_node(
     k: kmock.KubernetesEmulator, name: str, annotations: dict[str, str] | None = None
 ) -> None:
-    metadata: dict[str, Any] = {"name": name}
-    if annotations is not None:
-        metadata["annotations"] = annotations
-    await k.post("/api/v1/nodes", json={"apiVersion": "v1", "kind": "Node", "metadata": metadata})
+    """A Node without our registration yet (``tests.builders.make_node`` with no cards)."""
+    await create(k, make_node(name, cards=0, annotations=annotations))
 
 
 async def create_pod(
-    k: kmock.KubernetesEmulator,
-    name: str,
-    *,
-    containers: list[dict[str, Any]],
-    init_containers: list[dict[str, Any]] | None = None,
-    annotations: dict[str, str] | None = None,
-    node: str | None = None,
-    namespace: str = "default",
-    phase: str = "Pending",
-    scheduler: str | None = "hami-scheduler",
-    status: dict[str, Any] | None = None,
+    k: kmock.KubernetesEmulator, name: str, *, containers: list[dict[str, Any]], **kw: Any
 ) -> None:
-    """A Pod as the API server stores it; ``scheduler`` is ``spec.schedulerName`` (our scheduler's by
-    default, None = unset), ``status`` extra status fields (e.g. kubelet's container statuses)."""
-    spec: dict[str, Any] = {"containers": containers}
-    if init_containers:
-        spec["initContainers"] = init_containers
-    if node:
-        spec["nodeName"] = node
-    if scheduler:
-        spec["schedulerName"] = scheduler
-    metadata: dict[str, Any] = {"name": name, "namespace": namespace, "uid": f"uid-{name}"}
-    if annotations:
-        metadata["annotations"] = annotations
-    body = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": metadata,
-        "spec": spec,
-        "status": {"phase": phase, **(status or {})},
-    }
-    await k.post(f"/api/v1/namespaces/{namespace}/pods", json=body)
+    """A Pod as the API server stores it (``tests.builders.make_pod``: ``scheduler`` is
+    ``spec.schedulerName``, ours by default; ``node`` ``spec.nodeName``; ``status`` extra status fields)."""
+    await create(k, make_pod(name, containers=containers, **kw))
 
 
 async def annotations_of(k: kmock.KubernetesEmulator, path: str) -> dict[str, str]:

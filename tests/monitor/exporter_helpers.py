@@ -3,11 +3,10 @@ scrape of a real ``/metrics`` endpoint parsed back with prometheus-client's own 
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import hashlib
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -109,16 +108,3 @@ def value(samples: Samples, name: str, **labels: str) -> float:
     found = values(samples, name, **labels)
     assert len(found) == 1, f"{name}{labels}: expected one series, got {found}"
     return found[0]
-
-
-async def eventually(check: Callable[[], Awaitable[None]], *, seconds: float = 10.0) -> None:
-    """Await ``check`` until it stops raising AssertionError; re-raise it after ``seconds``."""
-    deadline = asyncio.get_running_loop().time() + seconds
-    while True:
-        try:
-            await check()
-            return
-        except AssertionError:
-            if asyncio.get_running_loop().time() > deadline:
-                raise
-            await asyncio.sleep(0.02)

@@ -20,7 +20,6 @@ from exporter_helpers import (
     Samples,
     container_id,
     create_gpu_pod,
-    eventually,
     grant,
     pod_uid,
     scrape,
@@ -39,6 +38,7 @@ from monitor.config import NodeSettings
 from monitor.exporter import NodeCollector
 from monitor.grants import GrantBook
 from monitor.inventory import Inventory
+from tests.eventually import eventually
 
 POD = "/api/v1/namespaces/default/pods/"
 
@@ -242,24 +242,24 @@ async def test_container_series_appear_and_disappear_with_the_pod(
             assert not values(await exporter.scrape(), "hami_vgpu_memory_limit_bytes")
             await create_gpu_pod(apiserver, "short", [[grant("GPU-0001", 2500, 15)]], containers=["main"])
 
-            async def present() -> None:
+            async def listed() -> Samples | None:
                 samples = await exporter.scrape()
-                assert value(samples, "hami_vgpu_memory_limit_bytes", pod="short") == 2500 * MIB
-                assert (
-                    value(samples, "hami_node_card_memory_allocated_bytes", device_uuid="GPU-0001")
-                    == 2500 * MIB
-                )
+                return samples if values(samples, "hami_vgpu_memory_limit_bytes", pod="short") else None
 
-            await eventually(present)
+            samples = await eventually(listed, "the new pod's series")
+            assert value(samples, "hami_vgpu_memory_limit_bytes", pod="short") == 2500 * MIB
+            assert (
+                value(samples, "hami_node_card_memory_allocated_bytes", device_uuid="GPU-0001") == 2500 * MIB
+            )
             await apiserver.delete(POD + "short")
 
-            async def gone() -> None:
+            async def dropped() -> Samples | None:
                 samples = await exporter.scrape()
-                assert not values(samples, "hami_vgpu_memory_limit_bytes", pod="short")
-                assert not values(samples, "hami_node_container_cores_allocated", pod="short")
-                assert value(samples, "hami_node_card_memory_allocated_bytes", device_uuid="GPU-0001") == 0
+                return None if values(samples, "hami_vgpu_memory_limit_bytes", pod="short") else samples
 
-            await eventually(gone)
+            samples = await eventually(dropped, "the deleted pod's series to go")
+            assert not values(samples, "hami_node_container_cores_allocated", pod="short")
+            assert value(samples, "hami_node_card_memory_allocated_bytes", device_uuid="GPU-0001") == 0
         finally:
             refresher.cancel()
             await asyncio.gather(refresher, return_exceptions=True)

@@ -14,7 +14,7 @@ import pynvml
 import pytest
 import yaml
 from agent_helpers import card, create_node, write_cards
-from exporter_helpers import MIB, NODE, create_gpu_pod, eventually, grant, scrape, value
+from exporter_helpers import MIB, NODE, Samples, create_gpu_pod, grant, scrape, value, values
 
 from hami.process.flags import Address
 from monitor.__main__ import main, run
@@ -26,6 +26,7 @@ from monitor.config import AgentConfig, NodeSettings
 from monitor.exporter import NodeCollector
 from monitor.grants import GrantBook
 from monitor.inventory import Inventory
+from tests.eventually import eventually
 
 UID = "8c6f1c3e-0d0a-4c8e-9a55-2b0f4f1e6a71"
 CID = "4f" * 32
@@ -218,18 +219,23 @@ async def test_the_agent_serves_metrics_next_to_its_other_tasks(
     )
     agent = asyncio.create_task(run(config))
 
-    async def served() -> None:
-        assert not agent.done(), agent  # a crashed agent fails at once, with its exception
+    def alive() -> None:
+        if agent.done():  # a crashed agent fails at once, with its exception
+            agent.result()
+            raise AssertionError("the agent stopped")
+
+    async def served() -> Samples | None:
         try:
             samples = await scrape(f"http://127.0.0.1:{port}/metrics")
-        except OSError as exc:  # not listening yet
-            raise AssertionError(exc) from exc
-        assert value(samples, "hami_node_card_memory_allocated_bytes", device_uuid="GPU-a") == 3000 * MIB
-        assert value(samples, "hami_node_card_healthy", device_uuid="GPU-a") == 1
-        assert value(samples, "HostGPUMemoryUsage", deviceuuid="GPU-a") == 1200 * MIB
+        except OSError:  # not listening yet
+            return None
+        granted = values(samples, "hami_node_card_memory_allocated_bytes", device_uuid="GPU-a")
+        return samples if granted == [3000 * MIB] else None  # the pod list has run
 
     try:
-        await eventually(served, seconds=15)
+        samples = await eventually(served, "the agent's /metrics with the pod's grant", alive=alive)
+        assert value(samples, "hami_node_card_healthy", device_uuid="GPU-a") == 1
+        assert value(samples, "HostGPUMemoryUsage", deviceuuid="GPU-a") == 1200 * MIB
     finally:
         agent.cancel()
         await asyncio.gather(agent, return_exceptions=True)
