@@ -29,11 +29,12 @@ async def test_official_client_reads_through_the_kubeconfig(
         "/api/v1/nodes", json={"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}
     )
     configuration = client.Configuration()
-    config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
+    # the client's own loader is untyped
+    config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)  # type: ignore[no-untyped-call]
     with client.ApiClient(configuration) as api:
         # the sync client must run off the loop that serves the emulator
         nodes = await asyncio.to_thread(client.CoreV1Api(api).list_node)
-    assert [n.metadata.name for n in nodes.items] == ["n1"]
+    assert [n.metadata.name if n.metadata else None for n in nodes.items] == ["n1"]
 
 
 async def test_binding_a_missing_pod_is_not_found(apiserver: kmock.KubernetesEmulator) -> None:

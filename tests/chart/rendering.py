@@ -149,7 +149,7 @@ def pod_spec(workload: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def container(workload: Mapping[str, Any], name: str) -> dict[str, Any]:
-    found = [c for c in pod_spec(workload)["containers"] if c["name"] == name]
+    found: list[dict[str, Any]] = [c for c in pod_spec(workload)["containers"] if c["name"] == name]
     assert len(found) == 1, f"no container {name} in {workload['metadata']['name']}"
     return found[0]
 

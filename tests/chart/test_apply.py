@@ -52,7 +52,9 @@ async def test_rendered_objects_are_created_and_read_back(
     apiserver: kmock.KubernetesEmulator, values: dict[str, Any]
 ) -> None:
     for key, kind in CRDS.items():
-        apiserver.resources[key] = {"kind": kind, "namespaced": True, "verbs": ["create", "get", "list"]}
+        apiserver.resources[key] = kmock.ResourceInfo(
+            kind=kind, namespaced=True, verbs=["create", "get", "list"]
+        )
     docs = render(values).docs
     async with aiohttp.ClientSession(base_url=str(apiserver.url)) as session:
         for doc in docs:

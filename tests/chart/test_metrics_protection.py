@@ -214,7 +214,9 @@ def test_an_unknown_protection_is_refused() -> None:
 async def test_protected_objects_are_accepted_by_an_api_server(apiserver: kmock.KubernetesEmulator) -> None:
     """Created on the embedded API server: no two documents collide, every kind is served."""
     for key, kind in CRDS.items():
-        apiserver.resources[key] = {"kind": kind, "namespaced": True, "verbs": ["create", "get", "list"]}
+        apiserver.resources[key] = kmock.ResourceInfo(
+            kind=kind, namespaced=True, verbs=["create", "get", "list"]
+        )
     docs = render(PROTECTED).docs
     async with aiohttp.ClientSession(base_url=str(apiserver.url)) as session:
         for doc in docs:

@@ -162,7 +162,7 @@ ATTACKS: list[tuple[str, dict[str, Any], str]] = [
     ),
     (
         "the vgpu-node label on a busybox pod",
-        admission(OWNER, changed(BUSYBOX, **{POD_VGPU_NODE: "n1"}), BUSYBOX),
+        admission(OWNER, changed(BUSYBOX, None, **{POD_VGPU_NODE: "n1"}), BUSYBOX),
         refusal(POD_VGPU_NODE, OWNER, label=True),
     ),
     (
@@ -177,7 +177,7 @@ ATTACKS: list[tuple[str, dict[str, Any], str]] = [
     ),
     (
         "a new pod carrying the vgpu-node label",
-        admission(OWNER, changed(BUSYBOX, **{POD_VGPU_NODE: "n1"})),
+        admission(OWNER, changed(BUSYBOX, None, **{POD_VGPU_NODE: "n1"})),
         refusal(POD_VGPU_NODE, OWNER, create=True, label=True),
     ),
     (

@@ -303,7 +303,8 @@ def workdir() -> Iterator[Path]:
 async def recording(workdir: Path) -> AsyncIterator[Recording]:
     """Install, run the workload, and return every request the apiserver saw (the system is stopped)."""
     rendered = render()
-    async with ChartSystem(load_cluster(), workdir, rendered) as system:
+    system = ChartSystem(load_cluster(), workdir, rendered)
+    async with system:  # (``as`` would type it as the base class)
         names, refused = await submit_all(system, load_examples(default_examples_dir()))
         assert list(refused) == ["default/privileged-gpu"], refused  # the webhook's refusal
         undecided = await wait_decided(system, names, refused, limit=120)

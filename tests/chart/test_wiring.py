@@ -537,7 +537,7 @@ def test_node_agent_health_recovery_reaches_the_agent(given: float | None, expec
 
 # ------------------------------------------------------------------------------- network policies
 #: networkPolicy.metricsFrom's default: every pod in the cluster
-DEFAULT_METRICS_FROM = [{"namespaceSelector": {}}]
+DEFAULT_METRICS_FROM: list[dict[str, Any]] = [{"namespaceSelector": {}}]
 
 
 def admitted(policy: dict[str, Any]) -> dict[int, list[dict[str, Any]] | None]:

@@ -321,7 +321,7 @@ def state(*cards: DeviceState) -> NodeState:
         ({"used": 2, "used_mem": 10001, "used_cores": 101}, "memory 10001/10000 MiB, cores 101/100%"),
     ],
 )
-def test_usage(used: dict[str, int], expected: str | None) -> None:
+def test_usage(used: dict[str, Any], expected: str | None) -> None:
     found = check_usage([state(DeviceState(device=device("G0"), **used))], {("n", "G0"): ["ns/b", "ns/a"]})
     if expected is None:
         assert brief(found) == [

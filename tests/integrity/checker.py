@@ -335,8 +335,8 @@ def _served_problems(view: View, pods: Mapping[PodKey, Mapping[str, Any]]) -> li
                 f"[served-match] pod {label} container #{s.index} was served {_grants(s.grants)} "
                 f"but its vgpu-devices-allocated holds {None if own is None else _grants(own)}"
             )
-    for node in view.nodes:
-        name = str(meta(node).get("name"))
+    for stored in view.nodes:
+        name = str(meta(stored).get("name"))
         holders: dict[PodKey, list[tuple[bool, Sequence[Grant]]]] = {}
         for s in live:
             if s.node == name:
@@ -345,7 +345,7 @@ def _served_problems(view: View, pods: Mapping[PodKey, Mapping[str, Any]]) -> li
             ("/".join(key), pod_cards(parts, skip_init=init_done(pods[key])))
             for key, parts in holders.items()
         ]
-        cards = cards_of(node)
+        cards = cards_of(stored)
         problems += _over("served", name, card_usage(uses, cards), cards)
     return problems
 

@@ -115,7 +115,7 @@ class Parked:
 
 
 def _status(code: int, reason: str, message: str) -> web.Response:
-    body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message}
+    body: dict[str, object] = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message}
     body |= {"reason": reason, "code": code}
     return web.Response(status=code, body=json.dumps(body).encode(), content_type="application/json")
 

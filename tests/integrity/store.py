@@ -180,7 +180,8 @@ def serve(store: Store, method: str, path: str, body: bytes) -> tuple[int, dict[
             }
         if name is None and method == "POST":
             return 201, store.create(
-                plural, {**data, "metadata": {"namespace": namespace, **data.get("metadata", {})}}
+                plural,
+                {**(data or {}), "metadata": {"namespace": namespace, **(data or {}).get("metadata", {})}},
             )
         if name is not None and sub == "binding" and method == "POST" and plural == "pods" and namespace:
             return 201, store.bind(namespace, name, data or {})

@@ -228,7 +228,7 @@ async def test_a_failed_json_patch_test_is_422_and_stores_nothing(
     store: Store, proxy: FaultProxy, client: Any
 ) -> None:
     before = store.get("pods", "default", "p1")
-    operations = [
+    operations: list[dict[str, Any]] = [
         {"op": "add", "path": "/metadata/annotations", "value": {"a": "1"}},
         {"op": "test", "path": "/metadata/uid", "value": "not-p1"},
     ]

@@ -42,6 +42,7 @@ from hami.kube.client import load_api_client
 from hami.scheduler.config import SchedulerSettings
 from hami.sim.apiserver import write_kubeconfig
 from monitor.config import NodeSettings
+from tests.eventually import time_scale
 
 from . import checker
 from .checker import Served, View, bound_to, key_of, meta, phase_of
@@ -378,7 +379,7 @@ class World:
             await self._after("releasing everything at the end")
         live = [a.task for a in self.actors if not a.task.done()]
         if live:  # nothing is parked: give a timer in the code under test its chance, then settle
-            await asyncio.wait(live, timeout=10.0)
+            await asyncio.wait(live, timeout=10.0 * time_scale())
             await self._after("waiting for the last binds and Allocates")
         hung = [f"{a.kind} {a.pod}->{a.node}" for a in self.actors if not a.task.done()]
         if hung:
@@ -392,9 +393,9 @@ class World:
         self.clock.now += WRITE_LIMIT + datetime.timedelta(seconds=1)  # every bind attempt is over
         await self._after("the clock moving past the bind timeout")
         view = await self.view()
-        for node in view.nodes:
-            name = str(meta(node).get("name"))
-            if checker.dead_holder(view, node) is None:
+        for stored in view.nodes:
+            name = str(meta(stored).get("name"))
+            if checker.dead_holder(view, stored) is None:
                 continue
             probe = f"probe-{name}"
             shape = Shape("app", 1, 1, 0)

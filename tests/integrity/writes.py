@@ -136,11 +136,3 @@ def _holder(value: Any) -> tuple[str | None, str | None] | None:
     except AnnotationError:
         return None
     return lock.namespace, lock.name
-
-
-def _holder(value: Any) -> tuple[str | None, str | None] | None:
-    try:
-        lock = decode_node_lock(str(value))
-    except AnnotationError:
-        return None
-    return lock.namespace, lock.name

@@ -52,8 +52,8 @@ async def apply_binding(apiserver: kmock.KubernetesEmulator, request: kmock.Requ
         return Response(status=409, payload=_status(409, "Conflict", message))
     uid = (request.data.get("metadata") or {}).get("uid")
     if uid and uid != (pod.get("metadata") or {}).get("uid"):
-        found = (pod.get("metadata") or {}).get("uid")
-        message = f"Precondition failed: UID in precondition: {uid}, UID in object meta: {found}"
+        stored = (pod.get("metadata") or {}).get("uid")
+        message = f"Precondition failed: UID in precondition: {uid}, UID in object meta: {stored}"
         return Response(status=409, payload=_status(409, "Conflict", message))
     await apiserver.patch(path, json={"spec": {"nodeName": request.data["target"]["name"]}})
     return None
@@ -168,9 +168,7 @@ class FaultProxy:
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
-        server = site._server
-        assert server is not None
-        port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        port = self._runner.addresses[0][1]
         self.url = f"http://127.0.0.1:{port}"
 
     async def stop(self) -> None:

@@ -220,7 +220,7 @@ def test_lock_holds_bookkeeping() -> None:
     now[0] = 103.5
     holds.acquired("n", "v1", current="v1")  # re-entrant: the same hold goes on
     holds.seen("n", None)
-    assert histogram.collect()[0].samples[-2].value == 3.5  # _sum: from the first acquire
+    assert next(iter(histogram.collect())).samples[-2].value == 3.5  # _sum: from the first acquire
     assert holds.pending() == 0
     holds.acquired("n", "a", current=None)  # watch never shows them; only the last two are kept
     holds.acquired("n", "b", current=None)
@@ -229,7 +229,7 @@ def test_lock_holds_bookkeeping() -> None:
     holds.seen("n", "c")
     holds.seen("n", "d")  # c taken over: observed; b never seen: stays
     assert holds.pending() == 1
-    assert [s.value for s in histogram.collect()[0].samples if s.name == "h_count"] == [2]
+    assert [s.value for s in next(iter(histogram.collect())).samples if s.name == "h_count"] == [2]
 
 
 # ----------------------------------------------------------------------------- snapshot, watches

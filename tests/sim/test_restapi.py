@@ -137,7 +137,7 @@ async def test_tables_have_kubectl_s_columns(client: Client) -> None:
     cells = table["rows"][0]["cells"]
     assert cells[:4] == ["a", "1/1", "Running", "2"] and cells[5:7] == ["10.0.0.7", "n1"]
     assert table["rows"][0]["object"]["kind"] == "PartialObjectMetadata"
-    node = {"metadata": {"name": "n1", "labels": {"node-role.kubernetes.io/worker": ""}}}
+    node: dict[str, Any] = {"metadata": {"name": "n1", "labels": {"node-role.kubernetes.io/worker": ""}}}
     node["status"] = {
         "conditions": [{"type": "Ready", "status": "True"}],
         "nodeInfo": {"kubeletVersion": "v1.36.0"},
@@ -173,7 +173,7 @@ def test_ages_read_like_kubectl_s() -> None:
 
 
 async def _events(response: aiohttp.ClientResponse, count: int) -> list[dict[str, Any]]:
-    events = []
+    events: list[dict[str, Any]] = []
     while len(events) < count:
         line = await asyncio.wait_for(response.content.readline(), 30)
         assert line, "the watch ended early"

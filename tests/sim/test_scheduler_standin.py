@@ -105,7 +105,8 @@ async def _stored(apiserver: kmock.KubernetesEmulator, name: str) -> dict[str, A
 
 async def _bound(apiserver: kmock.KubernetesEmulator, name: str) -> str:
     async def probe() -> str | None:
-        return (await _stored(apiserver, name))["spec"].get("nodeName")
+        node: str | None = (await _stored(apiserver, name))["spec"].get("nodeName")
+        return node
 
     return await eventually(probe, f"{name} to be bound", within=10)
 
