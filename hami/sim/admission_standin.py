@@ -5,12 +5,13 @@ submitted through :meth:`AdmissionStandIn.submit`, which does what kube-apiserve
 CREATE: apply the defaults our webhook relies on (``schedulerName: default-scheduler``, requests
 from limits for extended resources, a ``uid``, ``status.phase: Pending``), send an AdmissionReview v1
 over HTTPS to every matching webhook (rules, ``objectSelector``, ``matchConditions``) of every
-MutatingWebhookConfiguration (URL and ``caBundle`` read
-from the configuration our webhook created), apply the returned JSONPatch, honour ``failurePolicy``,
-and then create the pod — or report the refusal. With ``server_admits`` (the embedded cluster, whose
-apiserver calls the webhooks itself on every pod CREATE, kubectl's included: it uses :meth:`mutate`),
-:meth:`AdmissionStandIn.submit` only creates the pod and reads a refusal back from the apiserver's
-answer. The create itself passes the apiserver's ValidatingAdmissionPolicies
+MutatingWebhookConfiguration (URL and ``caBundle`` read from the configuration our webhook created),
+apply the returned JSONPatch, honour ``failurePolicy``, and then create the pod — or report the
+refusal. Before the webhooks, ``spec.priority`` is resolved from the pod's PriorityClass as
+kube-apiserver's built-in Priority plugin does (:func:`resolve_priority`). With ``server_admits``
+(the embedded cluster, whose apiserver calls the webhooks itself on every pod CREATE, kubectl's
+included: it uses :meth:`mutate`), :meth:`AdmissionStandIn.submit` only creates the pod and reads a
+refusal back from the apiserver's answer. The create itself passes the apiserver's ValidatingAdmissionPolicies
 (:class:`hami.sim.apiserver.AdmittingEmulator`); their denial is reported the same way. Must not import
 ``webhook``, ``monitor`` or the Kubernetes client.
 """
@@ -38,6 +39,12 @@ from hami.sim.kubeapi import MWC_PATH, ApiError, JsonDict, SimApi, pods_path
 
 #: ``Refused.webhook`` when a ValidatingAdmissionPolicy of the apiserver refused the create.
 POLICY = "ValidatingAdmissionPolicy"
+#: ``Refused.webhook`` when kube-apiserver's Priority admission plugin refused the create.
+PRIORITY = "Priority"
+PRIORITY_CLASSES_PATH = "/apis/scheduling.k8s.io/v1/priorityclasses"
+#: The classes kube-apiserver creates itself (the embedded apiserver knows them without objects).
+SYSTEM_PRIORITY_CLASSES = {"system-cluster-critical": 2000000000, "system-node-critical": 2000001000}
+_PRIORITY_WORDS = ("priority admission controller", "no PriorityClass with name")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -84,6 +91,8 @@ class AdmissionStandIn:
             stored = await self._api.create(pods_path(meta["namespace"]), body)
         except ApiError as exc:
             webhook = _webhook_named(exc.message) if self._server_admits else None
+            if exc.status == 403 and any(w in exc.message for w in _PRIORITY_WORDS):
+                webhook = PRIORITY
             if webhook is not None and exc.status in (400, 403, 500):
                 return Refused(
                     namespace=meta["namespace"], name=meta["name"], webhook=webhook, message=exc.message
@@ -102,9 +111,16 @@ class AdmissionStandIn:
     async def mutate(
         self, body: JsonDict, configs: list[JsonDict], username: str = "hami-demo"
     ) -> tuple[JsonDict, list[str]] | Refused:
-        """Every matching webhook of ``configs`` on a pod CREATE, in order: the patched pod and the
-        webhooks' warnings, or the refusal."""
+        """kube-apiserver's Priority admission plugin (:func:`resolve_priority`), then every matching
+        webhook of ``configs`` on a pod CREATE, in order: the patched pod and the webhooks' warnings,
+        or the refusal."""
         meta = body["metadata"]
+        resolved = resolve_priority(body, await self._api.list_objects(PRIORITY_CLASSES_PATH))
+        if isinstance(resolved, str):
+            return Refused(
+                namespace=meta["namespace"], name=meta["name"], webhook=PRIORITY, message=resolved, code=403
+            )
+        body = resolved
         warnings: list[str] = []
         for config in configs:
             for hook in config.get("webhooks") or []:
@@ -219,6 +235,46 @@ def apply_defaults(pod: Mapping[str, Any]) -> JsonDict:
             container["resources"] = {**resources, "requests": requests}
     body["status"] = {"phase": "Pending"}
     return body
+
+
+def resolve_priority(pod: JsonDict, classes: list[JsonDict]) -> JsonDict | str:
+    """What kube-apiserver's Priority admission plugin does on a pod CREATE: ``spec.priority`` (and
+    ``spec.preemptionPolicy``) from the PriorityClass named by ``spec.priorityClassName``, from the
+    ``globalDefault`` class (the lowest, if several; its name is set too) when none is named, else 0
+    and ``PreemptLowerPriority``. Returns the pod, or kube-apiserver's Forbidden text for an unknown
+    class or a ``priority`` / ``preemptionPolicy`` the pod set that differs from the class's."""
+    spec = pod.setdefault("spec", {})
+    prefix = f'pods "{objects.name(pod)}" is forbidden: '
+    named = spec.get("priorityClassName") or ""
+    value, policy = 0, "PreemptLowerPriority"
+    by_name = {objects.name(c): c for c in classes}
+    if named:
+        found = by_name.get(named)
+        if found is not None:
+            value, policy = found.get("value", 0), found.get("preemptionPolicy") or policy
+        elif named in SYSTEM_PRIORITY_CLASSES:
+            value = SYSTEM_PRIORITY_CLASSES[named]
+        else:
+            return f"{prefix}no PriorityClass with name {named} was found"
+    else:
+        defaults = sorted((c for c in classes if c.get("globalDefault")), key=lambda c: c.get("value", 0))
+        if defaults:
+            spec["priorityClassName"] = objects.name(defaults[0])
+            value, policy = defaults[0].get("value", 0), defaults[0].get("preemptionPolicy") or policy
+    given = spec.get("priority")
+    if given is not None and given != value:
+        return (
+            f"{prefix}the integer value of priority ({given}) must not be provided in pod spec; "
+            f"priority admission controller computed {value} from the given PriorityClass name"
+        )
+    given_policy = spec.get("preemptionPolicy")
+    if given_policy is not None and given_policy != policy:
+        return (
+            f"{prefix}the string value of PreemptionPolicy ({given_policy}) must not be provided in pod "
+            f"spec; priority admission controller computed {policy} from the given PriorityClass name"
+        )
+    spec["priority"], spec["preemptionPolicy"] = value, policy
+    return pod
 
 
 def _matches(hook: Mapping[str, Any], pod: Mapping[str, Any]) -> bool:

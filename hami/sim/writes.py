@@ -143,7 +143,7 @@ async def _create(k: Writable, request: kmock.Request, body: JsonDict) -> aiohtt
         ]
         mutated = await k.admission.mutate(pod, configs, k.username(request))
         if isinstance(mutated, Refused):
-            reason = "InternalError" if mutated.code == 500 else "BadRequest"
+            reason = {500: "InternalError", 403: "Forbidden"}.get(mutated.code, "BadRequest")
             return _json(mutated.code, status(mutated.code, reason, mutated.message))
         body.clear()
         body.update(mutated[0])

@@ -30,6 +30,7 @@ from hami.sim.admission_policy import (
 )
 from hami.sim.admission_standin import (
     POLICY,
+    PRIORITY,
     AdmissionStandIn,
     Admitted,
     Refused,
@@ -553,3 +554,101 @@ async def test_a_broken_match_condition_follows_the_failure_policy(
     assert (status in (200, 201)) == created, body
     if not created:
         assert status == 500 and "matchCondition 'broken'" in body["message"]
+
+
+# ------------------------------------------- kube-apiserver's Priority admission plugin (pod CREATE)
+
+PRIORITY_CLASSES = "/apis/scheduling.k8s.io/v1/priorityclasses"
+
+
+def _class(name: str, value: int, **fields: Any) -> dict[str, Any]:
+    return {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": name},
+            "value": value, **fields}  # fmt: skip
+
+
+def _with_spec(name: str, **spec: Any) -> dict[str, Any]:
+    pod = _pod(name)
+    pod["spec"].update(spec)
+    return pod
+
+
+async def test_the_apiserver_resolves_priority_from_the_pod_priority_class(
+    admitting: AdmittingEmulator,
+) -> None:
+    for body in (_class("batch", 100), _class("urgent", 1_000_000, preemptionPolicy="Never")):
+        assert (await admitting.post(PRIORITY_CLASSES, json=body)).status == 200
+    created = {
+        "urgent": _with_spec("urgent", priorityClassName="urgent"),
+        "batch": _with_spec("batch", priorityClassName="batch"),
+        "plain": _pod("plain"),
+        "critical": _with_spec("critical", priorityClassName="system-cluster-critical"),
+        "consistent": _with_spec("consistent", priorityClassName="batch", priority=100),
+    }
+    for pod in created.values():
+        status, body = await _call(
+            admitting, "POST", "/api/v1/namespaces/default/pods", pod, "alice-token", "application/json"
+        )
+        assert status in (200, 201), body
+    specs = {name: _stored(admitting, name)["spec"] for name in created}
+    resolved = {name: (spec.get("priority"), spec.get("preemptionPolicy")) for name, spec in specs.items()}
+    assert resolved == {
+        "urgent": (1_000_000, "Never"),
+        "batch": (100, "PreemptLowerPriority"),
+        "plain": (0, "PreemptLowerPriority"),
+        "critical": (2_000_000_000, "PreemptLowerPriority"),
+        "consistent": (100, "PreemptLowerPriority"),
+    }
+
+
+async def test_the_global_default_class_applies_to_pods_that_name_none(admitting: AdmittingEmulator) -> None:
+    for body in (
+        _class("low-default", 5, globalDefault=True),
+        _class("lower-default", 2, globalDefault=True),
+    ):
+        assert (await admitting.post(PRIORITY_CLASSES, json=body)).status == 200
+    status, body = await _call(
+        admitting, "POST", "/api/v1/namespaces/default/pods", _pod(), "alice-token", "application/json"
+    )
+    assert status in (200, 201), body
+    spec = _stored(admitting)["spec"]
+    assert (spec["priorityClassName"], spec["priority"]) == ("lower-default", 2)  # the lowest default
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"priorityClassName": "nope"}, 'pods "p1" is forbidden: no PriorityClass with name nope was found'),
+        (
+            {"priority": 7},
+            'pods "p1" is forbidden: the integer value of priority (7) must not be provided in pod spec; '
+            "priority admission controller computed 0 from the given PriorityClass name",
+        ),
+        (
+            {"priorityClassName": "batch", "preemptionPolicy": "Never"},
+            'pods "p1" is forbidden: the string value of PreemptionPolicy (Never) must not be provided in '
+            "pod spec; priority admission controller computed PreemptLowerPriority from the given "
+            "PriorityClass name",
+        ),
+    ],
+    ids=["unknown-class", "own-priority", "own-preemption-policy"],
+)
+async def test_a_pod_the_priority_plugin_refuses_is_not_created(
+    admitting: AdmittingEmulator, spec: dict[str, Any], message: str
+) -> None:
+    assert (await admitting.post(PRIORITY_CLASSES, json=_class("batch", 100))).status == 200
+    status, body = await _call(
+        admitting, "POST", "/api/v1/namespaces/default/pods", _with_spec("p1", **spec), "alice-token",
+        "application/json",
+    )  # fmt: skip
+    assert (status, body["reason"], body["message"]) == (403, "Forbidden", message)
+    assert (kmock.resource("v1/pods"), "default", "p1") not in admitting.objects
+
+
+async def test_the_standin_reports_a_priority_refusal_as_the_priority_plugin(
+    apiserver: kmock.KubernetesEmulator, standin: AdmissionStandIn
+) -> None:
+    outcome = await standin.submit(_with_spec("p1", priorityClassName="nope"))
+    assert isinstance(outcome, Refused)
+    assert (outcome.webhook, outcome.code) == (PRIORITY, 403)
+    assert outcome.message == 'pods "p1" is forbidden: no PriorityClass with name nope was found'
+    assert (kmock.resource("v1/pods"), "default", "p1") not in apiserver.objects
