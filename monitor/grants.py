@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from hami import objects
 from hami.annotations import AnnotationError, read_pod_devices, read_pod_mig_allocations
 from hami.annotations.holding import holding, init_containers_done
 from hami.core.model import Device, DeviceState, NodeState
@@ -74,14 +75,11 @@ def read_pod_grants(
     where = holding(pod).node
     if where is None or (node is not None and where != node):
         return None
-    metadata = pod.get("metadata") or {}
-    status = pod.get("status") or {}
     devices = read_pod_devices(pod)
     if devices is None:
         return None
-    spec = pod.get("spec") or {}
-    init = [str(c.get("name", "")) for c in spec.get("initContainers") or []]
-    names = init + [str(c.get("name", "")) for c in spec.get("containers") or []]
+    init = [str(c.get("name", "")) for c in objects.init_containers(pod)]
+    names = init + [str(c.get("name", "")) for c in objects.containers(pod)]
     done = init_done_before or init_containers_done(pod)
     start = len(init) if done else 0
     grants = tuple(
@@ -99,14 +97,17 @@ def read_pod_grants(
     )
     ids: dict[str, str] = {}
     for key in ("initContainerStatuses", "containerStatuses"):
-        for entry in status.get(key) or []:
+        entries = objects.status(pod).get(key)
+        for entry in entries if isinstance(entries, list) else []:
+            if not isinstance(entry, Mapping):
+                continue
             container_id = str(entry.get("containerID") or "")
             if container_id:
                 ids[container_id.rpartition("://")[2]] = str(entry.get("name", ""))
     return PodGrants(
-        namespace=str(metadata.get("namespace") or ""),
-        name=str(metadata.get("name") or ""),
-        uid=str(metadata.get("uid") or ""),
+        namespace=objects.namespace(pod),
+        name=objects.name(pod),
+        uid=objects.uid(pod),
         grants=grants,
         usage=pod_usage(devices, len(init), init_done=done, mig=read_pod_mig_allocations(pod)),
         container_ids=ids,
@@ -146,16 +147,13 @@ class GrantBook:
         tracked = []
         listed: set[str] = set()
         for pod in await list_pods(self._api, node_name=self._node):
-            metadata = pod.get("metadata")
-            metadata = metadata if isinstance(metadata, Mapping) else {}
-            uid = str(metadata.get("uid") or f"{metadata.get('namespace')}/{metadata.get('name')}")
+            uid = objects.uid(pod) or "/".join(objects.pod_key(pod))
             listed.add(uid)
             try:
                 grants = read_pod_grants(pod, self._node, init_done_before=uid in self._init_done)
             except Exception as exc:  # one unreadable pod (AnnotationError, or an odd shape) is skipped
                 reason = str(exc) if isinstance(exc, AnnotationError) else f"{type(exc).__name__}: {exc}"
-                namespace, name = metadata.get("namespace"), metadata.get("name")
-                log.warning("pod %s/%s: not exported: %s", namespace, name, reason[:500])
+                log.warning("pod %s/%s: not exported: %s", *objects.pod_key(pod), reason[:500])
                 continue
             if grants is not None:
                 tracked.append(grants)

@@ -35,8 +35,10 @@ The callers differ in one named parameter, ``grant_required``:
   hand), so every pod bound to the node that is not finished holds what it records there. Wrongly
   destroying an instance kills a running container; wrongly keeping one only fails an Allocate.
 
-Pure: the codec and the stdlib only (no clock: callers pass their own time to compare with
-:func:`allocating_until`); must not import the Kubernetes client, ``logging``, ``os`` or ``time``.
+Reads the raw pod through ``hami.objects``' checked accessors (a field of the wrong JSON type reads as
+absent; nothing here raises on a hostile object). Pure: ``hami.objects``, the codec and the stdlib only
+(no clock: callers pass their own time to compare with :func:`allocating_until`); must not import the
+Kubernetes client, ``logging``, ``os`` or ``time``.
 """
 
 from __future__ import annotations
@@ -47,9 +49,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from hami import objects
 from hami.annotations.errors import AnnotationError
 from hami.annotations.keys import POD_BIND_PHASE, POD_BIND_TIME, POD_DEVICES_ALLOCATED, POD_VGPU_NODE
-from hami.annotations.pod import decode_unix_time, pod_annotations
+from hami.annotations.pod import decode_unix_time
 
 #: Phases whose containers no longer hold their cards (spec-scheduler §6).
 FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
@@ -81,38 +84,20 @@ class Holding:
         return self.node is not None
 
 
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _text(value: Any) -> str | None:
-    return value if isinstance(value, str) and value else None
-
-
-def phase_of(pod: Mapping[str, Any]) -> str | None:
-    """``status.phase``; None when absent or not text."""
-    return _text(_mapping(pod.get("status")).get("phase"))
-
-
-def bound_node(pod: Mapping[str, Any]) -> str | None:
-    """``spec.nodeName``; None while the pod is not bound."""
-    return _text(_mapping(pod.get("spec")).get("nodeName"))
-
-
 def holding(pod: Mapping[str, Any], *, grant_required: bool = True) -> Holding:
     """Where ``pod`` holds cards now (the module's rules 1-3; rule 4's horizon is the caller's).
 
     ``grant_required``: True (scheduler, exporter) = the cards its grant names, on the grant's node;
     False (MIG reclaim) = whatever it records, on the node it is bound to, grant or not.
     """
-    if phase_of(pod) in FINISHED_PHASES:
+    if objects.pod_phase(pod) in FINISHED_PHASES:
         return Holding(node=None, why=Why.FINISHED)
-    bound = bound_node(pod)
+    bound = objects.node_name(pod) or None
     if not grant_required:
         return Holding(node=bound, why=Why.HOLDS if bound else Why.NOT_BOUND)
-    annotations = pod_annotations(pod)
-    granted = _text(annotations.get(POD_VGPU_NODE))
-    if granted is None or not isinstance(annotations.get(POD_DEVICES_ALLOCATED), str):
+    annotations = objects.annotations(pod)
+    granted = annotations.get(POD_VGPU_NODE) or None
+    if granted is None or POD_DEVICES_ALLOCATED not in annotations:
         return Holding(node=None, why=Why.NO_GRANT)
     if bound is not None and bound != granted:
         return Holding(node=None, why=Why.BOUND_ELSEWHERE)
@@ -124,11 +109,13 @@ def holding(pod: Mapping[str, Any], *, grant_required: bool = True) -> Holding:
 def init_containers_done(pod: Mapping[str, Any]) -> bool:
     """All init containers exited 0: ``status.initContainerStatuses`` non-empty, each terminated with
     exit code 0 (an integer; anything else, a missing code included, is not done)."""
-    statuses = _mapping(pod.get("status")).get("initContainerStatuses")
+    statuses = objects.status(pod).get("initContainerStatuses")
     if not isinstance(statuses, list) or not statuses:
         return False
-    for status in statuses:
-        code = _mapping(_mapping(_mapping(status).get("state")).get("terminated")).get("exitCode")
+    for entry in statuses:
+        state = entry.get("state") if isinstance(entry, Mapping) else None
+        terminated = state.get("terminated") if isinstance(state, Mapping) else None
+        code = terminated.get("exitCode") if isinstance(terminated, Mapping) else None
         if type(code) is not int or code != 0:
             return False
     return True
@@ -141,13 +128,13 @@ def allocating_until(
     pod with no ``spec.nodeName`` and ``bind-phase=allocating`` (a time long past when the bind time
     is missing or unreadable: a bind always writes both); None when the rule does not apply (bound
     pods, other phases). The caller compares it with its own ``now``."""
-    if bound_node(pod) is not None:
+    if objects.node_name(pod):
         return None
-    annotations = pod_annotations(pod)
+    annotations = objects.annotations(pod)
     if annotations.get(POD_BIND_PHASE) != "allocating":
         return None
     text = annotations.get(POD_BIND_TIME)
-    if not isinstance(text, str):
+    if text is None:
         return _LONG_AGO
     try:
         return decode_unix_time(text) + horizon

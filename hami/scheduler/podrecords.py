@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from hami import objects
 from hami.annotations import (
     POD_DEVICES_ALLOCATED,
     POD_VGPU_NODE,
@@ -23,7 +24,7 @@ from hami.annotations import (
     pod_annotations,
     read_pod_mig_allocations,
 )
-from hami.annotations.holding import Why, bound_node, holding
+from hami.annotations.holding import Why, holding
 from hami.annotations.holding import allocating_until as allocating_until  # for scheduler.attempt
 from hami.core.usage import PodUsage, pod_usage
 from hami.scheduler.victims import PodMeta, pod_meta
@@ -50,7 +51,7 @@ def pod_record(key: PodKey, pod: Mapping[str, Any], *, init_done: bool) -> PodRe
         logger.warning(
             "pod %s/%s not counted: bound to %s, but its grant names %s",
             *key,
-            bound_node(pod),
+            objects.node_name(pod),
             pod_annotations(pod).get(POD_VGPU_NODE),
         )
     if verdict.node is None:

@@ -5,7 +5,7 @@ card turning unhealthy, kubelet restarts, GetPreferredAllocation)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from monitor.config import NodeSettings
 from monitor.deviceplugin.kubelet import KubeletRunner
 from monitor.deviceplugin.server import DevicePluginService, physical_uuid, preferred_ids
 from monitor.inventory import Inventory
+from tests.eventually import eventually
 
 
 class FakeKubelet(api_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
@@ -74,15 +75,6 @@ async def runner(sock_dir: Path, inventory: Inventory) -> AsyncIterator[KubeletR
 
 async def _wait(event: asyncio.Event) -> None:
     await asyncio.wait_for(event.wait(), timeout=10)
-
-
-async def _until(condition: Callable[[], bool]) -> None:
-    """Poll ``condition`` on the loop until true; fail after 10 seconds."""
-    for _ in range(1000):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition not reached within 10 s")
 
 
 async def test_register_list_and_watch_and_an_unhealthy_card(
@@ -140,7 +132,10 @@ async def test_waits_for_kubelet_and_registers_again_after_a_kubelet_restart(
         await _wait(second.arrived)
         # the runner may notice the wipe before or after kubelet is back: either way it ends up
         # serving its socket and registered with the new kubelet
-        await _until(lambda: runner.registered.is_set() and runner.socket_path.exists())
+        await eventually(
+            lambda: runner.registered.is_set() and runner.socket_path.exists(),
+            "registered again, socket back",
+        )
         assert len(first.requests) == 1 and second.requests[-1].endpoint == "nvidia-gpu.sock"
         async with grpc.aio.insecure_channel(f"unix://{runner.socket_path}") as channel:
             stream = api_pb2_grpc.DevicePluginStub(channel).ListAndWatch(api_pb2.Empty())
