@@ -1,15 +1,20 @@
 """SIMULATION ONLY: the part of kube-scheduler that drives a scheduler extender.
 
 The embedded cluster has no kube-scheduler. :class:`SchedulerStandIn` watches pods and nodes and,
-for each pending pod whose ``spec.schedulerName`` is our profile (one pod at a time, oldest first),
-does what kube-scheduler does with an extender configured ``nodeCacheCapable: true``: keep the nodes
-its own plugins would keep (Ready, schedulable, ``nodeSelector`` matches), POST ``/filter`` with node
-names only, POST ``/prioritize`` when more than one node is left (highest weighted score wins; ties go
-to the first node the filter returned instead of a random one, so runs repeat), then POST ``/bind``.
-The JSON is the extender v1 shape (Go field names). An unschedulable pod gets the ``PodScheduled``
-condition and a ``FailedScheduling`` event, and is retried when the cluster changes (a node's labels,
-registration or allocatable change, a node appears, a pod goes away) or after ``flush_after``
-seconds; an error (extender down, bind refused) is retried with exponential backoff.
+for each pending pod whose ``spec.schedulerName`` is our profile (one pod at a time, the highest
+``spec.priority`` first, then the oldest, as kube-scheduler's PrioritySort queue), does what
+kube-scheduler does with an extender configured ``nodeCacheCapable: true``: keep the nodes its own
+plugins would keep (Ready, schedulable, ``nodeSelector`` matches), POST ``/filter`` with node names
+only (a pod with ``status.nominatedNodeName`` first with that node alone, as kube-scheduler tries
+the nominated node first), POST ``/prioritize`` when more than one node is left (highest weighted
+score wins; ties go to the first node the filter returned instead of a random one, so runs repeat),
+then POST ``/bind``. The JSON is the extender v1 shape (Go field names). When no node takes the pod,
+kube-scheduler's DefaultPreemption runs (:mod:`hami.sim.preemption_standin`: the extender's
+``/preempt``, victims evicted, the pod nominated; :attr:`SchedulerStandIn.preemption` records who
+was preempted for whom). An unschedulable pod gets the ``PodScheduled`` condition and a
+``FailedScheduling`` event, and is retried when the cluster changes (a node's labels, registration or
+allocatable change, a node appears, a pod goes away) or after ``flush_after`` seconds; an error
+(extender down, bind refused, preemption failed) is retried with exponential backoff.
 Must not import ``hami.scheduler``, ``webhook``, ``monitor`` or the Kubernetes client.
 """
 
@@ -30,6 +35,13 @@ import aiohttp
 from hami import objects
 from hami.annotations import NODE_HANDSHAKE, NODE_LOCK
 from hami.sim.kubeapi import ApiError, JsonDict, SimApi, key_of, nodes_path, pods_path
+from hami.sim.preemption_standin import (
+    Nominated,
+    NotNominated,
+    PreemptionError,
+    PreemptionStandIn,
+    priority,
+)
 
 logger = logging.getLogger("hami.sim.scheduler_standin")
 
@@ -48,6 +60,7 @@ class Attempt:
     failed_nodes: dict[str, str] = field(default_factory=dict)
     node: str = ""
     failures: int = 0  # consecutive errors, for the backoff
+    nominated: str = ""  # the node preemption nominated it to (victims evicted there)
 
 
 class SchedulerStandIn:
@@ -63,6 +76,8 @@ class SchedulerStandIn:
         http_timeout: float = 30.0,
         backoff: tuple[float, float] = (0.2, 5.0),
         flush_after: float = 60.0,
+        preempt_verb: str = "preempt",
+        node_cache_capable: bool = True,
     ) -> None:
         self._api = api
         self._session = session
@@ -78,6 +93,14 @@ class SchedulerStandIn:
         self.attempts: dict[str, Attempt] = {}  # by pod uid (or ns/name when the pod has none)
         self._changed = asyncio.Event()
         self.calls: Counter[str] = Counter()  # verb -> how many requests were sent
+        self.preemption = PreemptionStandIn(
+            api,
+            self._post,
+            scheduler_name=scheduler_name,
+            extender_url=self._url,
+            verb=preempt_verb,
+            node_cache_capable=node_cache_capable,
+        )
 
     # ------------------------------------------------------------------------------- public view
 
@@ -110,22 +133,26 @@ class SchedulerStandIn:
             await self.schedule_one(pod)
 
     def _next(self, now: float) -> tuple[JsonDict | None, float | None]:
-        """The oldest pod due for an attempt, else when the next one becomes due."""
+        """The pod due for an attempt with the highest priority (the oldest of those), else when the
+        next one becomes due."""
         wake_at: float | None = None
+        due: JsonDict | None = None
         for pod in self.pods.values():
             if not self._ours(pod):
                 continue
             last = self.attempt(pod)
-            if last is None:
-                return pod, None
-            if last.kind == "bound":
+            if last is not None and last.kind == "bound":
                 continue  # the binding is on its way through the watch
-            if last.kind == "unschedulable" and last.generation != self.generation:
-                return pod, None
-            if now >= last.retry_at:
-                return pod, None
+            if (
+                last is None
+                or (last.kind == "unschedulable" and last.generation != self.generation)
+                or now >= last.retry_at
+            ):
+                if due is None or priority(pod) > priority(due):
+                    due = pod
+                continue
             wake_at = last.retry_at if wake_at is None else min(wake_at, last.retry_at)
-        return None, wake_at
+        return (due, None) if due is not None else (None, wake_at)
 
     def _ours(self, pod: Mapping[str, Any]) -> bool:
         return (
@@ -144,18 +171,12 @@ class SchedulerStandIn:
         previous = self.attempt(pod)
         candidates, excluded = self._candidates(pod)
         try:
-            if not candidates:
-                return await self._unschedulable(pod, generation, excluded, {})
-            reply = await self._post("filter", {"Pod": pod, "Nodes": None, "NodeNames": candidates})
-            if reply.get("Error"):
-                raise _ExtenderError(f"filter: {reply['Error']}")
-            feasible = [str(n) for n in reply.get("NodeNames") or []]
+            feasible, failed, resolvable = await self._filter(pod, candidates)
             if not feasible:
-                failed = {
-                    **(reply.get("FailedNodes") or {}),
-                    **(reply.get("FailedAndUnresolvableNodes") or {}),
-                }
-                return await self._unschedulable(pod, generation, excluded, failed)
+                outcome = await self.preemption.preempt(
+                    pod, sorted(self.nodes), resolvable, list(self.pods.values()), self._event
+                )
+                return await self._unschedulable(pod, generation, excluded, failed, outcome)
             node = feasible[0] if len(feasible) == 1 else await self._prioritize(pod, feasible)
             bound = await self._post(
                 "bind",
@@ -168,7 +189,7 @@ class SchedulerStandIn:
             )
             if bound.get("Error"):
                 raise _ExtenderError(f"bind to {node}: {bound['Error']}")
-        except (_ExtenderError, aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        except (_ExtenderError, PreemptionError, aiohttp.ClientError, TimeoutError, ValueError) as exc:
             failures = previous.failures + 1 if previous is not None and previous.kind == "error" else 1
             delay = min(self._backoff[0] * 2 ** (failures - 1), self._backoff[1])
             logger.info("%s/%s: scheduling error (retry in %.1fs): %s", namespace, name, delay, exc)
@@ -189,6 +210,31 @@ class SchedulerStandIn:
         self.attempts[_ident(pod)] = attempt
         await self._event(pod, "Normal", "Scheduled", attempt.message)
         return attempt
+
+    async def _filter(
+        self, pod: JsonDict, candidates: list[str]
+    ) -> tuple[list[str], dict[str, str], set[str]]:
+        """``/filter``: the feasible nodes, every failed node's reason, and the nodes whose failure
+        removing pods may resolve (``FailedNodes``). A nominated node is asked alone first."""
+        if not candidates:
+            return [], {}, set()
+        nominated = str(objects.status(pod).get("nominatedNodeName") or "")
+        if nominated in candidates and len(candidates) > 1:
+            reply = await self._filter_call(pod, [nominated])
+            if nominated in [str(n) for n in reply.get("NodeNames") or []]:
+                return [nominated], {}, set()
+        reply = await self._filter_call(pod, candidates)
+        resolvable = {str(n): str(r) for n, r in (reply.get("FailedNodes") or {}).items()}
+        failed = {**resolvable, **(reply.get("FailedAndUnresolvableNodes") or {})}
+        return [str(n) for n in reply.get("NodeNames") or []], failed, set(resolvable)
+
+    async def _filter_call(self, pod: JsonDict, names: list[str]) -> Mapping[str, Any]:
+        reply = await self._post("filter", {"Pod": pod, "Nodes": None, "NodeNames": names})
+        if not isinstance(reply, Mapping):
+            raise _ExtenderError(f"filter: expected an ExtenderFilterResult, got {str(reply)[:200]}")
+        if reply.get("Error"):
+            raise _ExtenderError(f"filter: {reply['Error']}")
+        return reply
 
     def _candidates(self, pod: Mapping[str, Any]) -> tuple[list[str], Counter[str]]:
         """Nodes kube-scheduler's own filters keep, sorted by name, and why the others were dropped."""
@@ -220,13 +266,21 @@ class SchedulerStandIn:
         return max(feasible, key=lambda n: scores.get(n, 0))  # max() keeps the first of equal scores
 
     async def _unschedulable(
-        self, pod: JsonDict, generation: int, excluded: Counter[str], failed: Mapping[str, str]
+        self,
+        pod: JsonDict,
+        generation: int,
+        excluded: Counter[str],
+        failed: Mapping[str, str],
+        preemption: Nominated | NotNominated | None = None,
     ) -> Attempt:
         reasons = Counter(excluded)
         for reason in failed.values():
             reasons[str(reason)] += 1
         summary = ", ".join(f"{count} {reason}" for reason, count in sorted(reasons.items()))
         message = f"0/{len(self.nodes)} nodes are available: {summary}."
+        if isinstance(preemption, NotNominated):
+            message += f" preemption: {preemption.message}."  # kube-scheduler's FitError adds the dot
+        nominated = preemption.node if isinstance(preemption, Nominated) else ""
         previous = self.attempt(pod)
         loop = asyncio.get_running_loop()
         attempt = Attempt(
@@ -235,9 +289,10 @@ class SchedulerStandIn:
             generation=generation,
             retry_at=loop.time() + self._flush_after,
             failed_nodes=dict(failed),
+            nominated=nominated,
         )
         self.attempts[_ident(pod)] = attempt
-        if previous is None or previous.message != message:
+        if previous is None or previous.message != message or nominated:
             namespace, name = key_of(pod)
             logger.info("%s/%s: unschedulable: %s", namespace, name, message)
             condition = {
@@ -246,10 +301,11 @@ class SchedulerStandIn:
                 "reason": "Unschedulable",
                 "message": message,
             }
+            status: dict[str, Any] = {"conditions": [condition]}
+            if isinstance(preemption, NotNominated) and preemption.clear:
+                status["nominatedNodeName"] = None
             with contextlib.suppress(ApiError):
-                await self._api.merge_patch(
-                    pods_path(namespace, name, "status"), {"status": {"conditions": [condition]}}
-                )
+                await self._api.merge_patch(pods_path(namespace, name, "status"), {"status": status})
             await self._event(pod, "Warning", "FailedScheduling", message)
         return attempt
 
@@ -260,20 +316,23 @@ class SchedulerStandIn:
                 raise _ExtenderError(f"{verb}: HTTP {response.status}: {(await response.text())[:300]}")
             return await response.json(content_type=None)
 
-    async def _event(self, pod: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
+    async def _event(
+        self,
+        pod: Mapping[str, Any],
+        kind: str,
+        reason: str,
+        message: str,
+        *,
+        action: str = "",
+        related: Mapping[str, Any] | None = None,
+    ) -> None:
         namespace, name = key_of(pod)
         now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        event = {
+        event: dict[str, Any] = {
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {"name": f"{name}.{uuid.uuid4().hex[:16]}", "namespace": namespace},
-            "involvedObject": {
-                "kind": "Pod",
-                "apiVersion": "v1",
-                "namespace": namespace,
-                "name": name,
-                "uid": objects.uid(pod),
-            },
+            "involvedObject": _reference(pod),
             "reason": reason,
             "message": message,
             "type": kind,
@@ -283,6 +342,10 @@ class SchedulerStandIn:
             "lastTimestamp": now,
             "count": 1,
         }
+        if action:
+            event["action"] = action
+        if related is not None:
+            event["related"] = _reference(related)
         with contextlib.suppress(ApiError):
             await self._api.create(f"/api/v1/namespaces/{namespace}/events", event)
 
@@ -327,6 +390,17 @@ class SchedulerStandIn:
 
 class _ExtenderError(Exception):
     """The extender answered with an error (or not in the expected shape)."""
+
+
+def _reference(pod: Mapping[str, Any]) -> dict[str, str]:
+    """A pod's ObjectReference (an Event's ``involvedObject`` or ``related``)."""
+    return {
+        "kind": "Pod",
+        "apiVersion": "v1",
+        "namespace": objects.namespace(pod),
+        "name": objects.name(pod),
+        "uid": objects.uid(pod),
+    }
 
 
 def _ident(pod: Mapping[str, Any]) -> str:

@@ -29,6 +29,7 @@ class FakeExtender:
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self.filter: Reply = lambda args: {"NodeNames": args["NodeNames"], "FailedNodes": {}, "Error": ""}
         self.prioritize: Reply = lambda args: [{"Host": n, "Score": 0} for n in args["NodeNames"]]
+        self.preempt: Reply = lambda args: {"NodeNameToMetaVictims": {}}
         self.bind_error = ""
 
     async def handle(self, request: web.Request) -> web.Response:
@@ -39,6 +40,8 @@ class FakeExtender:
             return web.json_response(self.filter(args))
         if verb == "prioritize":
             return web.json_response(self.prioritize(args))
+        if verb == "preempt":
+            return web.json_response(self.preempt(args))
         if self.bind_error:
             return web.json_response({"Error": self.bind_error})
         binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": args["PodName"]},
@@ -164,7 +167,10 @@ async def test_unschedulable_pods_are_explained_and_retried_when_a_node_changes(
         return pod is not None and standin.settled(pod) and bool(events())
 
     await eventually(settled, "p1 to be unschedulable and its Event written", within=10)
-    message = "0/1 nodes are available: 1 1/1 CardInsufficientMemory."
+    message = (
+        "0/1 nodes are available: 1 1/1 CardInsufficientMemory. "
+        "preemption: 0/1 nodes are available: 1 No preemption victims found for incoming pod.."
+    )
     pod = await _stored(apiserver, "p1")
     assert pod["status"]["conditions"] == [
         {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}
@@ -202,3 +208,194 @@ async def test_errors_are_retried_with_backoff(
 
 async def _ready(standin: SchedulerStandIn, nodes: int) -> bool | None:
     return True if len(standin.nodes) >= nodes else None
+
+
+# ------------------------------------------------------------- kube-scheduler's DefaultPreemption
+
+
+def _exists(apiserver: kmock.KubernetesEmulator, name: str) -> bool:
+    key = (kmock.resource("v1/pods"), "default", name)
+    return key in apiserver.objects and not apiserver.objects[key].deleted
+
+
+def _last_version(apiserver: kmock.KubernetesEmulator, name: str) -> dict[str, Any]:
+    history = apiserver.objects[kmock.resource("v1/pods"), "default", name].history
+    raw: dict[str, Any] = [v for v in history if v is not None][-1].raw
+    return raw
+
+
+def _events(apiserver: kmock.KubernetesEmulator, pod: str) -> list[dict[str, Any]]:
+    return [
+        o.raw
+        for (r, _, _), o in apiserver.objects.items()
+        if r.plural == "events" and not o.deleted and o.raw["involvedObject"]["name"] == pod
+    ]
+
+
+def _full(names: list[str], reason: str = "1/1 CardInsufficientMemory") -> dict[str, Any]:
+    return {"NodeNames": [], "FailedNodes": dict.fromkeys(names, reason)}
+
+
+async def _settled(standin: SchedulerStandIn, name: str) -> bool:
+    async def probe() -> bool | None:
+        pod = standin.pods.get(("default", name))
+        return True if pod is not None and standin.settled(pod) else None
+
+    return await eventually(probe, f"{name} to be unschedulable", within=10)
+
+
+async def test_a_pod_no_node_takes_preempts_the_victims_the_extender_names(
+    apiserver: kmock.KubernetesEmulator, extender: tuple[FakeExtender, str], standin: SchedulerStandIn
+) -> None:
+    fake, _ = extender
+    for name in ("n1", "n2"):
+        await _node(apiserver, name)
+    await _pod(apiserver, "low-a", nodeName="n1", priority=10, status={"phase": "Running"})
+    await _pod(apiserver, "low-b", nodeName="n1", priority=10)
+    await _pod(apiserver, "peer", nodeName="n2", priority=100)  # equal priority: never a victim
+    await eventually(lambda: len(standin.pods) == 3 and len(standin.nodes) == 2, "the stand-in's view")
+    # n1 fits once low-a is gone; n2 never does
+    fake.filter = lambda args: (
+        {"NodeNames": ["n1"]} if args["NodeNames"] == ["n1"] and not _exists(apiserver, "low-a")
+        else _full(args["NodeNames"])
+    )  # fmt: skip
+    fake.preempt = lambda args: {
+        "NodeNameToMetaVictims": {"n1": {"Pods": [{"UID": "uid-low-a"}], "NumPDBViolations": 0}}
+    }
+    await _pod(apiserver, "urgent", priority=100)
+    assert await _bound(apiserver, "urgent") == "n1"
+    assert fake.verbs() == ["filter", "preempt", "filter", "bind"]
+    # nodeCacheCapable: the candidates by name, each with kube-scheduler's (empty) victims; n2 has no
+    # lower-priority pod, so it is no candidate
+    preempt_args = fake.calls[1][1]
+    assert preempt_args["Pod"]["metadata"]["name"] == "urgent"
+    assert preempt_args["NodeNameToMetaVictims"] == {"n1": {"Pods": [], "NumPDBViolations": 0}}
+    assert "NodeNameToVictims" not in preempt_args
+    assert fake.calls[2][1]["NodeNames"] == ["n1"]  # the nominated node is tried alone first
+    # exactly the named victim went, with the scheduler's DisruptionTarget condition and an Event
+    assert not _exists(apiserver, "low-a") and _exists(apiserver, "low-b") and _exists(apiserver, "peer")
+    (condition,) = [
+        c
+        for c in _last_version(apiserver, "low-a")["status"]["conditions"]
+        if c["type"] == "DisruptionTarget"
+    ]
+    assert (condition["status"], condition["reason"], condition["message"]) == (
+        "True",
+        "PreemptionByScheduler",
+        "hami-scheduler: preempting to accommodate a higher priority pod",
+    )
+    (event,) = _events(apiserver, "low-a")
+    assert (event["type"], event["reason"], event["action"], event["message"]) == (
+        "Normal",
+        "Preempted",
+        "Preempting",
+        "Preempted by pod uid-urgent on node n1",
+    )
+    assert (event["related"]["name"], event["related"]["uid"]) == ("urgent", "uid-urgent")
+    assert event["source"]["component"] == "hami-scheduler"
+    assert (await _stored(apiserver, "urgent"))["status"]["nominatedNodeName"] == "n1"
+    record = standin.preemption.preemptions["default/low-a"]
+    assert (record.preemptor, record.preemptor_uid, record.node, record.victim.priority) == (
+        "default/urgent",
+        "uid-urgent",
+        "n1",
+        10,
+    )
+    assert [r.victim.key for r in standin.preemption.preempted_for["default/urgent"]] == ["default/low-a"]
+
+
+async def test_preemption_that_cannot_help_says_why_and_asks_no_extender(
+    apiserver: kmock.KubernetesEmulator, extender: tuple[FakeExtender, str], standin: SchedulerStandIn
+) -> None:
+    fake, _ = extender
+    for name in ("n1", "n2"):
+        await _node(apiserver, name)
+    await _pod(apiserver, "peer", nodeName="n1")  # priority 0, as the pending pod
+    await _pod(apiserver, "low", nodeName="n2", priority=-5)
+    await eventually(lambda: len(standin.pods) == 2 and len(standin.nodes) == 2, "the stand-in's view")
+    fake.filter = lambda args: {
+        "NodeNames": [],
+        "FailedNodes": {"n1": "1/1 CardInsufficientMemory"},
+        "FailedAndUnresolvableNodes": {"n2": "1/1 CardTypeMismatch"},  # removing pods cannot help there
+    }
+    await _pod(apiserver, "p1")
+    await _settled(standin, "p1")
+    attempt = standin.attempts["uid-p1"]
+    assert attempt.message == (
+        "0/2 nodes are available: 1 1/1 CardInsufficientMemory, 1 1/1 CardTypeMismatch. preemption: 0/2 "
+        "nodes are available: 1 No preemption victims found for incoming pod, 1 Preemption is not helpful "
+        "for scheduling.."
+    )
+    assert fake.verbs() == ["filter"]
+    assert _exists(apiserver, "low") and _exists(apiserver, "peer")
+
+
+async def test_a_pod_that_never_preempts_is_not_eligible(
+    apiserver: kmock.KubernetesEmulator, extender: tuple[FakeExtender, str], standin: SchedulerStandIn
+) -> None:
+    fake, _ = extender
+    await _node(apiserver, "n1")
+    await _pod(apiserver, "low", nodeName="n1", priority=-5)
+    await eventually(lambda: len(standin.pods) == 1 and len(standin.nodes) == 1, "the stand-in's view")
+    fake.filter = lambda args: _full(args["NodeNames"])
+    await _pod(apiserver, "p1", preemptionPolicy="Never")
+    await _settled(standin, "p1")
+    assert standin.attempts["uid-p1"].message.endswith(
+        " preemption: not eligible due to preemptionPolicy=Never.."
+    )
+    assert fake.verbs() == ["filter"] and _exists(apiserver, "low")
+
+
+@pytest.mark.parametrize(
+    ("answer", "error"),
+    [
+        (
+            {"n1": {"Pods": [{"UID": "uid-elsewhere"}], "NumPDBViolations": 0}},
+            "claims to preempt pod (UID: uid-elsewhere) on node: n1, but the pod is not found on that node",
+        ),
+        ({"n1": {"Pods": [], "NumPDBViolations": 0}}, 'expected at least one victim pod on node "n1"'),
+    ],
+    ids=["victim-not-on-node", "no-victims"],
+)
+async def test_an_extender_answer_kube_scheduler_rejects_evicts_nothing(
+    apiserver: kmock.KubernetesEmulator,
+    extender: tuple[FakeExtender, str],
+    standin: SchedulerStandIn,
+    answer: dict[str, Any],
+    error: str,
+) -> None:
+    fake, url = extender
+    for name in ("n1", "n2"):
+        await _node(apiserver, name)
+    await _pod(apiserver, "low", nodeName="n1", priority=-5)
+    await _pod(apiserver, "elsewhere", nodeName="n2", priority=-5)
+    await eventually(lambda: len(standin.pods) == 2 and len(standin.nodes) == 2, "the stand-in's view")
+    fake.filter = lambda args: _full(args["NodeNames"])
+    fake.preempt = lambda args: {"NodeNameToMetaVictims": answer}
+    await _pod(apiserver, "p1")
+
+    def failed() -> bool:
+        attempt = standin.attempts.get("uid-p1")
+        return attempt is not None and attempt.kind == "error"
+
+    await eventually(failed, "the preemption to fail")
+    assert error in standin.attempts["uid-p1"].message
+    if "claims" in error:
+        assert standin.attempts["uid-p1"].message.startswith(f"extender: {url} claims")
+    assert _exists(apiserver, "low") and _exists(apiserver, "elsewhere")
+    assert "nominatedNodeName" not in (await _stored(apiserver, "p1"))["status"]
+    assert standin.preemption.preemptions == {}
+
+
+async def test_the_highest_priority_pending_pod_is_scheduled_first(
+    apiserver: kmock.KubernetesEmulator, extender: tuple[FakeExtender, str], standin: SchedulerStandIn
+) -> None:
+    fake, _ = extender
+    await _pod(apiserver, "first-low", priority=1)
+    await _pod(apiserver, "then-high", priority=1000)
+    await _settled(standin, "first-low")
+    await _settled(standin, "then-high")  # no node yet: both wait
+    await _node(apiserver, "n1")  # the cluster changes: both are due again, the higher first
+    await _bound(apiserver, "first-low")
+    filtered = [args["Pod"]["metadata"]["name"] for verb, args in fake.calls if verb == "filter"]
+    assert filtered[-2:] == ["then-high", "first-low"]
