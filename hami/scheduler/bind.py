@@ -7,17 +7,18 @@ to this node with our grant for it is a success without a write (kube-scheduler 
 answer). A second bind of a pod while one is in progress in this process is refused.
 
 Order for a GPU pod: read the pod; fail fast when it cannot fit (no lock taken); take the node lock
-(``hami.scheduler.bindlock``, compare-and-set in ``hami.kube.nodelock``; every pod with a GPU
-request, init-only ones included) —
-waiting for a busy lock happens outside the node's decision queue, in a per-node line of waiters of
-which only the head polls, up to ``--node-lock-wait`` (PodGroup members ``--node-lock-retry-timeout``)
-and never past the deadline; re-read the pod and judge it again; inside the node's queue decide the
-cards with the core's ``fit_node`` on the snapshot and book them at once; one JSON patch that applies
-only to the pod as re-read (uid, resourceVersion, annotation and label maps tested) writes the device
-lists, ``vgpu-node`` annotation and label, ``vgpu-time``, ``bind-phase=allocating``, ``bind-time``
-and MIG reservations; create the Binding. Before every write the remaining time of kube-scheduler's
-deadline (``--bind-timeout`` from the request's arrival) is checked, and every write's own timeout is
-cut to it; past it, the attempt gives back what it took and answers an error.
+(``hami.scheduler.bindlock``, compare-and-set in ``hami.kube.nodelock``; every pod with a GPU request,
+init-only ones included) — waiting for a busy lock happens outside the node's decision queue, in a
+per-node line of waiters of which only the head polls, up to ``--node-lock-wait`` (PodGroup members
+``--node-lock-retry-timeout``) and never past the deadline; re-read the pod and judge it again; inside
+the node's queue decide the cards with the core's ``fit_node`` on the snapshot (the cards held for
+nominated pods of equal or higher priority counted as used: :mod:`hami.core.reservations`) and book them
+at once; one JSON patch that applies only to the pod as re-read (uid, resourceVersion, annotation and
+label maps tested) writes the device lists, ``vgpu-node`` annotation and label, ``vgpu-time``,
+``bind-phase=allocating``, ``bind-time`` and MIG reservations; create the Binding. Before every write
+the remaining time of kube-scheduler's deadline (``--bind-timeout`` from the request's arrival) is
+checked, and every write's own timeout is cut to it; past it, the attempt gives back what it took and
+answers an error.
 
 A failed write whose outcome is unknown (5xx, timeout, reset) or a refused Binding leads to a re-read
 before anything is undone (:func:`hami.scheduler.attempt.undo`): a pod bound here with our grant is a
@@ -73,6 +74,7 @@ from hami.scheduler.attempt import (
 from hami.scheduler.bindlock import acquire, after, count_grant, lock_wait, locks_node
 from hami.scheduler.context import Context
 from hami.scheduler.snapshot import PodRecord, local_time
+from hami.scheduler.victims import priority_of
 from hami.scheduler.wire import ExtenderBindingArgs, ExtenderBindingResult
 
 logger = logging.getLogger(__name__)
@@ -135,17 +137,18 @@ async def _bind(ctx: Context, att: Attempt) -> ExtenderBindingResult:
         return _failed_on(ctx, pod, att.node, exc)
     if not locks_node(request):  # no GPU request: only the Binding
         return await _bind_plain(ctx, att, pod)
+    priority = priority_of(pod)  # immutable: the cards held for nominated pods it does not outrank
     try:
-        _decide(ctx, request, att.node, att.key)  # fail fast, without locking, when it cannot fit anyway
+        _decide(ctx, request, att.node, att.key, priority)  # fail fast, without locking, when it cannot fit
         att.grant = await acquire(
-            ctx, att, lambda: _decide(ctx, request, att.node, att.key), wait=lock_wait(ctx, pod)
+            ctx, att, lambda: _decide(ctx, request, att.node, att.key, priority), wait=lock_wait(ctx, pod)
         )
     except (KubeError, BindFailure) as exc:
         await abandon(ctx, att, pod, mark=True)
         return _failed_on(ctx, pod, att.node, exc)
     count_grant(ctx, att.node, att.grant)
     try:
-        return await _allocate(ctx, att, request)
+        return await _allocate(ctx, att, request, priority)
     except (KubeError, BindFailure) as exc:
         if att.written is None:
             await abandon(ctx, att, pod, mark=isinstance(exc, BindFailure))
@@ -166,7 +169,7 @@ async def _node_exists(ctx: Context, att: Attempt) -> None:
         raise KubeError(exc.status, exc.reason, f"reading node {att.node}: {exc.message}") from exc
 
 
-async def _allocate(ctx: Context, att: Attempt, request: PodRequest) -> ExtenderBindingResult:
+async def _allocate(ctx: Context, att: Attempt, request: PodRequest, priority: int) -> ExtenderBindingResult:
     """With the lock held: re-read, judge, decide and book, patch, bind. Raises on failure; the caller
     gives back (before the patch was sent) or undoes (after)."""
     pod = await _read(ctx, att)
@@ -184,7 +187,7 @@ async def _allocate(ctx: Context, att: Attempt, request: PodRequest) -> Extender
     async with ctx.node_queue(att.node):
         # decide and book with no await in between: the next bind on this loop sees the booking
         now = max(after(ctx.clock(), _bind_time(pod)), att.locked_at or ctx.clock())
-        decision = _decide(ctx, request, att.node, att.key)
+        decision = _decide(ctx, request, att.node, att.key, priority)
         annotations = allocation_annotations(
             node=att.node, devices=decision.devices, mig=decision.mig, now=now
         )
@@ -252,9 +255,10 @@ async def _bind_plain(ctx: Context, att: Attempt, pod: dict[str, Any]) -> Extend
     return _succeeded(ctx, pod, att.node)
 
 
-def _decide(ctx: Context, request: PodRequest, node: str, key: tuple[str, str]) -> Allocation:
-    """The pod's allocation on ``node`` now (its own current booking left out), or BindFailure."""
-    found = ctx.snapshot.candidate(node, local_time(ctx.clock()), exclude=key)
+def _decide(ctx: Context, request: PodRequest, node: str, key: tuple[str, str], priority: int) -> Allocation:
+    """The pod's allocation on ``node`` now (its own current booking left out, the cards held for
+    nominated pods of ``priority`` or higher counted as used), or BindFailure."""
+    found = ctx.snapshot.candidate(node, local_time(ctx.clock()), exclude=key, priority=priority)
     if isinstance(found, Rejection):
         raise BindFailure(found.message)
     quotas = ctx.snapshot.quotas_for(request.namespace, exclude=key)

@@ -7,15 +7,17 @@ room (resolvable) and to ``FailedAndUnresolvableNodes`` otherwise (too few cards
 unregistered). Every failing node is a :class:`~hami.core.rejection.Rejection` (the snapshot's
 exclusions too); its HAMi text is rendered here, from the codes. The pod's namespace GPU quota
 (spec-scheduler §14, from the snapshot's ResourceQuotas, without the pod's own usage) is passed to the
-core, so a pod over quota gets ``ResourceQuotaNotFit``. A pod without a device request passes through
-unchanged. Every rejected node's reasons are counted (``hami_scheduler_node_rejections_total``).
-When nothing fits a snapshot request, the outcome carries the ``FilteringFailed`` text: the reasons
-(most common first, at most ``MAX_GROUPS`` groups of at most ``MAX_NAMES`` node names, so the text
-stays short on a large cluster; names the snapshot does not know are counted, never echoed, so a caller
-cannot plant text), what to do about the most common one, and the ``hami explain`` command that details
-every node. The app hands it to the event recorder, which checks the pod exists before writing;
-template-node requests (a simulation) write nothing. Writes nothing itself: bind recomputes and
-writes. Must not import the Kubernetes client or aiohttp.
+core, so a pod over quota gets ``ResourceQuotaNotFit``. The cards held for pods kube-scheduler nominated
+to a node for preemption count as used when they outrank the pod or equal it (``spec.priority``,
+kube-scheduler's rule for nominated pods; :mod:`hami.core.reservations`). A pod without a device request
+passes through unchanged. Every rejected node's reasons are counted
+(``hami_scheduler_node_rejections_total``). When nothing fits a snapshot request, the outcome carries
+the ``FilteringFailed`` text: the reasons (most common first, at most ``MAX_GROUPS`` groups of at most
+``MAX_NAMES`` node names, so the text stays short on a large cluster; names the snapshot does not know
+are counted, never echoed, so a caller cannot plant text), what to do about the most common one, and the
+``hami explain`` command that details every node. The app hands it to the event recorder, which checks
+the pod exists before writing; template-node requests (a simulation) write nothing. Writes nothing
+itself: bind recomputes and writes. Must not import the Kubernetes client or aiohttp.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from hami.objects import pod_key
 from hami.scheduler.context import Context
 from hami.scheduler.reasons import advice, registration_rejection, rejection_words
 from hami.scheduler.snapshot import local_time
+from hami.scheduler.victims import priority_of
 from hami.scheduler.wire import ExtenderArgs, ExtenderFilterResult, NodeListWire, filter_result
 
 MISSING_POD = "extender args missing pod"
@@ -69,15 +72,16 @@ def template_states(
 
 
 def snapshot_states(
-    ctx: Context, names: list[str], request: PodRequest
+    ctx: Context, names: list[str], request: PodRequest, priority: int | None = None
 ) -> tuple[list[NodeState], dict[str, Rejection]]:
-    """Candidate names -> current states (without this pod's own booking) and the excluded ones."""
+    """Candidate names -> current states (without this pod's own booking) and the excluded ones. With
+    the pod's ``priority``, the cards held for nominated pods it does not outrank count as used."""
     local_now = local_time(ctx.clock())
     key = (request.namespace, request.name)
     states: list[NodeState] = []
     excluded: dict[str, Rejection] = {}
     for name in names:
-        found = ctx.snapshot.candidate(name, local_now, exclude=key)
+        found = ctx.snapshot.candidate(name, local_now, exclude=key, priority=priority)
         if isinstance(found, Rejection):
             excluded[name] = found
         else:
@@ -143,7 +147,7 @@ def handle_filter(ctx: Context, args: ExtenderArgs) -> Filtered:
     else:
         if not ctx.snapshot.ready:
             return Filtered(filter_result(error=NOT_SYNCED))
-        states, excluded = snapshot_states(ctx, names or [], request)
+        states, excluded = snapshot_states(ctx, names or [], request, priority_of(pod))
     quotas = ctx.snapshot.quotas_for(request.namespace, exclude=(request.namespace, request.name))
     decisions = allocate(request, states, ctx.settings.policy, quotas=quotas)
     fitting = list(decisions.fitting)

@@ -32,6 +32,7 @@ from hami.scheduler import config
 from hami.scheduler.app import Listeners, serving
 from hami.scheduler.context import Context, utc_now
 from hami.scheduler.metrics import Metrics, NodeSource
+from hami.scheduler.nominations import NominationBook, Nominations
 from hami.scheduler.quotas import QuotaBook
 from hami.scheduler.registration import Registration
 from hami.scheduler.snapshot import Snapshot, local_time
@@ -82,6 +83,13 @@ def build_context(
         ),
         clock=clock,
         allocating_horizon=settings.allocating_horizon,
+        nominations=NominationBook(
+            Nominations(
+                scheduler_name=settings.scheduler_name,
+                device_config=settings.device_config,
+                policy=settings.policy,
+            )
+        ),
     )
     metrics.attach(_node_source(snapshot, clock), snapshot.tracked_count)
     return Context(

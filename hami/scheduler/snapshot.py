@@ -23,6 +23,12 @@ Bookings: bind decides on this state and books the allocation at once (before an
 racing bind sees it. A booking wins over what the watch says about that pod until the watch shows the
 same allocation (confirmed), the bind fails (cancelled) or the pod is deleted.
 
+Nominated pods (``nominations``, a :class:`~hami.scheduler.nominations.NominationBook` fed from the
+same pod events): a pending pod of ours that kube-scheduler nominated to a node for preemption holds
+the cards it will get there (:mod:`hami.core.reservations`) against every pod of equal or lower
+priority: ``candidate(..., priority=...)`` counts them as used, for filter and bind alike. A node's
+reservations are computed when first asked and kept until its usage, its pods or its cards change.
+
 Namespace quotas (§14): ``quotas`` (a :class:`~hami.scheduler.quotas.QuotaBook`, fed by the
 ResourceQuota watch through ``replace_quotas``/``quota_event``) also receives every change of a pod's
 applied usage, so a namespace's used amounts move with the same add/remove as the nodes'.
@@ -66,7 +72,9 @@ from hami.annotations import (
 from hami.annotations.holding import ALLOCATING_HORIZON, allocating_until, init_containers_done
 from hami.core.model import NamespaceQuota, NodeState
 from hami.core.rejection import Reason, Rejection, node_rejection
+from hami.core.reservations import Occupant, Reservation, held_against, with_reservations
 from hami.core.usage import apply_usage
+from hami.scheduler.nominations import NominationBook
 from hami.scheduler.podrecords import PodKey, pod_record
 from hami.scheduler.podrecords import PodRecord as PodRecord
 from hami.scheduler.quotas import QuotaBook
@@ -124,11 +132,13 @@ class Snapshot:
         quotas: QuotaBook | None = None,
         clock: Callable[[], datetime.datetime] | None = None,
         allocating_horizon: datetime.timedelta = ALLOCATING_HORIZON,
+        nominations: NominationBook | None = None,
     ) -> None:
         self._count_resource = count_resource
         if quotas is None:  # the default resource names (spec-scheduler §2)
             quotas = QuotaBook(memory_resource="nvidia.com/gpumem", cores_resource="nvidia.com/gpucores")
         self.quotas = quotas
+        self.nominations = nominations if nominations is not None else NominationBook()
         self._window = handshake_window
         self._on_malformed = on_malformed
         self.on_handshake = on_handshake
@@ -168,6 +178,7 @@ class Snapshot:
         seen = {str((obj.get("metadata") or {}).get("name") or "") for obj in items}
         for name in [n for n in self._nodes if n not in seen]:
             del self._nodes[name]
+            self.nominations.touch(name)
             self._lock_changed(name, None)
         self.nodes_synced = True
 
@@ -176,6 +187,7 @@ class Snapshot:
         if kind == "DELETED":
             name = str((obj.get("metadata") or {}).get("name") or "")
             self._nodes.pop(name, None)
+            self.nominations.touch(name)
             self._lock_changed(name, None)
         else:
             self._upsert_node(obj)
@@ -232,6 +244,7 @@ class Snapshot:
             for key in self._node_pods.get(entry.name, ()):
                 state = apply_usage(state, self._applied[key].usage)
         entry.state = state
+        self.nominations.touch(entry.name)
 
     # -------------------------------------------------------------------------------------- pods
 
@@ -262,6 +275,7 @@ class Snapshot:
         self._observed.pop(key, None)
         self._bookings.pop(key, None)
         self._init_done.discard(key)
+        self.nominations.forget(key)
         self._settle(key)
 
     def _upsert_pod(self, obj: Mapping[str, Any]) -> PodKey:
@@ -282,6 +296,7 @@ class Snapshot:
             booking = self._bookings.get(key)
             if booking is not None and (booking.node, booking.allocated) == (record.node, record.allocated):
                 del self._bookings[key]  # the API now shows what bind booked
+        self.nominations.pod_event(key, obj)
         self._settle(key)
         return key
 
@@ -294,6 +309,9 @@ class Snapshot:
         """Make the applied usage of ``key`` equal its booking, else what the watch says."""
         wanted = self._bookings.get(key) or self._observed.get(key)
         current = self._applied.get(key)
+        for record in (wanted, current):  # who it is may have changed even when its usage did not
+            self.nominations.touch(record.node if record is not None else None)
+        self.nominations.touch(self.nominations.node_of(key))  # counted or not: held or not
         if wanted == current:
             return
         if current is not None:
@@ -407,19 +425,49 @@ class Snapshot:
         return None if found is None else found.message
 
     def candidate(
-        self, name: str, local_now: datetime.datetime, exclude: PodKey | None = None
+        self,
+        name: str,
+        local_now: datetime.datetime,
+        exclude: PodKey | None = None,
+        priority: int | None = None,
     ) -> NodeState | Rejection:
-        """The node's state for deciding a pod (without that pod's own current usage), or its exclusion."""
+        """The node's state for deciding a pod (without that pod's own current usage), or its exclusion.
+        With the pod's ``priority``, the cards held for pods nominated there of equal or higher
+        priority (``exclude`` itself aside) count as used."""
         excluded = self.exclusion(name, local_now)
         if excluded is not None:
             return excluded
         state = self._nodes[name].state
         assert state is not None  # not excluded means registered
+        held = () if priority is None else held_against(self.reservations(name), priority, exclude)
         if exclude is not None:
             own = self._applied.get(exclude)
             if own is not None and own.node == name:
                 state = apply_usage(state, own.usage, sign=-1)
-        return state
+        return with_reservations(state, held)
+
+    def reservations(self, name: str) -> tuple[Reservation, ...]:
+        """The cards held on node ``name`` for the pods nominated there, highest priority first."""
+        self._tick()
+        entry = self._nodes.get(name)
+        return self.nominations.reservations(
+            name,
+            entry.state if entry is not None else None,
+            self._applied.__contains__,
+            lambda: self._occupants(name),
+        )
+
+    def _occupants(self, name: str) -> list[Occupant]:
+        """The pods counted on ``name`` whose priority is known (the watch showed them)."""
+        found = []
+        for key in self._node_pods.get(name, ()):
+            observed = self._observed.get(key)
+            if observed is not None and observed.meta is not None:
+                meta = observed.meta
+                found.append(
+                    Occupant(priority=meta.priority, usage=self._applied[key].usage, leaving=meta.deleting)
+                )
+        return found
 
     def needs_handshake(self) -> list[str]:
         """Nodes whose handshake does not (yet) say Requesting."""
