@@ -9,7 +9,9 @@ kube-scheduler ignores the GPU resources (``ignoredByScheduler``), so its victim
 plugins need (CPU, memory, ports ...): they are all kept, their cards' usage is taken off first,
 and :func:`hami.core.preempt.preempt_node` adds the cheapest set of pods of strictly lower
 priority whose eviction lets the pod fit on specific cards (the live snapshot's state, the
-namespace quota, the scheduler's own Fit). Only pods bound to that node with a uid can be added
+namespace quota, the scheduler's own Fit; the cards held for pods nominated there of equal or higher
+priority stay taken, as kube-scheduler keeps those pods in place: :mod:`hami.core.reservations`).
+Only pods bound to that node with a uid can be added
 (:mod:`hami.scheduler.victims`): kube-scheduler fails the whole preemption on a uid it cannot find
 there. A node is dropped (left out of the answer) when the snapshot cannot take GPU pods there,
 when no set works, when a victim kube-scheduler named has a priority not below the pod's (as
@@ -133,7 +135,7 @@ def handle_preempt(ctx: Context, args: ExtenderPreemptionArgs) -> Preempted:
     for node, proposal in sorted(offered.items()):
         if any(p >= priority for p in proposal.priorities.values()):
             continue
-        state = ctx.snapshot.candidate(node, local_now, exclude=key)
+        state = ctx.snapshot.candidate(node, local_now, exclude=key, priority=priority)
         if isinstance(state, Rejection):
             continue
         holders = node_holders(ctx.snapshot, node, exclude=key)

@@ -12,7 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from hami.annotations import POD_BIND_PHASE, POD_BIND_TIME, allocation_annotations, encode_unix_time
+from hami.annotations import (
+    POD_BIND_PHASE,
+    POD_BIND_TIME,
+    POD_USE_GPUUUID,
+    allocation_annotations,
+    encode_unix_time,
+)
 from hami.core.model import Grant
 from tests.builders import ago, make_node, make_pod, placed
 from tests.eventually import eventually
@@ -256,3 +262,29 @@ async def test_nominations_are_read_under_the_services_own_scheduler_name(
         nodes=[make_node("n1"), make_node("n2")], pods=[ours, theirs], scheduler_name="gpu-scheduler"
     )
     assert await fitting(ext, pending("low"), ("n1", "n2")) == ["n2"]
+
+
+# ---------------------------------------------------------------------------------- preempt
+
+
+async def test_preemption_cannot_free_cards_held_for_a_nominee_that_outranks_the_pod(
+    start_extender: StartExtender,
+) -> None:
+    # kube-scheduler finds victims with the nominated pods of priority >= the preemptor's in place:
+    # evicting a (GPU-n1-0) would leave that card to the nominee, so b (GPU-n1-1) is the victim.
+    held = preemptor("held", gpus=1, memory=6000, priority=URGENT)
+    held["metadata"]["annotations"] = {POD_USE_GPUUUID: "GPU-n1-0"}
+    pods = [holder("a", 0, 4000, 1), holder("b", 1, 4000, 1), held]
+    ext = await start_extender(nodes=[make_node("n1")], pods=pods)
+    (reservation,) = ext.ctx.snapshot.reservations("n1")
+    assert {c.uuid: c.memory for c in reservation.usage.cards} == {"GPU-n1-0": 6000}
+    body = {
+        "Pod": pending("mid", memory=7000, priority=URGENT - 1),
+        "NodeNameToMetaVictims": {"n1": {"Pods": [], "NumPDBViolations": 0}},
+    }
+    answer = await ext.post("/preempt", body)
+    assert answer == {"NodeNameToMetaVictims": {"n1": {"Pods": [{"UID": "uid-b"}], "NumPDBViolations": 0}}}
+    # a preemptor that outranks the nominee is not held off: the cheapest victim (smaller uid) goes
+    body["Pod"] = pending("top", memory=7000, priority=URGENT + 1)
+    answer = await ext.post("/preempt", body)
+    assert answer["NodeNameToMetaVictims"]["n1"]["Pods"] == [{"UID": "uid-a"}]
