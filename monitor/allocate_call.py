@@ -30,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from hami import objects
 from hami.annotations import (
     POD_DEVICES_TO_ALLOCATE,
     BindPhase,
@@ -237,7 +238,7 @@ class Allocator:
         namespace, name = pod_key(pod)
         names = container_names(pod)
         container = names[index] if index < len(names) else f"#{index}"
-        uid = str((pod.get("metadata") or {}).get("uid") or f"{namespace}-{name}")
+        uid = objects.uid(pod) or f"{namespace}-{name}"
         spec = container_spec(pod, index)
         mounts: tuple[Any, ...] = ()
         cache: str | None = None
@@ -256,9 +257,19 @@ class Allocator:
         return ContainerAnswer(container=container, uuids=uuids, envs=envs, mounts=mounts)
 
     def _prepare_container_dir(self, uid: str, container: str) -> Path:
-        """HAMi-core's per-container cache dir, recreated empty and world-writable on every Allocate."""
+        """HAMi-core's per-container cache dir, recreated empty and world-writable on every Allocate.
+
+        Its name comes from the pod (uid, container name): one that is not a plain file name (a ``/``,
+        a NUL; kube-apiserver allows neither) is refused, so the directory emptied is always one entry
+        of ``<hook>/vgpu/containers``."""
         assert self._hook is not None
-        path = self._hook / "vgpu" / "containers" / f"{uid}_{container}"
+        entry = f"{uid}_{container}"
+        if "/" in entry or "\0" in entry:
+            raise AllocationError(
+                f"cannot make HAMi-core's directory for container {container!r} of pod uid {uid!r}: "
+                "not a plain file name"
+            )
+        path = self._hook / "vgpu" / "containers" / entry
         shutil.rmtree(path, ignore_errors=True)
         path.mkdir(parents=True)
         path.chmod(0o777)
@@ -271,7 +282,7 @@ class Allocator:
         lock (each step best effort: the cause is what matters)."""
         namespace, name = pod_key(chosen.pod)
         log.error("allocation of pod %s/%s on node %s failed: %s", namespace, name, self._node, cause)
-        uid = str((chosen.pod.get("metadata") or {}).get("uid") or "")
+        uid = objects.uid(chosen.pod)
         if uid:
             self._refused[uid] = None
             while len(self._refused) > REFUSED_KEPT:

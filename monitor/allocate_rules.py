@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
+from hami import objects
 from hami.annotations import (
     POD_BIND_PHASE,
     POD_BIND_TIME,
@@ -30,6 +31,7 @@ from hami.annotations import (
 )
 from hami.core.gobool import disabling_value
 from hami.core.model import Grant
+from hami.objects import RawContainer
 from hami.objects import pod_key as pod_key  # the one rule, used by the agent's modules through here
 from monitor.config import NodeSettings
 
@@ -74,7 +76,7 @@ def is_candidate(pod: Mapping[str, Any], node: str) -> bool:
     Allocate to hand out, so it is not a candidate here. A malformed annotation still makes the pod a
     candidate: Allocate must report it (and mark the pod failed) rather than look elsewhere.
     """
-    if (pod.get("status") or {}).get("phase", "Pending") != "Pending":
+    if (objects.pod_phase(pod) or "Pending") != "Pending":
         return False
     if read_vgpu_node(pod) != node or POD_BIND_TIME not in pod_annotations(pod):
         return False
@@ -94,18 +96,19 @@ def phase_text(pod: Mapping[str, Any]) -> str:
     return str(pod_annotations(pod).get(POD_BIND_PHASE) or "")
 
 
+def containers_in_order(pod: Mapping[str, Any]) -> list[RawContainer]:
+    """The pod's containers in device-annotation order: init containers first, then app containers
+    (entries that are not objects are left out, as ``hami.objects`` reads them)."""
+    return [*objects.init_containers(pod), *objects.containers(pod)]
+
+
 def container_names(pod: Mapping[str, Any]) -> tuple[str, ...]:
-    """Names in device-annotation order: init containers first, then app containers."""
-    spec = pod.get("spec") or {}
-    return tuple(
-        str(c.get("name") or "")
-        for c in (*(spec.get("initContainers") or ()), *(spec.get("containers") or ()))
-    )
+    """Names in device-annotation order (:func:`containers_in_order`)."""
+    return tuple(str(c.get("name") or "") for c in containers_in_order(pod))
 
 
 def container_spec(pod: Mapping[str, Any], index: int) -> Mapping[str, Any]:
-    spec = pod.get("spec") or {}
-    every = (*(spec.get("initContainers") or ()), *(spec.get("containers") or ()))
+    every = containers_in_order(pod)
     return every[index] if 0 <= index < len(every) else {}
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from hami import objects
 from hami.annotations import (
     POD_DEVICES_ALLOCATED,
     POD_DEVICES_TO_ALLOCATE,
@@ -30,11 +31,11 @@ from hami.annotations import (
     read_vgpu_node,
 )
 from hami.core.model import NVIDIA, Device, DeviceMode, Grant, PodDevices
+from monitor.allocate_rules import containers_in_order
 
 
 def container_count(pod: Mapping[str, Any]) -> int:
-    spec = pod.get("spec") or {}
-    return len(spec.get("initContainers") or ()) + len(spec.get("containers") or ())
+    return len(containers_in_order(pod))
 
 
 def _plural(count: int, word: str) -> str:
@@ -47,15 +48,15 @@ def _describe(grants: tuple[Grant, ...]) -> str:
 
 def whose_problem(pod: Mapping[str, Any], *, node: str, scheduler: str) -> str | None:
     """Whether the pod is ours to serve here: our scheduler placed it on this node and it is bound here."""
-    spec = pod.get("spec") or {}
-    named = spec.get("schedulerName")
+    named = objects.scheduler_name(pod) or None
     if named != scheduler:
         return (
             f"it names scheduler {named!r}, not {scheduler!r}: the node agent serves only pods {scheduler} "
             "placed"
         )
-    if spec.get("nodeName") != node:
-        return f"it is bound to node {spec.get('nodeName')!r}, not {node!r}"
+    bound = objects.node_name(pod) or None
+    if bound != node:
+        return f"it is bound to node {bound!r}, not {node!r}"
     granted_for = read_vgpu_node(pod)
     if granted_for != node:
         where = "no node" if granted_for is None else f"node {granted_for!r}"
@@ -105,8 +106,7 @@ def container_problem(pod: Mapping[str, Any], devices: PodDevices, resource: str
     """Whether every waiting entry belongs to a container asking kubelet for exactly that many cards:
     kubelet calls Allocate only for such containers, in this order, so any other entry would be handed
     to the wrong container."""
-    spec = pod.get("spec") or {}
-    containers = (*(spec.get("initContainers") or ()), *(spec.get("containers") or ()))
+    containers = containers_in_order(pod)
     for index, grants in enumerate(devices):
         if not grants or index >= len(containers):
             continue

@@ -25,6 +25,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from hami import objects
 from hami.annotations import (
     POD_BIND_PHASE,
     POD_BIND_TIME,
@@ -37,7 +38,7 @@ from hami.annotations import (
     read_vgpu_node,
 )
 from hami.core.model import Device, Grant
-from monitor.allocate_rules import container_names, is_candidate, phase_text, pod_key
+from monitor.allocate_rules import container_names, containers_in_order, is_candidate, phase_text, pod_key
 from monitor.handout import asked_count, handout_problem, whose_problem
 
 #: Bind order of a pod without a readable bind time: after every pod with one.
@@ -77,7 +78,7 @@ class Suspect:
         if self.waiting:
             index, grants = self.waiting[0]
             names = container_names(self.pod)
-            inits = len((self.pod.get("spec") or {}).get("initContainers") or ())
+            inits = len(objects.init_containers(self.pod))
             kind = "init container" if index < inits else "container"
             what = f"next {kind} {names[index] if index < len(names) else f'#{index}'}: {cards(len(grants))}"
         else:
@@ -95,14 +96,13 @@ class Pairing:
 
 def requested(pod: Mapping[str, Any], resource: str) -> tuple[int | None, ...]:
     """Card counts the containers ask for (init first), skipping containers that ask for none."""
-    spec = pod.get("spec") or {}
-    every = (*(spec.get("initContainers") or ()), *(spec.get("containers") or ()))
+    every = containers_in_order(pod)
     return tuple(count for count in (asked_count(c, resource) for c in every) if count != 0)
 
 
 def started_by_kubelet(pod: Mapping[str, Any]) -> bool:
     """Kubelet writes container statuses only once it admitted the pod."""
-    status = pod.get("status") or {}
+    status = objects.status(pod)
     return bool(status.get("containerStatuses") or status.get("initContainerStatuses"))
 
 
@@ -111,9 +111,9 @@ def _order(pod: Mapping[str, Any]) -> tuple[int, str, str]:
         bound = read_bind_time(pod)
     except AnnotationError:
         bound = None
-    metadata = pod.get("metadata") or {}
+    created = objects.meta(pod).get("creationTimestamp")
     seconds = int(bound.timestamp()) if bound is not None else _LAST
-    return seconds, str(metadata.get("creationTimestamp") or ""), str(metadata.get("name") or "")
+    return seconds, created if isinstance(created, str) else "", objects.name(pod)
 
 
 def _served_here(pod: Mapping[str, Any], node: str) -> bool:
@@ -155,10 +155,9 @@ def suspects(
     already failed, which kubelet rejects)."""
     found: list[Suspect] = []
     for pod in pods:
-        spec, metadata = pod.get("spec") or {}, pod.get("metadata") or {}
-        if (pod.get("status") or {}).get("phase", "Pending") != "Pending" or spec.get("nodeName") != node:
+        if (objects.pod_phase(pod) or "Pending") != "Pending" or objects.node_name(pod) != node:
             continue
-        if str(metadata.get("uid") or "") in refused or started_by_kubelet(pod):
+        if objects.uid(pod) in refused or started_by_kubelet(pod):
             continue
         namespace, name = pod_key(pod)
         wants = requested(pod, resource)

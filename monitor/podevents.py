@@ -15,6 +15,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from hami import objects
 from hami.annotations import POD_BIND_PHASE, AnnotationError, read_pod_devices
 from hami.core.model import Grant
 from hami.kube.client import KubeError
@@ -97,7 +98,7 @@ class PodEvents:
         self._tasks = TaskSet(concurrency=limit, limit=limit, expected=(KubeError, ValueError), logger=log)
 
     def record(self, pod: Mapping[str, Any], reason: str, message: str, *, warning: bool = False) -> None:
-        name = (pod.get("metadata") or {}).get("name")
+        name = objects.name(pod)
         event = record_event(
             self._api,
             involved=pod,

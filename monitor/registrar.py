@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from hami import objects
 from hami.annotations import NODE_PAIR_SCORES, NODE_REGISTER, encode_node_devices, encode_pair_scores
 from hami.core.model import Device, DeviceMode, MigPlacement, MigProfile
 from hami.kube.client import KubeError
@@ -166,7 +167,7 @@ class Registrar:
         links = await self._inventory.links()
         registration = build_registration(cards, links, self._settings)
         node = await get_node(self._api, self._node)
-        current: Mapping[str, str] = (node.get("metadata") or {}).get("annotations") or {}
+        current = objects.annotations(node)
         wanted = registration_annotations(registration, current)
         changed = any(current.get(key) != value for key, value in wanted.items())
         now = self._clock() if self._clock is not None else asyncio.get_running_loop().time()

@@ -166,6 +166,27 @@ async def test_malformed_annotation_marks_the_pod_failed_and_unlocks(
     assert await node_lock(apiserver) is None
 
 
+@pytest.mark.parametrize("container", ["x/../../../victim", "a/b"])
+async def test_a_container_name_that_is_a_path_never_reaches_the_host(
+    apiserver: kmock.KubernetesEmulator, api: Any, plugin: Plugin, container: str
+) -> None:
+    # HAMi-core's per-container directory is <hook>/vgpu/containers/<uid>_<container>, emptied and made
+    # world-writable on every Allocate: a name with a "/" (kube-apiserver refuses one; a stand-in or a
+    # hostile API server may not) must not let it wipe or open a directory elsewhere
+    victim = plugin.hook / "victim"
+    victim.mkdir(parents=True)
+    (victim / "keep").write_text("x")
+    (plugin.hook / "vgpu" / "containers" / "uid-p_x").mkdir(parents=True)  # from an earlier Allocate
+    await placed(
+        apiserver, api, "p", ((g("GPU-a", 1000, 10),),), containers=[{"name": container, "image": "x"}]
+    )
+    message = await refused(plugin.stub, "GPU-a-0")
+    assert repr(container) in message and "directory" in message
+    assert (victim / "keep").read_text() == "x" and victim.stat().st_mode & 0o777 != 0o777
+    assert not (plugin.hook / "vgpu" / "containers" / "uid-p_a").exists()
+    assert (await annotations_of(apiserver, POD + "p"))[POD_BIND_PHASE] == "failed"
+
+
 async def test_device_count_mismatch_fails_without_touching_another_pods_lock(
     apiserver: kmock.KubernetesEmulator, api: Any, plugin: Plugin
 ) -> None:
