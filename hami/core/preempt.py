@@ -29,12 +29,12 @@ Pure: stdlib only; must not import a Kubernetes client, aiohttp, kopf, grpc, pyn
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from hami.core.allocate import Policy
 from hami.core.model import Allocation, NamespaceQuota, NodeState, PodRequest, is_vendor_card
-from hami.core.victimsearch import BUDGET, Holder, VictimSearch, cheap, cost, release, remove
+from hami.core.victimsearch import BUDGET, CardMemo, Holder, VictimSearch, cheap, cost, release, remove
 
 __all__ = ["BUDGET", "Holder", "Preemption", "cost", "preempt_node"]
 
@@ -59,8 +59,12 @@ def preempt_node(
     required: Sequence[Holder] = (),
     quotas: Mapping[str, NamespaceQuota] | None = None,
     budget: int = BUDGET,
+    memo: dict[Hashable, CardMemo] | None = None,
 ) -> Preemption | None:
-    """The victims to add on ``node`` for a pod of ``priority`` (see the module docstring)."""
+    """The victims to add on ``node`` for a pod of ``priority`` (see the module docstring).
+
+    ``memo``: pass one dict to every node of one preemption (same request and policy) to share
+    the per-card answers between nodes with cards alike (a homogeneous cluster asks once)."""
     if any(h.priority >= priority for h in required):
         return None
     quota = (quotas or {}).get(request.namespace)
@@ -78,7 +82,7 @@ def preempt_node(
         ),
         key=lambda h: h.uid,
     )
-    search = VictimSearch(request, start, policy, quota_left, pool, budget)
+    search = VictimSearch(request, start, policy, quota_left, pool, budget, memo)
     if search.fits(()):
         allocation = search.place(())
         return (

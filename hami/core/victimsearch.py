@@ -14,15 +14,25 @@ Pure: stdlib only; must not import a Kubernetes client, aiohttp, kopf, grpc, pyn
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass, field, fields, replace
 from itertools import combinations, product
+from typing import Any
 
 from hami.core.allocate import Policy, allocate, fit_node
-from hami.core.model import Allocation, DeviceMode, NamespaceQuota, NodeState, PodRequest, is_vendor_card
+from hami.core.model import (
+    Allocation,
+    Device,
+    DeviceMode,
+    DeviceState,
+    NamespaceQuota,
+    NodeState,
+    PodRequest,
+    is_vendor_card,
+)
 from hami.core.usage import CardUsage, PodUsage, apply_usage
 
-__all__ = ["BUDGET", "Cost", "Holder", "VictimSearch", "cheap", "cost", "release", "remove"]
+__all__ = ["BUDGET", "CardMemo", "Cost", "Holder", "VictimSearch", "cheap", "cost", "release", "remove"]
 
 #: Fit questions one node may ask before the greedy pass answers instead of the exact search.
 BUDGET = 400
@@ -100,6 +110,24 @@ def _coverable(card_sets: Sequence[frozenset[str]], limit: int) -> bool:
 
 
 Signature = tuple[tuple[CardUsage, ...], str]
+#: What Fit reads of a card besides its uuid (only steering reads that) and index (only the order).
+_DEVICE_AS_FIT_SEES_IT = tuple(f.name for f in fields(Device) if f.name not in ("uuid", "index"))
+_USAGE_AS_FIT_SEES_IT = tuple(f.name for f in fields(DeviceState) if f.name != "device")
+
+
+@dataclass(slots=True)
+class CardMemo:
+    """Per-card answers for one card's share of a request, shared by the nodes of one preemption:
+    ``kinds`` numbers each kind of card (registration and usage as Fit sees them, the uuid only as
+    steering sees it), ``answers`` maps (kind, usage removed from the card) -> fits, ``bounds`` keeps
+    what was freed by the sets asked about (Fit is monotone: freeing more never makes a pod not fit)."""
+
+    kinds: dict[Hashable, int] = field(default_factory=dict)
+    answers: dict[tuple[int, frozenset[tuple[Hashable, int]]], bool] = field(default_factory=dict)
+    #: per kind: the (slots, MiB, cores) freed by sets that did not fit, and by sets that did
+    bounds: dict[int, tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]]] = field(
+        default_factory=dict
+    )
 
 
 class VictimSearch:
@@ -114,19 +142,27 @@ class VictimSearch:
         quota: NamespaceQuota | None,
         pool: Sequence[Holder],
         budget: int,
+        memo: dict[Hashable, CardMemo] | None = None,
     ) -> None:
         self.request, self.node, self.policy, self.quota = request, node, policy, quota
         self.pool = tuple(pool)
         self.by_uid = {h.uid: h for h in pool}
         self.cards = {h.uid: frozenset(c.uuid for c in h.usage.cards) for h in pool}
+        self._on_card: dict[str, list[Holder]] = {}
+        for holder in self.pool:
+            for uuid in sorted(self.cards[holder.uid]):
+                self._on_card.setdefault(uuid, []).append(holder)
+        self._costs: dict[frozenset[str], Cost] = {}
         self.sig: dict[str, Signature] = {
             h.uid: (h.usage.cards, h.namespace if quota is not None else "") for h in pool
         }
         self.budget = budget
         self.asked = 0
         self.exact = True
-        self._known: dict[tuple[int, frozenset[tuple[Signature, int]]], bool] = {}
+        self._known: dict[frozenset[tuple[Signature, int]], bool] = {}
         self._cards_alone: dict[int, NodeState] = {}
+        self._likeness: dict[int, int] = {}  # card -> its kind's number in the memo
+        self.memo = memo if memo is not None else {}
 
     @property
     def spent(self) -> bool:
@@ -139,25 +175,79 @@ class VictimSearch:
         quota = release(self.quota, self.request.namespace, [self.by_uid[u] for u in uids])
         return {} if quota is None else {self.request.namespace: quota}
 
-    def fits(self, uids: Iterable[str], *, card: int = -1, request: PodRequest | None = None) -> bool:
-        """Does the pod fit once ``uids`` are gone (on card ``card`` alone with ``request``, if given)?"""
+    def fits(self, uids: Iterable[str]) -> bool:
+        """Does the pod fit the node once ``uids`` are gone?"""
         chosen = frozenset(uids)
-        key = (card, frozenset(Counter(self.sig[u] for u in chosen).items()))
+        key = frozenset(Counter(self.sig[u] for u in chosen).items())
         known = self._known.get(key)
         if known is None:
             self.asked += 1
-            state = self._without(self.node if card < 0 else self._alone(card), chosen)
-            asked = request or self.request
-            known = allocate(asked, [state], self.policy, quotas=self._quotas(chosen)).fits(state.name)
+            state = self._without(self.node, chosen)
+            known = allocate(self.request, [state], self.policy, quotas=self._quotas(chosen)).fits(state.name)
             self._known[key] = known
         return known
 
-    def _alone(self, card: int) -> NodeState:
-        """The node with only this card (cached)."""
+    def card_fits(self, card: int, uids: Iterable[str], share: PodRequest, memo: CardMemo) -> bool:
+        """Does ``share`` (one card's part of the request) fit card ``card`` alone once ``uids`` are
+        gone? ``memo`` holds the answers for this share: a card with the same registration, usage,
+        steering and removed usage gives the same answer, on any node; and on a card without MIG
+        instances, freeing at least as many slots, MiB and cores as a set that fits fits too (at
+        most as many as a set that does not, does not)."""
+        chosen = frozenset(uids)
+        state = self.node.devices[card]
+        dev = state.device
+        removed = Counter(
+            (c.slots, c.memory, c.cores, c.unreserved, c.reservations)
+            for u in chosen
+            for c in self.by_uid[u].usage.cards
+            if c.uuid == dev.uuid
+        )
+        like = self._likeness.get(card)
+        if like is None:  # the card and its usage as Fit sees them, the uuid only as steering sees it
+            seen = (
+                tuple(getattr(dev, name) for name in _DEVICE_AS_FIT_SEES_IT),
+                tuple(getattr(state, name) for name in _USAGE_AS_FIT_SEES_IT),
+                (dev.uuid in self.node.cordoned, dev.uuid in share.use_uuids, dev.uuid in share.nouse_uuids),
+            )
+            like = self._likeness[card] = memo.kinds.setdefault(seen, len(memo.kinds))
+        key = (like, frozenset(removed.items()))
+        known = memo.answers.get(key)
+        if known is not None:
+            return known
+        vector = self._freed(card, removed)
+        failed, fitting = memo.bounds.setdefault(like, ([], []))
+        if vector is not None:
+            if any(all(f >= v for f, v in zip(past, vector, strict=True)) for past in failed):
+                return False
+            if any(all(v >= t for v, t in zip(vector, past, strict=True)) for past in fitting):
+                return True
+        self.asked += 1
         alone = self._cards_alone.get(card)
         if alone is None:
-            alone = self._cards_alone[card] = replace(self.node, devices=(self.node.devices[card],))
-        return alone
+            alone = self._cards_alone[card] = NodeState(
+                name=self.node.name,
+                devices=(state,),
+                pair_scores=self.node.pair_scores,
+                cordoned=self.node.cordoned,
+            )
+        single = self._without(alone, chosen)
+        known = memo.answers[key] = allocate(share, [single], self.policy).fits(single.name)
+        if vector is not None:
+            (fitting if known else failed).append(vector)
+        return known
+
+    def _freed(
+        self, card: int, removed: Counter[tuple[int, int, int, bool, Any]]
+    ) -> tuple[int, int, int] | None:
+        """(slots, MiB, cores) the removed usage frees on the card; None where MIG placements count."""
+        state = self.node.devices[card]
+        if state.device.mode == DeviceMode.MIG or state.reservations or any(r[4] for r in removed):
+            return None
+        return (
+            sum(r[0] * n for r, n in removed.items()),
+            sum(r[1] * n for r, n in removed.items()),
+            sum(r[2] * n for r, n in removed.items()),
+        )
 
     def place(self, uids: Iterable[str]) -> Allocation | None:
         """The allocation once ``uids`` are gone (the core's full Fit), or None."""
@@ -209,16 +299,17 @@ class VictimSearch:
         one = replace(container, nums=1)
         containers = tuple(one if i == asking[0] else c for i, c in enumerate(self.request.containers))
         share = replace(self.request, containers=containers)
+        memo = self.memo.setdefault((share, self.policy), CardMemo())
         several = container.nums > 1
         # cheapest-looking cards first (the cost of evicting all their pods): with one card wanted,
         # the best option found so far bounds the search of the others
         usable: list[tuple[int, list[frozenset[str]]]] = []
         bound: Cost | None = None
         for index in sorted(vendor, key=lambda i: cost(self._here(i))):
-            found = self._options(index, share, several, None if several else bound)
+            found = self._options(index, share, memo, several, None if several else bound)
             if found:
                 usable.append((index, found))
-                best = cost(self.by_uid[u] for u in found[0])
+                best = self.cost_of(found[0])
                 bound = best if bound is None or best < bound else bound
         if len(usable) < container.nums:
             return None
@@ -231,33 +322,41 @@ class VictimSearch:
                     break
         return self._first(candidates)
 
+    def cost_of(self, uids: frozenset[str]) -> Cost:
+        """:func:`cost` of the pods with these uids (cached)."""
+        found = self._costs.get(uids)
+        if found is None:
+            found = self._costs[uids] = cost(self.by_uid[u] for u in uids)
+        return found
+
     def _here(self, card: int) -> list[Holder]:
-        uuid = self.node.devices[card].device.uuid
-        return [h for h in self.pool if uuid in self.cards[h.uid]]
+        return self._on_card.get(self.node.devices[card].device.uuid, [])
 
     def _options(
-        self, card: int, share: PodRequest, several: bool, bound: Cost | None
+        self, card: int, share: PodRequest, memo: CardMemo, several: bool, bound: Cost | None
     ) -> list[frozenset[str]]:
         """Minimal sets of this card's pods whose eviction lets one card's share fit there, cheapest
         first. One card wanted: only the cheapest, and only if it beats ``bound`` (the best of the
         cards searched before). ``several`` cards: the smallest size and one more (a pod holding
         two of them may serve both), at most ``OPTIONS_PER_CARD``."""
         here = self._here(card)
-        if several and self.fits((), card=card, request=share):
+        if several and self.card_fits(card, (), share, memo):
             return [frozenset()]  # room for a share already (one card wanted: the node would fit)
         if not here:
             return []
-        if len(here) > 2 and not self.fits({h.uid for h in here}, card=card, request=share):
+        if len(here) > 2 and not self.card_fits(card, {h.uid for h in here}, share, memo):
             return []  # even evicting them all leaves no room here
         found: list[frozenset[str]] = []
         smallest = len(here)
         for size in range(1, len(here) + 1):
-            if size > smallest + (1 if several else 0):
+            if size > smallest + (1 if several else 0) or (bound is not None and size > bound[0]):
                 break
             sets = self._sets(here, size)
             if sets is None:
                 self.exact = False
                 break
+            if len(sets) > 1 and (bound is None or cost(sets[0]) < bound) and not self.spent:
+                self._probe(card, sets, share, memo)
             for chosen in sets:
                 if bound is not None and cost(chosen) >= bound:
                     return found  # sorted, and larger sets cost more: nothing here beats the bound
@@ -267,15 +366,29 @@ class VictimSearch:
                 if self.spent:
                     self.exact = False
                     return self._cheapest(found, several)
-                if self.fits(uids, card=card, request=share):
+                if self.card_fits(card, uids, share, memo):
                     found.append(uids)
                     smallest = min(smallest, size)
                     if not several:
                         return found  # the cheapest of the smallest size: nothing here beats it
         return self._cheapest(found, several)
 
+    def _probe(
+        self, card: int, sets: Sequence[tuple[Holder, ...]], share: PodRequest, memo: CardMemo
+    ) -> None:
+        """Ask first about the set freeing the most on this card: when even it does not fit, no set
+        it outweighs in slots, MiB and cores needs asking (cards with MIG instances: no probe)."""
+        uuid = self.node.devices[card].device.uuid
+
+        def weight(chosen: tuple[Holder, ...]) -> tuple[int, int, int]:
+            on = [c for h in chosen for c in h.usage.cards if c.uuid == uuid]
+            return (sum(c.memory for c in on), sum(c.cores for c in on), sum(c.slots for c in on))
+
+        if self._freed(card, Counter()) is not None:
+            self.card_fits(card, {h.uid for h in max(sets, key=weight)}, share, memo)
+
     def _cheapest(self, found: list[frozenset[str]], several: bool) -> list[frozenset[str]]:
-        found.sort(key=lambda s: cost(self.by_uid[u] for u in s))
+        found.sort(key=self.cost_of)
         if not several:
             return found[:1]
         if len(found) > OPTIONS_PER_CARD:
@@ -284,7 +397,7 @@ class VictimSearch:
 
     def _first(self, candidates: Iterable[frozenset[str]]) -> tuple[frozenset[str], Allocation] | None:
         """The cheapest candidate the whole node confirms (``budget`` permitting)."""
-        for uids in sorted(candidates, key=lambda s: cost(self.by_uid[u] for u in s)):
+        for uids in sorted(candidates, key=self.cost_of):
             if self.spent:
                 self.exact = False
                 return None

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +40,7 @@ from aiohttp import web
 from hami.annotations import AnnotationError, read_pod_request
 from hami.core.preempt import preempt_node
 from hami.core.rejection import Rejection
+from hami.core.victimsearch import CardMemo
 from hami.scheduler.context import Context
 from hami.scheduler.snapshot import local_time
 from hami.scheduler.victims import node_holders, priority_of
@@ -131,6 +132,7 @@ def handle_preempt(ctx: Context, args: ExtenderPreemptionArgs) -> Preempted:
     local_now = local_time(ctx.clock())
     quotas = ctx.snapshot.quotas_for(request.namespace, exclude=key)
     answer: dict[str, list[str]] = {}
+    memo: dict[Hashable, CardMemo] = {}  # per-card answers shared by the nodes
     proposed = added = 0
     for node, proposal in sorted(offered.items()):
         if any(p >= priority for p in proposal.priorities.values()):
@@ -142,7 +144,7 @@ def handle_preempt(ctx: Context, args: ExtenderPreemptionArgs) -> Preempted:
         required = [holders.by_uid[u] for u in proposal.uids if u in holders.by_uid]
         pool = [h for uid, h in holders.by_uid.items() if uid in holders.evictable]
         found = preempt_node(
-            request, priority, state, pool, ctx.settings.policy, required=required, quotas=quotas
+            request, priority, state, pool, ctx.settings.policy, required=required, quotas=quotas, memo=memo
         )
         if found is None or not (proposal.uids or found.added):
             continue

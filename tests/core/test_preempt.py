@@ -8,7 +8,8 @@ end compares the search with a brute force over every subset, judged by the core
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
+from dataclasses import replace
 from itertools import combinations
 
 from hypothesis import given, settings
@@ -26,6 +27,7 @@ from hami.core.model import (
 )
 from hami.core.preempt import Holder, Preemption, cost, preempt_node
 from hami.core.usage import CardUsage, PodUsage, apply_usage
+from hami.core.victimsearch import CardMemo
 
 from .builders import make_card, make_cards, make_container, make_node, make_request, mig_card
 
@@ -373,57 +375,114 @@ def without(node: NodeState, holders: Sequence[Holder], uids: set[str]) -> NodeS
 
 
 @st.composite
-def scenarios(draw: st.DrawFn) -> tuple[PodRequest, NodeState, list[Holder]]:
-    ncards = draw(st.integers(1, 3))
-    cards = [make_card(f"GPU-{i}", index=i, count=3, numa=draw(st.integers(0, 1))) for i in range(ncards)]
-    holders: list[Holder] = []
+def nodes(draw: st.DrawFn, prefix: str = "") -> tuple[NodeState, list[Holder]]:
+    """1..3 cards (3 slots, 1000 MiB, 100 cores; A100 or T4; NUMA 0/1) and the pods that fit them."""
+    cards = [
+        make_card(
+            f"GPU-{prefix}{i}",
+            index=i,
+            count=3,
+            numa=draw(st.integers(0, 1)),
+            type=draw(st.sampled_from(["NVIDIA A100", "NVIDIA T4"])),
+        )
+        for i in range(draw(st.integers(1, 3)))
+    ]
+    node, counted = node_of(cards, []), list[Holder]()
     for i in range(draw(st.integers(0, 6))):
         on = draw(
             st.lists(st.sampled_from([c.device.uuid for c in cards]), min_size=1, max_size=2, unique=True)
         )
-        holders.append(
-            hold(
-                f"p{i}",
-                *on,
-                mem=draw(st.sampled_from([100, 300, 500])),
-                cores=draw(st.sampled_from([0, 30, 60])),
-                prio=draw(st.sampled_from([1, 2, PREEMPTOR])),
-                started=draw(st.sampled_from([1.0, 2.0])),
-                pdb=draw(st.booleans()),
-            )
+        holder = hold(
+            f"p{prefix}{i}",
+            *on,
+            mem=draw(st.sampled_from([100, 300, 500])),
+            cores=draw(st.sampled_from([0, 30, 60])),
+            prio=draw(st.sampled_from([1, 2, PREEMPTOR])),
+            started=draw(st.sampled_from([1.0, 2.0])),
+            pdb=draw(st.booleans()),
+            ns=draw(st.sampled_from(["default", "team"])),
         )
-    node, counted = node_of(cards, []), list[Holder]()
-    for holder in holders:  # only the pods that fit the cards (3 slots, 1000 MiB, 100 cores) count
-        trial = apply_usage(node, holder.usage)
+        trial = apply_usage(node, holder.usage)  # only the pods that fit the cards count
         if all(s.used <= s.device.count and s.free_mem >= 0 and s.free_cores >= 0 for s in trial.devices):
             node, counted = trial, [*counted, holder]
-    container = make_container(
-        draw(st.integers(1, 2)), mem=draw(st.sampled_from([200, 600])), cores=draw(st.sampled_from([0, 50]))
+    return node, counted
+
+
+@st.composite
+def requests(draw: st.DrawFn) -> PodRequest:
+    """1 or 2 containers (the first may be an init container) with type, NUMA and GPU-policy steering."""
+    containers = [
+        make_container(
+            draw(st.integers(1, 2)),
+            mem=draw(st.sampled_from([200, 600])),
+            cores=draw(st.sampled_from([0, 50, 100])),
+        )
+        for _ in range(draw(st.integers(1, 2)))
+    ]
+    return make_request(
+        *containers,
+        init_count=draw(st.integers(0, len(containers) - 1)),
+        numa_bind=draw(st.booleans()),
+        namespace=draw(st.sampled_from(["default", "team"])),
+        use_types=draw(st.sampled_from([(), ("A100",)])),
+        gpu_policy=draw(st.sampled_from([None, "binpack", "mutex", "topology-aware"])),
     )
-    return make_request(container, numa_bind=draw(st.booleans())), node, counted
 
 
-@settings(max_examples=300, deadline=None, derandomize=True)
-@given(scenarios())
-def test_search_matches_a_brute_force_over_every_subset(
-    scenario: tuple[PodRequest, NodeState, list[Holder]],
-) -> None:
-    request, node, holders = scenario
-    found = preempt_node(request, PREEMPTOR, node, holders, Policy())
+def brute_force(
+    request: PodRequest, node: NodeState, holders: list[Holder], quota: NamespaceQuota | None
+) -> tuple[Holder, ...] | None:
+    """The cheapest set of lower-priority pods whose removal makes the core's Fit place the pod."""
+    best: tuple[Holder, ...] | None = None
     eligible = [h for h in holders if h.priority < PREEMPTOR]
-    best = None
     for size in range(len(eligible) + 1):
         for combo in combinations(eligible, size):
-            uids = {h.uid for h in combo}
-            fits = isinstance(fit_node(request, without(node, holders, uids), Policy()), Allocation)
+            quotas = {}
+            if quota is not None:
+                freed = [h.usage for h in combo if h.namespace == request.namespace]
+                quotas[request.namespace] = replace(
+                    quota,
+                    memory_used=quota.memory_used - sum(u.memory for u in freed),
+                    cores_used=quota.cores_used - sum(u.cores for u in freed),
+                )
+            state = without(node, holders, {h.uid for h in combo})
+            fits = isinstance(fit_node(request, state, Policy(), quotas=quotas), Allocation)
             if fits and (best is None or cost(combo) < cost(best)):
                 best = combo
+    return best
+
+
+def check(found: Preemption | None, best: tuple[Holder, ...] | None) -> None:
     if best is None:
         assert found is None
         return
     assert found is not None
     assert all(h.priority < PREEMPTOR for h in found.added)
-    chosen = {h.uid for h in found.added}
-    assert isinstance(fit_node(request, without(node, holders, chosen), Policy()), Allocation)
     if found.exact:
         assert cost(found.added) == cost(best)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(requests(), nodes(), st.sampled_from([None, 600, 1000, 1500]))
+def test_search_matches_a_brute_force_over_every_subset(
+    request: PodRequest, scenario: tuple[NodeState, list[Holder]], limit: int | None
+) -> None:
+    node, holders = scenario
+    quota = None
+    if limit is not None:  # the namespace's quota, used by its pods on this node
+        used = sum(h.usage.memory for h in holders if h.namespace == request.namespace)
+        quota = NamespaceQuota(memory_limit=limit, memory_used=used)
+    quotas = {request.namespace: quota} if quota is not None else None
+    found = preempt_node(request, PREEMPTOR, node, holders, Policy(), quotas=quotas)
+    check(found, brute_force(request, node, holders, quota))
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(requests(), st.tuples(nodes("a"), nodes("b"), nodes("c")))
+def test_one_memo_shared_by_several_nodes_changes_no_answer(
+    request: PodRequest, scenarios: tuple[tuple[NodeState, list[Holder]], ...]
+) -> None:
+    memo: dict[Hashable, CardMemo] = {}
+    for node, holders in scenarios:
+        found = preempt_node(request, PREEMPTOR, node, holders, Policy(), memo=memo)
+        check(found, brute_force(request, node, holders, None))
