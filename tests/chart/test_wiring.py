@@ -172,10 +172,9 @@ def test_kube_scheduler_calls_the_extender_beside_it(values: dict[str, Any], tmp
     assert settings.metrics_port == values.get("scheduler", {}).get("metricsPort", 9395)
 
     routes = served_routes()
-    for verb_key in ("filterVerb", "prioritizeVerb", "bindVerb"):
+    for verb_key in ("filterVerb", "prioritizeVerb", "preemptVerb", "bindVerb"):
         verb = ("POST", f"/{extender[verb_key]}")
         assert verb in routes["verbs"] and verb not in routes["metrics"], verb_key
-    assert "preemptVerb" not in extender
     for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
         assert ours[probe]["httpGet"] == {"path": path, "port": "metrics"}
         assert ("GET", path) in routes["metrics"] and ("GET", path) not in routes["verbs"]

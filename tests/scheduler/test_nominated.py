@@ -15,6 +15,7 @@ from typing import Any
 from hami.annotations import (
     POD_BIND_PHASE,
     POD_BIND_TIME,
+    POD_SCORING_WEIGHTS,
     POD_USE_GPUUUID,
     allocation_annotations,
     encode_unix_time,
@@ -238,7 +239,9 @@ async def test_a_bogus_nomination_holds_no_more_than_its_own_request(start_exten
         "being-deleted": preemptor("leaving", node="being-deleted", priority=important),
         "finished": preemptor("done", node="finished", priority=important, phase="Failed"),
         "not-a-name": preemptor("odd", node={"name": "not-a-name"}, priority=important),
+        "unreadable": preemptor("unreadable", node="unreadable", priority=important),
     }
+    bogus["unreadable"]["metadata"]["annotations"] = {POD_SCORING_WEIGHTS: "{not json"}
     bogus["being-deleted"]["metadata"]["deletionTimestamp"] = "2026-05-01T09:59:00Z"
     bogus["being-deleted"]["metadata"]["finalizers"] = ["example.com/hold"]
     nodes = [make_node(name) for name in bogus]
