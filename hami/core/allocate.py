@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 
-from hami.core import precheck
+from hami.core import fragmentation, precheck
 from hami.core.fit import FitResult, Steering, fit_container
 from hami.core.model import (
     NVIDIA,
@@ -42,6 +42,7 @@ from hami.core.quota import Entries, QuotaGate
 from hami.core.rejection import Reason, Rejection
 from hami.core.score import (
     BINPACK,
+    FRAGMENTATION,
     SPREAD,
     GpuPolicy,
     card_score,
@@ -56,10 +57,16 @@ __all__ = ["Decisions", "Policy", "allocate", "fit_node", "priorities"]
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Policy:
-    """Cluster defaults (``--node-scheduler-policy`` / ``--gpu-scheduler-policy``); pods may override."""
+    """Cluster defaults (``--node-scheduler-policy`` / ``--gpu-scheduler-policy``); pods may override.
+
+    ``target``: the workload the ``fragmentation`` policies measure against (the scheduler's learned one);
+    without it ``fragmentation`` ranks nodes like ``binpack`` and cards like ``spread``, as HAMi does
+    with a value it does not know.
+    """
 
     node_policy: str = BINPACK
     gpu_policy: str = SPREAD
+    target: fragmentation.Target | None = None
 
 
 def fit_node(
@@ -72,7 +79,8 @@ def fit_node(
     """Place the pod on one node (§7 step 4), or say why not and whether it ever could."""
     quota = (quotas or {}).get(request.namespace)
     gpu = parse_gpu_policy(request.gpu_policy or policy.gpu_policy)
-    outcome = _place(request, node, gpu, quota)
+    target = policy.target if gpu.fragmentation else None
+    outcome = _place(request, node, gpu, quota, target)
     if isinstance(outcome, Allocation):
         return outcome
     reasons, total = outcome
@@ -80,7 +88,7 @@ def fit_node(
     if all(reason.per_card for reason in reasons):  # node-level ones (too few cards, type) never resolve
         empty = replace(node, devices=tuple(DeviceState(device=s.device) for s in node.devices))
         idle_quota = replace(quota, memory_used=0, cores_used=0) if quota is not None else None
-        resolvable = isinstance(_place(request, empty, gpu, idle_quota), Allocation)
+        resolvable = isinstance(_place(request, empty, gpu, idle_quota, target), Allocation)
     return Rejection(node=node.name, reasons=reasons, total=total, resolvable=resolvable)
 
 
@@ -89,7 +97,11 @@ _Failure = tuple[Mapping[Reason, int], int]
 
 
 def _place(
-    request: PodRequest, node: NodeState, gpu: GpuPolicy, quota: NamespaceQuota | None
+    request: PodRequest,
+    node: NodeState,
+    gpu: GpuPolicy,
+    quota: NamespaceQuota | None,
+    target: fragmentation.Target | None = None,
 ) -> Allocation | _Failure:
     steer = Steering.of(request, gpu, node.cordoned, node.pair_scores)
     gated = quota if quota is not None and quota.limited else None
@@ -108,8 +120,11 @@ def _place(
             return {Reason.DEVICE_TYPE_NOT_FOUND: 1}, 0
         is_init = position < request.init_count
         cards = [(fresh if is_init else shared)[i] for i in vendor]
-        scores = [card_score(c, container, request.weights) for c in cards]
-        order = order_cards(cards, scores, gpu, request.numa_bind)
+        if target is not None:
+            order = fragmentation.card_order(target, cards, node.cordoned, container, request.numa_bind)
+        else:
+            scores = [card_score(c, container, request.weights) for c in cards]
+            order = order_cards(cards, scores, gpu, request.numa_bind)
         mig_exempt = (request.vgpu_mode is None or "mig" in request.vgpu_mode) and any(
             c.device.mode == DeviceMode.MIG for c in cards
         )
@@ -222,6 +237,9 @@ def allocate(
 
 def priorities(request: PodRequest, nodes: Iterable[NodeState], policy: Policy) -> dict[str, int]:
     """The one node ranking: kube-scheduler's 0..10 per node (:func:`~hami.core.score.node_priority`
-    of its node score, the usage before this pod) under the pod's node policy, else the cluster's."""
+    of its node score, the usage before this pod) under the pod's node policy, else the cluster's;
+    ``fragmentation`` with a target: :func:`hami.core.fragmentation.node_priorities`."""
     node_policy = request.node_policy or policy.node_policy
+    if node_policy == FRAGMENTATION and policy.target is not None:
+        return fragmentation.node_priorities(policy.target, request, nodes)
     return {node.name: node_priority(node.summary.score, node_policy) for node in nodes}

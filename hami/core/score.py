@@ -22,6 +22,8 @@ SPREAD = "spread"
 MUTEX = "mutex"
 TOPOLOGY = "topology-aware"
 NUMA = "numa"
+#: Node and card policy: the placement that grows GPU fragmentation least (hami.core.fragmentation).
+FRAGMENTATION = "fragmentation"
 _SORT_KEYS = (BINPACK, SPREAD, NUMA)
 #: kube-scheduler's extender priority range is 0..MAX_PRIORITY.
 MAX_PRIORITY = 10
@@ -58,6 +60,8 @@ class GpuPolicy:
     chain: bool  # a comma list or exactly "numa": sort by a key chain
     mutex: bool
     topology: bool
+    fragmentation: bool = False  # exactly "fragmentation": cards by hami.core.fragmentation when a
+    # target workload is given, else (like any unknown value) as spread
 
 
 def parse_gpu_policy(raw: str) -> GpuPolicy:
@@ -67,6 +71,7 @@ def parse_gpu_policy(raw: str) -> GpuPolicy:
         chain="," in raw or raw.strip() == NUMA,
         mutex=MUTEX in entries,
         topology=TOPOLOGY in entries,
+        fragmentation=entries == (FRAGMENTATION,),
     )
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hami.simulate.policies import FGD, Choice, best_node, fgd_scores
+from hami.simulate.policies import FGD, Choice, best_node
 from hami.simulate.trace import TracePod
 
 
@@ -28,8 +28,7 @@ class Fragmentation(FGD):
     def choose(self, pod: TracePod, rows: np.ndarray, fit: np.ndarray | None) -> Choice:
         if fit is not None:
             return super().choose(pod, rows, fit)
-        m = self.ctx.measure
-        scores = fgd_scores(m, m.frag[rows], m.after_whole(rows, 0, pod.cpu_milli))
+        scores = self.ctx.measure.scores(pod, rows)
         top = rows[scores == scores.max()]
         gpu = self.ctx.cluster.gpu_free[top]
         return best_node(top[gpu == gpu.min()], np.zeros(int((gpu == gpu.min()).sum())), self.ctx.rank), None

@@ -14,7 +14,8 @@ name). Rules, as the paper's simulator computes them (c = free milli-CPU, g = fr
 - ``packing``: empty node ``max(33 - F, F)``; free cards needed ``max(50 - u, 33)``; else the used cards
   ``max(100 - Σ(l·100/1000)/10, 50)``; CPU-only 0.
 - ``bestfit``: ``100 (1 - [0.5 (c - c_req)/128000 + 0.5 (g - g_req)/8000])``.
-- ``fgd``: ``100 σ((F(n) - F(n'))/1000)``, trying every card for a share (first best card).
+- ``fgd``: ``100 σ((F(n) - F(n'))/1000)``, trying every card for a share (first best card); the measure
+  and the rule are the core's (:mod:`hami.core.fragmentation`), the scheduler's ``fragmentation`` policy.
 - ``hami-binpack`` / ``hami-spread``: HAMi's node score of the usage (highest / lowest), cards by the
   core's binpack / spread order; a CPU-only pod gets kube-scheduler's LeastAllocated score.
 - ``fragmentation``: see :mod:`hami.simulate.fragmentation`.
@@ -174,36 +175,16 @@ class Clustering(Policy):
             self.tags[i, self.tag(pod)] += 1
 
 
-def fgd_scores(measure: FragMeasure, before: np.ndarray, after: np.ndarray) -> np.ndarray:
-    """``int(100 σ((F - F')/1000))``."""
-    scores: np.ndarray = np.floor(100.0 / (1.0 + np.exp(-(before - after) / 1000.0))).astype(np.int64)
-    return scores
-
-
 class FGD(Policy):
+    """The node whose fragmentation grows least, the cards the core's rule picks there
+    (:func:`hami.core.fragmentation.place`: a share tries every card, the first best one)."""
+
     name = "fgd"
 
     def choose(self, pod: TracePod, rows: np.ndarray, fit: np.ndarray | None) -> Choice:
         m = self.ctx.measure
-        milli = self.ctx.cluster.milli
-        if fit is None or pod.kind != "share":
-            cards = pod.num_gpu if fit is not None else 0
-            scores = fgd_scores(m, m.frag[rows], m.after_whole(rows, cards, pod.cpu_milli))
-            return self.scored(pod, rows, fit, scores)
-        values = np.sort(np.where(fit[rows], milli[rows], -1), axis=1)
-        distinct = values >= 0
-        distinct[:, 1:] &= values[:, 1:] != values[:, :-1]
-        at, col = np.nonzero(distinct)
-        cand_rows = rows[at]
-        free = values[at, col]
-        cand = fgd_scores(m, m.frag[cand_rows], m.after_share(cand_rows, free, pod.gpu_milli, pod.cpu_milli))
-        node_scores = np.full(rows.size, -1, dtype=np.int64)
-        np.maximum.at(node_scores, at, cand)
-        i = best_node(rows, node_scores, self.ctx.rank)
-        mine = at == int(np.flatnonzero(rows == i)[0])
-        best_free = free[mine][cand[mine] == cand[mine].max()]
-        fitting = np.flatnonzero(fit[i] & np.isin(milli[i], best_free))
-        return i, (int(fitting[0]),)
+        i = best_node(rows, m.scores(pod, rows), self.ctx.rank)
+        return i, (m.cards(i, pod) if fit is not None else None)
 
 
 class Hami(Policy):

@@ -1,6 +1,7 @@
 """Arrival order and the target workload as the paper's simulator builds them, and the fragmentation
-measure: a worked example, and the incremental "after placing here" figure equal to recomputing the node
-after the core really booked the pod (property test)."""
+measure as the replay keeps it (the core's, :mod:`hami.core.fragmentation`): a worked example, and the
+predicted "after placing here" figure equal to recomputing the node after the core really booked the pod
+(property test)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hami.core.fragmentation import place
 from hami.simulate.cluster import Cluster
 from hami.simulate.frag import FragMeasure
 from hami.simulate.trace import TraceNode, TracePod, read_pods
@@ -91,6 +93,9 @@ SHAPES = st.sampled_from([(1, 250), (1, 470), (1, 810), (1, 1000), (2, 1000), (0
 @settings(max_examples=60, deadline=None)
 @given(history=st.lists(st.tuples(SHAPES, st.integers(0, 10**6)), min_size=1, max_size=40))
 def test_after_placing_equals_recomputing_the_booked_node(history: list[tuple[tuple[int, int], int]]) -> None:
+    """The core's predicted ``F`` after the rule's placement (what the score is taken from) equals the
+    node's ``F`` once the core booked the pod there with those cards; the scores the measure remembers
+    are the ones the core computes on the node as it is now."""
     nodes = [
         TraceNode(name=f"n{i}", cpu_milli=64000, memory_mib=10**6, gpus=g, model=m)
         for i, (g, m) in enumerate([(8, "G2"), (2, "T4"), (4, "G2")])
@@ -104,17 +109,19 @@ def test_after_placing_equals_recomputing_the_booked_node(history: list[tuple[tu
         if not rows.size:
             continue
         i = int(rows[salt % rows.size])
-        cards: tuple[int, ...] | None
-        if fit is None:
-            predicted, cards = measure.after_whole(np.array([i]), 0, p.cpu_milli)[0], None
-        elif p.kind == "share":
-            j = int(np.flatnonzero(fit[i])[salt % int(fit[i].sum())])
-            free = np.array([cluster.milli[i, j]])
-            predicted, cards = measure.after_share(np.array([i]), free, milli, p.cpu_milli)[0], (j,)
-        else:
-            predicted = measure.after_whole(np.array([i]), k, p.cpu_milli)[0]
-            cards = tuple(int(j) for j in np.flatnonzero(fit[i])[:k])
+        scores = measure.scores(p, rows)
+        found = place(
+            measure.target,
+            cluster.states[i],
+            cluster.request(p),
+            cpu_milli=3000,
+            cpu_free=int(cluster.cpu_free[i]),
+        )
+        assert found is not None
+        assert scores[rows == i][0] == found.score
+        cards = measure.cards(i, p) if fit is not None else None
+        assert cards == (found.cards[0] if fit is not None else None)
         cluster.place(i, p, cards, "binpack")
         measure.refresh(i)
-        assert measure.frag[i] == pytest.approx(predicted)
+        assert measure.frag[i] == pytest.approx(found.after)
         assert measure.total == pytest.approx(measure.frag.sum())

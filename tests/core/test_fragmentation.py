@@ -1,0 +1,195 @@
+"""The fragmentation measure and the ``fragmentation`` policy of the core: worked examples (cards of
+1000 MiB, so 1 MiB is one milli of a card), placements that strand less scoring higher, the incremental
+figures equal to recomputing a node the core really booked, and the policy through ``fit_node`` /
+``priorities`` (the scheduler's bind and /prioritize)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hami.core.allocate import Policy, fit_node, priorities
+from hami.core.fragmentation import (
+    Target,
+    TargetClass,
+    card_scores,
+    gradient,
+    node_priorities,
+    place,
+    priority,
+)
+from hami.core.model import Allocation, Grant, NodeState, PodRequest
+from hami.core.usage import apply_usage, pod_usage
+
+from .builders import make_card, make_container, make_node, make_request
+
+
+def cls(nums: int, pct: int = 0, weight: float = 1.0, **kwargs: object) -> TargetClass:
+    """A class of ``nums`` cards of ``pct`` % memory and cores each (0 cards: CPU only)."""
+    if nums == 0:
+        return TargetClass(nums=0, weight=weight, **kwargs)  # type: ignore[arg-type]
+    return TargetClass(nums=nums, percentage=pct, cores=pct, weight=weight, **kwargs)  # type: ignore[arg-type]
+
+
+HALF = cls(1, 50)
+
+
+def node_with(
+    used: list[int], *, name: str = "n", count: int = 10, cordoned: frozenset[str] = frozenset()
+) -> NodeState:
+    """One card per entry, ``used`` MiB (and as many tenths of cores) taken by one task each (0: idle)."""
+    cards = [
+        make_card(f"{name}-{i}", index=i, count=count, used=int(u > 0), used_mem=u, used_cores=u // 10)
+        for i, u in enumerate(used)
+    ]
+    return make_node(name, cards, cordoned=cordoned)
+
+
+def share(pct: int, **kwargs: str) -> PodRequest:
+    return make_request(make_container(pct=pct, cores=pct), **kwargs)  # type: ignore[arg-type]
+
+
+def test_fragmentation_worked_example() -> None:
+    node = node_with([0, 600, 1000])  # free shares 1000, 400, 0
+    target = Target([cls(1, 50, 0.5), cls(2, 100, 0.3), cls(0, weight=0.2)])
+    # a half fits (only the 400 card is fragment); two whole cards do not (all 1400); CPU-only: all 1400
+    assert target.node(node).frag == pytest.approx(0.5 * 400 + 0.3 * 1400 + 0.2 * 1400)
+    typed = Target([cls(1, 50, types=("v100",))])
+    assert typed.node(node).frag == pytest.approx(1400)  # the class may not use these cards: all of it
+    hungry = Target([cls(1, 50, cpu_milli=7000)])
+    assert hungry.node(node, cpu=6000).frag == pytest.approx(1400)  # too little CPU left for the class
+    assert hungry.node(node, cpu=7000).frag == pytest.approx(400)
+
+
+@pytest.mark.parametrize(
+    ("used", "pct", "card", "score"),
+    [
+        # 300 MiB free on card 1 is already fragment to the halves: a 30 % pod there removes it
+        ([0, 700], 30, 1, gradient(300, 0)),
+        # no fragment either way on cards 0/1: the lowest position wins the tie; card 2 would strand 200
+        ([0, 200, 500], 30, 0, 50),
+        # a 60 % pod: on the idle card it leaves 400 (fragment), on the 400-used card nothing
+        ([0, 400], 60, 1, gradient(0, 0)),
+    ],
+)
+def test_the_placement_that_strands_least_wins(used: list[int], pct: int, card: int, score: int) -> None:
+    target = Target([HALF])
+    found = place(target, node_with(used), share(pct))
+    assert found is not None
+    assert found.cards == ((card,),)
+    assert found.score == score
+
+
+def test_stranding_scores_lower_than_filling_a_fragment() -> None:
+    target = Target([HALF])
+    node = node_with([0, 0, 500, 700])
+    scores = card_scores(target, node.devices, node.cordoned, make_container(pct=30, cores=30))
+    # 0/1 keep their halves (50), 2 would strand 200 (45), 3 removes its 300 fragment (57)
+    assert scores == [50, 50, gradient(0, 200), gradient(300, 0)]
+    assert scores[3] > scores[0] > scores[2]
+
+
+def test_cards_that_take_nothing_are_fragment_and_never_chosen() -> None:
+    target = Target([HALF])
+    full_slots = node_with([100, 0], count=1)  # card 0: 900 MiB free but its only slot is taken
+    assert target.node(full_slots).frag == pytest.approx(900)
+    found = place(target, full_slots, share(30))
+    assert found is not None and found.cards == ((1,),)
+    cordoned = node_with([0, 0], cordoned=frozenset({"n-0"}))
+    assert target.node(cordoned).sums.g == 1000  # a cordoned card is outside the measure
+    assert place(target, node_with([1000]), share(30)) is None
+
+
+def test_a_multi_card_pod_takes_its_cards_one_at_a_time() -> None:
+    target = Target([HALF, cls(2, 100)])
+    node = node_with([0, 0, 0, 500])
+    found = place(target, node, make_request(make_container(2, pct=100, cores=100)))
+    assert found is not None and found.cards == ((0, 1),)  # whole cards: the lowest idle ones
+    # two halves: the first fills card 3 exactly (nothing stranded), the second takes idle card 0
+    halves = place(target, node, make_request(make_container(2, pct=50, cores=50)))
+    assert halves is not None and halves.cards == ((3, 0),)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    history=st.lists(
+        st.tuples(
+            st.sampled_from([(1, 25), (1, 47), (1, 81), (1, 100), (2, 100), (1, 5)]), st.integers(0, 10**6)
+        ),
+        min_size=1,
+        max_size=30,
+    )
+)
+def test_predicted_after_equals_the_node_the_core_booked(history: list[tuple[tuple[int, int], int]]) -> None:
+    target = Target([cls(1, 50, 0.4), cls(1, 25, 0.3), cls(2, 100, 0.2), cls(0, weight=0.1)])
+    nodes = [node_with([0] * 4, name="a"), node_with([0] * 2, name="b", count=3)]
+    for (nums, pct), salt in history:
+        request = make_request(make_container(nums, pct=pct, cores=pct), gpu_policy="fragmentation")
+        at = salt % len(nodes)
+        node = nodes[at]
+        found = place(target, node, request)
+        decision = fit_node(request, node, Policy(gpu_policy="fragmentation", target=target))
+        if found is None:
+            assert not isinstance(decision, Allocation)
+            continue
+        assert isinstance(decision, Allocation)
+        # bind's Fit (the fragmentation card order) takes the cards the rule chose, and the node the
+        # core booked has the fragmentation the rule predicted
+        assert [node.positions[g.uuid] for g in decision.devices[0]] == list(found.cards[0])
+        booked = apply_usage(node, pod_usage(decision.devices, 0, init_done=False))
+        assert target.node(booked).frag == pytest.approx(found.after)
+        nodes[at] = booked
+
+
+def test_fit_node_follows_the_rule_and_falls_back_to_spread_without_a_target() -> None:
+    node = node_with([0, 700, 0])
+    request = share(30, gpu_policy="fragmentation")
+    ruled = fit_node(request, node, Policy(target=Target([HALF])))
+    assert isinstance(ruled, Allocation) and ruled.devices[0][0].uuid == "n-1"
+    spread = fit_node(replace(request, gpu_policy="spread"), node, Policy())
+    unknown = fit_node(request, node, Policy())
+    assert isinstance(spread, Allocation) and isinstance(unknown, Allocation)
+    assert unknown.devices == spread.devices  # no target: like any value HAMi does not know
+
+
+def test_priorities_rank_the_node_whose_fragment_the_pod_fills() -> None:
+    target = Target([HALF])
+    nodes = [
+        node_with([0, 0], name="idle"),
+        node_with([700, 0], name="holey"),
+        node_with([0, 200], name="ok"),
+    ]
+    request = share(30, node_policy="fragmentation")
+    ranks = priorities(request, nodes, Policy(target=target))
+    assert ranks == {"idle": priority(50), "holey": priority(gradient(300, 0)), "ok": priority(50)}
+    assert ranks["holey"] > ranks["idle"]
+    unknown = priorities(request, nodes, Policy())  # no target: like any value HAMi does not know
+    assert unknown == priorities(share(30, node_policy="binpack"), nodes, Policy())
+
+
+def test_a_node_is_scored_again_only_when_its_usage_changes() -> None:
+    target = Target([HALF])
+    node = node_with([0, 0], name="a")
+    request = share(30, node_policy="fragmentation")
+    first = priorities(request, [node], Policy(target=target))
+    view = target.node(node)
+    assert target.node(node) is view  # the same state object: the memo answers
+    grant = Grant(uuid="a-0", memory_mib=700, cores=70)
+    grown = apply_usage(node, pod_usage(((grant,),), 0, init_done=False))
+    assert target.node(grown) is not view
+    assert priorities(request, [grown], Policy(target=target)) != first
+
+
+def test_a_target_needs_a_positive_weight_and_memos_stay_bounded() -> None:
+    with pytest.raises(ValueError, match="positive weight"):
+        Target([cls(1, 50, weight=0)])
+    target = Target([HALF], memo_limit=4)
+    request = share(30)
+    for i in range(10):  # hostile template nodes: distinct names, distinct usages
+        node = node_with([i], name=f"t{i}")
+        target.node(node)
+        node_priorities(target, request, [node])
+    assert max(len(target._nodes), len(target._scores), len(target._cards)) <= 4
