@@ -3,7 +3,7 @@
 Fixtures: an embedded API server (kmock + reactions) per test, and a kubeconfig pointing at it.
 
 Settings for running on a busy machine and in parallel (``make test`` runs pytest-xdist with
-``--dist loadgroup``; see docs/testing.md):
+``--dist loadgroup``; see "Running them" in docs/architecture.md):
 
 - Hypothesis has no per-example deadline and no too-slow health check: both are wall-clock budgets that
   a loaded machine breaks. Its example database stays where Hypothesis keeps it (``.hypothesis/``,
@@ -27,7 +27,9 @@ from hami.sim.apiserver import add_reactions, write_kubeconfig
 
 TESTS = Path(__file__).resolve().parent
 
-settings.register_profile("suite", deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True)
+settings.register_profile(
+    "suite", deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True
+)
 settings.load_profile("suite")
 
 
