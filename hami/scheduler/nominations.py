@@ -87,6 +87,10 @@ class NominationBook:
     def __len__(self) -> int:
         return len(self._nominees)
 
+    def on(self, node: str) -> bool:
+        """Whether any pod is nominated to ``node`` (the cheap question asked first)."""
+        return node in self._by_node
+
     def node_of(self, key: PodKey) -> str | None:
         found = self._nominees.get(key)
         return found[0] if found is not None else None

@@ -439,7 +439,9 @@ class Snapshot:
             return excluded
         state = self._nodes[name].state
         assert state is not None  # not excluded means registered
-        held = () if priority is None else held_against(self.reservations(name), priority, exclude)
+        held: tuple[Reservation, ...] = ()
+        if priority is not None and self.nominations.on(name):
+            held = held_against(self.reservations(name), priority, exclude)
         if exclude is not None:
             own = self._applied.get(exclude)
             if own is not None and own.node == name:
