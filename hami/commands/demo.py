@@ -2,9 +2,10 @@
 
 Owns the subcommand (``add_arguments`` / ``run``): start an :class:`~hami.sim.system.EmbeddedSystem`
 from the cluster file (``--nodes``, default the packaged 4-node cluster), submit every pod manifest
-of ``--examples`` (default: the packaged examples, :mod:`hami.sim.manifests`) through the admission
-stand-in, wait (bounded by ``--timeout``) until every pod is decided, print the table (with whether each
-pod became what its example declares, and a legend of HAMi's words), and exit 0 — or, with ``--keep``,
+of ``--examples`` (default: the packaged examples, :mod:`hami.sim.manifests`; their PriorityClasses
+first) through the admission stand-in, wait (bounded by ``--timeout``) until every pod is decided, print
+the table (with whether each pod became what its example declares, who was preempted by whom, and a
+legend of HAMi's words), and exit 0 — or, with ``--keep``,
 print the kubeconfig, the metrics URLs and the commands to try (with the ``hami`` this installation
 runs) and keep everything running until Ctrl-C / SIGTERM. Every child process is stopped on the way
 out, whatever happens. Must not import ``webhook``, ``monitor`` or the Kubernetes client.
@@ -26,7 +27,7 @@ from typing import Any
 
 from hami import objects
 from hami.annotations import read_vgpu_node
-from hami.sim.admission_standin import Admitted, Refused
+from hami.sim.admission_standin import PRIORITY_CLASSES_PATH, Admitted, Refused
 from hami.sim.cluster import ClusterFileError, load_cluster
 from hami.sim.kubeapi import JsonDict, pods_path
 from hami.sim.manifests import Example, read_examples
@@ -103,14 +104,30 @@ async def _main(args: argparse.Namespace) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-async def submit_all(system: EmbeddedSystem, pods: list[JsonDict]) -> tuple[list[str], dict[str, Refused]]:
-    """Submit ``pods`` in order through the admission stand-in: every ``namespace/name``, and the refusals."""
+async def submit_all(
+    system: EmbeddedSystem, documents: list[JsonDict], *, limit: float = 120.0
+) -> tuple[list[str], dict[str, Refused]]:
+    """Create the PriorityClasses among ``documents``, then submit the pods in order through the admission
+    stand-in: every pod's ``namespace/name``, and the refusals. A pod whose class ranks above a pod
+    submitted before it waits (at most ``limit`` seconds) until every earlier pod is decided:
+    kube-scheduler takes higher priorities first, and preemption needs the pods it evicts placed."""
+    classes = {objects.name(d): d.get("value") for d in documents if d.get("kind") == "PriorityClass"}
+    for document in documents:
+        if document.get("kind") == "PriorityClass":
+            await system.api.create(PRIORITY_CLASSES_PATH, document)
     names: list[str] = []
     refused: dict[str, Refused] = {}
-    for pod in pods:
+    below = None  # the lowest priority submitted so far
+    for pod in (d for d in documents if d.get("kind", "Pod") == "Pod"):
+        value = classes.get(str(objects.spec(pod).get("priorityClassName") or ""))
+        if isinstance(value, int) and below is not None and below < value:
+            await wait_decided(system, names, refused, limit)
         outcome = await system.admission.submit(pod)
         if isinstance(outcome, Admitted):
             names.append(f"{objects.namespace(outcome.pod)}/{objects.name(outcome.pod)}")
+            priority = objects.spec(outcome.pod).get("priority")
+            if isinstance(priority, int):
+                below = priority if below is None else min(below, priority)
         else:
             names.append(f"{outcome.namespace}/{outcome.name}")
             refused[names[-1]] = outcome
@@ -128,7 +145,7 @@ async def wait_decided(
         undecided = [
             n
             for n in names
-            if not is_decided(system.scheduler.pods.get(_key(n)), refused.get(n), system.scheduler)
+            if not is_decided(system.scheduler.pods.get(_key(n)), refused.get(n), system.scheduler, name=n)
         ]
         if not undecided or time.monotonic() >= deadline:
             return undecided
@@ -146,17 +163,15 @@ async def _show(
     system: EmbeddedSystem, examples: list[Example], limit: float, *, keep: bool
 ) -> tuple[int, list[str], list[str]]:
     """Submit, wait, print the table; the exit code, the pods placed and the pods left pending."""
-    names, refused = await submit_all(system, [e.pod for e in examples])
-    _say(
-        f"submitted   {len(examples)} example pods ({len(refused)} refused at admission); "
-        "waiting for decisions"
-    )
+    pods = [e for e in examples if e.kind == "Pod"]
+    names, refused = await submit_all(system, [e.pod for e in examples], limit=limit)
+    _say(f"submitted   {len(pods)} example pods ({len(refused)} refused at admission); waiting for decisions")
     undecided = await wait_decided(system, names, refused, limit)
     stored = await final_state(system, names, refused)
     cards = card_index(system.cluster)
     reports = [describe(n, stored[n], refused.get(n), system.scheduler, cards) for n in names]
-    # names follow the examples' order; a pod's declared outcome is keyed by the name it was stored under
-    expected = {n: e.outcome for n, e in zip(names, examples, strict=True) if e.outcome}
+    # names follow the pods' order; a pod's declared outcome is keyed by the name it was stored under
+    expected = {n: e.outcome for n, e in zip(names, pods, strict=True) if e.outcome}
     print()
     print(render(reports, expected if expected else None), flush=True)
     print(legend(reports, expected=bool(expected)))
@@ -164,7 +179,10 @@ async def _show(
     if expected:
         summary = f"{len(expected) - len(differ)} of {len(expected)} pods became what their example expects"
         print(summary + (f"; not: {', '.join(differ)}" if differ else "."))
-    pending = [n for n in names if n not in refused and not read_vgpu_node(stored[n] or {})]
+    preempted = system.scheduler.preemption.preemptions
+    pending = [
+        n for n in names if n not in refused and n not in preempted and not read_vgpu_node(stored[n] or {})
+    ]
     placed = [n for n in names if n not in refused and n not in pending]
     if pending and not keep:
         print(
@@ -216,6 +234,11 @@ def keep_hints(system: EmbeddedSystem, placed: list[str], pending: list[str]) ->
     lines += [
         f"  kubectl --kubeconfig {kubeconfig} get nodes -o yaml   # hami.io/node-nvidia-register",
     ]
+    if system.scheduler.preemption.preemptions:
+        lines.append(
+            f"  kubectl --kubeconfig {kubeconfig} get events --field-selector reason=Preempted"
+            "   # who was preempted, by which pod"
+        )
     if pending:
         lines.append(f"  {hami} explain {pending[0]} --kubeconfig {kubeconfig}")
     lines += [

@@ -6,9 +6,11 @@ from a checkout; the repository's ``examples/`` is a link to them) and :func:`re
 Pod document of ``*.yaml`` and ``*.yml`` in file-name order, checked strictly -- an unknown field of
 the pod, its metadata, its spec, a container or a container's resources is an error naming the file,
 the field path and the nearest known field (a typo such as ``resource:`` would otherwise vanish, as
-the API server drops unknown fields). A comment line ``# outcome: Running|Pending|Refused|Failed``
-before a document declares what the demo should see become of that pod. The field lists are
-Kubernetes' (``tests/sim/test_manifests.py`` holds them equal to the pinned client's models).
+the API server drops unknown fields). A comment line
+``# outcome: Running|Pending|Refused|Failed|Preempted`` before a document declares what the demo
+should see become of that pod. PriorityClass documents (``scheduling.k8s.io/v1``: the classes the
+pods' ``priorityClassName`` names) are read too, as strictly, and created before any pod. The field
+lists are Kubernetes' (``tests/sim/test_manifests.py`` holds them equal to the pinned client's models).
 Must not import ``webhook``, ``monitor`` or the Kubernetes client.
 """
 
@@ -27,7 +29,7 @@ from hami import objects
 from hami.sim.cluster import ClusterFileError, unknown_field
 from hami.sim.kubeapi import JsonDict
 
-OUTCOMES = ("Running", "Pending", "Refused", "Failed")
+OUTCOMES = ("Running", "Pending", "Refused", "Failed", "Preempted")
 _OUTCOME = re.compile(r"^#\s*outcome:\s*(\S+)\s*$", re.IGNORECASE | re.MULTILINE)
 _SEPARATOR = re.compile(r"^---(?:[ \t].*)?$", re.MULTILINE)
 
@@ -54,19 +56,29 @@ CONTAINER_FIELDS = (
     "terminationMessagePolicy", "tty", "volumeDevices", "volumeMounts", "workingDir",
 )  # fmt: skip
 RESOURCES_FIELDS = ("claims", "limits", "requests")
+PRIORITY_CLASS_FIELDS = (
+    "apiVersion", "description", "globalDefault", "kind", "metadata", "preemptionPolicy", "value",
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Example:
-    """One pod manifest: the document, the file it came from, and its declared outcome ("" if none)."""
+    """One manifest: the document (a Pod, or a PriorityClass the pods name), the file it came from, and
+    the pod's declared outcome ("" if none)."""
 
     pod: JsonDict
     source: str
     outcome: str = ""
 
     @property
+    def kind(self) -> str:
+        return str(self.pod.get("kind"))
+
+    @property
     def key(self) -> str:
         name = objects.name(self.pod) or str(objects.meta(self.pod).get("generateName") or "")
+        if self.kind != "Pod":
+            return f"{self.kind.lower()}/{name}"
         return f"{objects.namespace(self.pod) or 'default'}/{name}"
 
 
@@ -76,7 +88,8 @@ def default_examples_dir() -> Traversable:
 
 
 def read_examples(directory: Traversable) -> list[Example]:
-    """Every Pod document of ``directory/*.yaml`` and ``*.yml``, in file-name order, checked strictly.
+    """Every Pod and PriorityClass document of ``directory/*.yaml`` and ``*.yml``, in file-name order,
+    checked strictly.
 
     Raises :class:`~hami.sim.cluster.ClusterFileError` naming the file and the field."""
     if not directory.is_dir():
@@ -96,9 +109,12 @@ def read_examples(directory: Traversable) -> list[Example]:
         segments = _segments(text)
         outcomes = [_outcome(s, where) for s in segments] if len(segments) == len(documents) else []
         for i, document in enumerate(documents):
-            if not isinstance(document, Mapping) or document.get("kind") != "Pod":
-                raise ClusterFileError(f"{where}: only Pod documents are supported")
-            check_pod(document, where)
+            if isinstance(document, Mapping) and document.get("kind") == "PriorityClass":
+                check_priority_class(document, where)
+            elif not isinstance(document, Mapping) or document.get("kind") != "Pod":
+                raise ClusterFileError(f"{where}: only Pod and PriorityClass documents are supported")
+            else:
+                check_pod(document, where)
             examples.append(
                 Example(pod=dict(document), source=str(file), outcome=outcomes[i] if outcomes else "")
             )
@@ -106,7 +122,7 @@ def read_examples(directory: Traversable) -> list[Example]:
 
 
 def load_examples(directory: Traversable) -> list[JsonDict]:
-    """The pods of :func:`read_examples`."""
+    """The documents of :func:`read_examples` (pods, and the PriorityClasses they name)."""
     return [example.pod for example in read_examples(directory)]
 
 
@@ -135,6 +151,17 @@ def check_pod(pod: Mapping[str, Any], where: str) -> None:
                 if not isinstance(res, Mapping):
                     raise ClusterFileError(f"{where}: {path}resources: must be a mapping")
                 _known(res, RESOURCES_FIELDS, where, f"{path}resources.")
+
+
+def check_priority_class(document: Mapping[str, Any], where: str) -> None:
+    """A PriorityClass: known fields only, ``scheduling.k8s.io/v1``, a name and an integer ``value``."""
+    _known(document, PRIORITY_CLASS_FIELDS, where, "")
+    if document.get("apiVersion") != "scheduling.k8s.io/v1":
+        got = document.get("apiVersion")
+        raise ClusterFileError(f"{where}: apiVersion: a PriorityClass is scheduling.k8s.io/v1, got {got!r}")
+    value = document.get("value")
+    if not objects.name(document) or not isinstance(value, int) or isinstance(value, bool):
+        raise ClusterFileError(f"{where}: a PriorityClass needs metadata.name and an integer value")
 
 
 def _known(mapping: Mapping[str, Any], known: tuple[str, ...], where: str, path: str) -> None:

@@ -119,6 +119,7 @@ class Preemption:
     victim: Victim
     preemptor: str
     preemptor_uid: str
+    preemptor_priority: int
     node: str
 
 
@@ -278,6 +279,7 @@ class PreemptionStandIn:
             victim=gone,
             preemptor=preemptor,
             preemptor_uid=objects.uid(pod),
+            preemptor_priority=priority(pod),
             node=node,
         )
         self.preemptions[gone.key] = record

@@ -1,9 +1,10 @@
 """What happened to each demo pod: decided yet, and the table ``hami demo`` prints.
 
-Owns :func:`is_decided` (refused at admission, Running/Failed, or unschedulable with no cluster change
-since the last try), :func:`describe` (one pod -> a :class:`PodReport` read from the pod's annotations
-through the codec: node, and per container the cards with memory and cores from
-``hami.io/vgpu-devices-allocated``, or why it is pending), :func:`render` (fixed-width text; with
+Owns :func:`is_decided` (refused at admission, Running/Failed, preempted, or unschedulable with no
+cluster change since the last try), :func:`describe` (one pod -> a :class:`PodReport` read from the
+pod's annotations through the codec: node, and per container the cards with memory and cores from
+``hami.io/vgpu-devices-allocated``, or why it is pending; a pod evicted by preemption is ``Preempted``
+with the pod it made room for, and that pod names its victims), :func:`render` (fixed-width text; with
 the examples' declared outcomes, an EXPECTED column saying whether each pod became what its example
 expects), :func:`legend` (the HAMi words the table shows, explained in one line) and :func:`verdict`
 (the outcomes that differ). Must not import ``webhook``, ``monitor`` or the Kubernetes client.
@@ -50,11 +51,13 @@ class PodReport:
     details: tuple[str, ...] = field(default_factory=tuple)  # why it is pending / refused / failed
 
 
-def is_decided(pod: Mapping[str, Any] | None, refused: Refused | None, scheduler: SchedulerStandIn) -> bool:
+def is_decided(
+    pod: Mapping[str, Any] | None, refused: Refused | None, scheduler: SchedulerStandIn, *, name: str = ""
+) -> bool:
     if refused is not None:
         return True
-    if pod is None:
-        return False
+    if pod is None:  # gone: decided when preemption evicted it (``name`` is its namespace/name)
+        return name in scheduler.preemption.preemptions
     if ((pod.get("status") or {}).get("phase") or "Pending") in ("Running", "Failed", "Succeeded"):
         return True
     return not (pod.get("spec") or {}).get("nodeName") and scheduler.settled(pod)
@@ -78,6 +81,13 @@ def describe(
 ) -> PodReport:
     if refused is not None:
         return PodReport(name=name, status="Refused", details=(refused.message,))
+    evicted = scheduler.preemption.preemptions.get(name)
+    if pod is None and evicted is not None:
+        made_room = (
+            f"by {evicted.preemptor} (priority {evicted.preemptor_priority} > {evicted.victim.priority}) "
+            f"on node {evicted.node}, to free the card(s) it needed"
+        )
+        return PodReport(name=name, node=evicted.node, status="Preempted", details=(made_room,))
     if pod is None:
         return PodReport(name=name, status="Missing", details=("the pod does not exist",))
     spec, status, annotations = objects.spec(pod), objects.status(pod), objects.annotations(pod)
@@ -94,6 +104,10 @@ def describe(
     details: tuple[str, ...] = ()
     if phase == "Failed":
         details = (f"{status.get('reason', '')}: {status.get('message', '')}",)
+    victims = scheduler.preemption.preempted_for.get(name, ())
+    if victims:
+        gone = ", ".join(f"{v.victim.key} (priority {v.victim.priority})" for v in victims)
+        details = (*details, f"preempted {gone} on node {victims[0].node} to make room")
     try:
         lines = _card_lines(spec, annotations, cards)
     except AnnotationError as exc:
@@ -173,6 +187,12 @@ def legend(reports: Sequence[PodReport], *, expected: bool = False) -> str:
         parts.append("'n/N Word' = n of the node's N cards failed for Word (" + ", ".join(meanings) + ")")
     if any(Reason.NODE_INSUFFICIENT_DEVICE.value in d for r in reports for d in r.details):
         parts.append(f"{Reason.NODE_INSUFFICIENT_DEVICE.value}: the node has fewer cards than asked for")
+    if any(r.status == "Preempted" for r in reports):
+        parts.append(
+            "Preempted: deleted by kube-scheduler's preemption to free the cards a pod of higher "
+            "spec.priority (from its PriorityClass) needed; HAMi's /preempt chose the fewest, "
+            "lowest-priority pods on the cards that pod can use (a 'Preempted' Event on each names it)"
+        )
     if expected:
         parts.append("EXPECTED: whether the pod became the '# outcome:' its example declares")
     return "Legend: " + "; ".join(parts) + "." if parts else ""

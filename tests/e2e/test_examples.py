@@ -58,6 +58,7 @@ async def test_every_example_is_placed_or_explained(workdir: Path) -> None:
         pods = await final_state(system, names, refused)
         nodes = {n["metadata"]["name"]: n for n in await system.api.list_objects(nodes_path())}
         attempts = {n: system.scheduler.attempt(p) for n, p in pods.items() if p is not None}
+        preemptions = dict(system.scheduler.preemption.preemptions)
         table = render(
             [describe(n, pods[n], refused.get(n), system.scheduler, card_index(CLUSTER)) for n in names]
         )
@@ -88,9 +89,18 @@ async def test_every_example_is_placed_or_explained(workdir: Path) -> None:
         assert reason in attempt.message, (name, attempt.message)
         assert pod["status"]["conditions"][0]["reason"] == "Unschedulable"
 
+    # preempted: the urgent pod needed the first A10, which the batch pods filled; exactly the two whose
+    # eviction makes room went (batch-3 stays beside it)
+    assert {name: (r.preemptor, r.node) for name, r in preemptions.items()} == {
+        "default/batch-1": ("default/urgent-a10", "gpu-a10"),
+        "default/batch-2": ("default/urgent-a10", "gpu-a10"),
+    }, table
+    assert by_name["batch-1"] is None and by_name["batch-2"] is None
+    gone = ("batch-1", "batch-2", "privileged-gpu")
+
     placed = {name: pod for name, pod in by_name.items() if pod and pod["spec"].get("nodeName")}
     assert sorted(placed) == sorted(
-        n for n in by_name if n not in ("too-much-memory", "too-many-cards", "wants-h100", "privileged-gpu")
+        n for n in by_name if n not in ("too-much-memory", "too-many-cards", "wants-h100", *gone)
     ), table
     running = {name: pod for name, pod in placed.items() if pod["status"].get("phase") == "Running"}
     assert set(running) == set(placed), table  # MIG pods included: the agent made their instances
@@ -123,6 +133,9 @@ async def test_every_example_is_placed_or_explained(workdir: Path) -> None:
     )
     assert _single(running["v100-avoid-card0"]).uuid != UUIDS["gpu-v100"][0]
     assert _single(running["a10-pinned-card1"]).uuid == UUIDS["gpu-a10"][1]
+    urgent, batch = _single(running["urgent-a10"]), _single(running["batch-3"])
+    assert (urgent.uuid, urgent.memory_mib, urgent.cores) == (UUIDS["gpu-a10"][0], 16000, 60)
+    assert batch.uuid == UUIDS["gpu-a10"][0]
     (pair,) = _grants(running["numa-pair"])
     assert len(pair) == 2 and len({NUMA[g.uuid] for g in pair}) == 1 and len({g.uuid for g in pair}) == 2
     init, trainer, shipper = _grants(running["train-with-init"])
@@ -160,12 +173,12 @@ async def test_every_example_is_placed_or_explained(workdir: Path) -> None:
         if pod["spec"]["nodeName"] == "gpu-mig":
             continue
         names = [c["name"] for c in [*(pod["spec"].get("initContainers") or []), *pod["spec"]["containers"]]]
-        for container, grants in zip(names, _grants(pod), strict=True):
+        for entry, grants in zip(names, _grants(pod), strict=True):
             if not grants:
-                assert (name, container) not in entries
+                assert (name, entry) not in entries
                 continue
-            envs = entries[(name, container)]["envs"]
-            assert envs["NVIDIA_VISIBLE_DEVICES"].split(",") == [g.uuid for g in grants], (name, container)
+            envs = entries[(name, entry)]["envs"]
+            assert envs["NVIDIA_VISIBLE_DEVICES"].split(",") == [g.uuid for g in grants], (name, entry)
             for i, grant in enumerate(grants):
                 assert envs[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] == f"{grant.memory_mib}m"
 

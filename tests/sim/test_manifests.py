@@ -62,15 +62,21 @@ def test_the_field_lists_are_kubernetes_own() -> None:
 
 def test_every_packaged_example_declares_its_outcome() -> None:
     examples = read_examples(default_examples_dir())
-    assert len(examples) == 14
-    outcomes = {e.key: e.outcome for e in examples}
+    assert [e.key for e in examples if e.kind == "PriorityClass"] == [
+        "priorityclass/gpu-batch",
+        "priorityclass/gpu-urgent",
+    ]
+    pods = [e for e in examples if e.kind == "Pod"]
+    assert len(pods) == 18
+    outcomes = {e.key: e.outcome for e in pods}
     assert outcomes["default/privileged-gpu"] == "Refused"
     assert {k for k, v in outcomes.items() if v == "Pending"} == {
         "default/too-much-memory",
         "default/too-many-cards",
         "default/wants-h100",
     }
-    assert all(v in ("Running", "Pending", "Refused") for v in outcomes.values()), outcomes
+    assert {k for k, v in outcomes.items() if v == "Preempted"} == {"default/batch-1", "default/batch-2"}
+    assert all(v in ("Running", "Pending", "Refused", "Preempted") for v in outcomes.values()), outcomes
 
 
 def test_the_repository_examples_link_is_the_packaged_directory() -> None:
@@ -140,7 +146,9 @@ def test_unknown_fields_are_refused_with_the_path(
 
 def test_an_unknown_outcome_is_refused(tmp_path: Path) -> None:
     (tmp_path / "p.yaml").write_text(POD.format(outcome="Scheduled", name="p"), encoding="utf-8")
-    with pytest.raises(ClusterFileError, match=r"outcome: Scheduled'.*Running, Pending, Refused, Failed"):
+    with pytest.raises(
+        ClusterFileError, match=r"outcome: Scheduled'.*Running, Pending, Refused, Failed, Preempted"
+    ):
         read_examples(tmp_path)
 
 
@@ -227,7 +235,8 @@ def test_the_demo_finds_its_data_outside_the_repository(unpacked_wheel: Path, tm
         "from hami.sim.admission_policy import annotation_policy\n"
         "policy, _ = annotation_policy(['system:serviceaccount:x:y'])\n"
         "print(json.dumps({'hami': hami.__file__, 'examples': str(default_examples_dir()),\n"
-        "  'pods': len(read_examples(default_examples_dir())), 'nodes': len(load_cluster().nodes),\n"
+        "  'pods': sum(e.kind == 'Pod' for e in read_examples(default_examples_dir())),\n"
+        "  'nodes': len(load_cluster().nodes),\n"
         "  'validations': len(policy['spec']['validations'])}))\n"
     )
     done = subprocess.run(
@@ -242,7 +251,7 @@ def test_the_demo_finds_its_data_outside_the_repository(unpacked_wheel: Path, tm
     found = yaml.safe_load(done.stdout)
     assert found["hami"].startswith(str(unpacked_wheel)), found
     assert found["examples"].startswith(str(unpacked_wheel)), found
-    assert (found["pods"], found["nodes"]) == (14, 4)
+    assert (found["pods"], found["nodes"]) == (18, 4)
     assert found["validations"] > 0
 
 
@@ -263,8 +272,57 @@ def test_hami_demo_runs_from_the_wheel_outside_the_repository(unpacked_wheel: Pa
             check=False,
         )
         assert done.returncode == 0, done.stdout + done.stderr
-        assert "14 of 14 pods became what their example expects." in done.stdout, done.stdout
+        assert "18 of 18 pods became what their example expects." in done.stdout, done.stdout
         logs = "".join(p.read_text(errors="replace") for p in (work / "logs").glob("*"))
         assert str(REPO / "hami") not in logs  # nothing ran from the checkout
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+PRIORITY_CLASS = """\
+apiVersion: scheduling.k8s.io/v1
+kind: PriorityClass
+metadata:
+  name: urgent
+value: 1000
+{extra}
+"""
+
+
+def test_priority_classes_are_read_with_the_pods_in_file_order(tmp_path: Path) -> None:
+    text = (
+        PRIORITY_CLASS.format(extra="preemptionPolicy: Never")
+        + "---\n"
+        + POD.format(outcome="Preempted", name="a")
+    )
+    (tmp_path / "a.yaml").write_text(text, encoding="utf-8")
+    assert [(e.kind, e.key, e.outcome) for e in read_examples(tmp_path)] == [
+        ("PriorityClass", "priorityclass/urgent", ""),
+        ("Pod", "default/a", "Preempted"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (PRIORITY_CLASS.format(extra="valu: 3"), "valu: unknown field 'valu'; did you mean 'value'?"),
+        (
+            PRIORITY_CLASS.format(extra="").replace("scheduling.k8s.io/v1", "v1"),
+            "apiVersion: a PriorityClass is scheduling.k8s.io/v1, got 'v1'",
+        ),
+        (
+            PRIORITY_CLASS.format(extra="").replace("value: 1000", "value: high"),
+            "a PriorityClass needs metadata.name and an integer value",
+        ),
+        (
+            "apiVersion: v1\nkind: Service\nmetadata: {name: s}\n",
+            "only Pod and PriorityClass documents are supported",
+        ),
+    ],
+    ids=["typo", "api-version", "value", "other-kind"],
+)
+def test_priority_classes_are_read_strictly(tmp_path: Path, text: str, message: str) -> None:
+    (tmp_path / "c.yaml").write_text(text, encoding="utf-8")
+    with pytest.raises(ClusterFileError) as caught:
+        read_examples(tmp_path)
+    assert str(caught.value) == f"example '{tmp_path / 'c.yaml'}': {message}"

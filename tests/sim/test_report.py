@@ -50,3 +50,21 @@ def test_the_legend_explains_the_words_in_the_table_and_only_those() -> None:
     assert "EXPECTED:" in line
     assert "CardTypeMismatch" not in line  # not in this table
     assert legend([REFUSED]) == ""
+
+
+PREEMPTED = PodReport(
+    name="default/d",
+    node="n1",
+    status="Preempted",
+    details=("by default/e (priority 1000 > 10) on node n1, to free the card(s) it needed",),
+)
+
+
+def test_a_preempted_pod_is_an_outcome_and_the_legend_says_what_preemption_did() -> None:
+    assert verdict([PREEMPTED], {"default/d": "Preempted"}) == []
+    table = render([PREEMPTED], {"default/d": "Preempted"})
+    assert table.splitlines()[1].endswith("Preempted  yes")
+    line = legend([RUNNING, PREEMPTED])
+    assert "Preempted: deleted by kube-scheduler's preemption to free the cards a pod of higher" in line
+    assert "a 'Preempted' Event on each names it" in line
+    assert "Preempted" not in legend([RUNNING, PENDING, REFUSED], expected=True)
