@@ -3,7 +3,10 @@
 Owns the command: read the pod, the nodes, the pods and the pod's namespace ResourceQuotas from any
 cluster (the embedded one included), build the same :class:`~hami.scheduler.snapshot.Snapshot` the
 extender keeps, and ask the core's :func:`~hami.core.explain.explain_node` about every node (with the
-namespace's GPU quota). Read-only: writes nothing to the cluster.
+namespace's GPU quota). When no node fits, it also names the cheapest preemption that would make room
+(:func:`~hami.core.explain.cheapest_preemption` over the pods the extender's ``/preempt`` may evict:
+bound there, of lower ``spec.priority``), or says that none would. Read-only: writes nothing to the
+cluster.
 """
 
 from __future__ import annotations
@@ -15,9 +18,10 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
+from hami import objects
 from hami.annotations import AnnotationError, read_pod_devices, read_pod_request, read_vgpu_node
 from hami.core.allocate import Policy
-from hami.core.explain import NodeExplanation, explain_node
+from hami.core.explain import NodeExplanation, cheapest_preemption, explain_node
 from hami.core.model import PERCENT_NOT_GIVEN, PodRequest
 from hami.core.rejection import Rejection
 from hami.kube import nodes as kube_nodes
@@ -27,6 +31,7 @@ from hami.kube.client import KubeError, NotFound, load_api_client
 from hami.scheduler.config import load_device_config
 from hami.scheduler.quotas import QuotaBook
 from hami.scheduler.snapshot import Snapshot
+from hami.scheduler.victims import node_holders, priority_of
 from hami.settings import DeviceConfig
 
 
@@ -96,7 +101,10 @@ async def explain(
     snapshot.replace_pods(pods)
     results = explain_all(snapshot, request, policy, (namespace, name))
     print_results(results, out)
-    return 0 if any(r.fits for r in results) else 1
+    if any(r.fits for r in results):
+        return 0
+    print(preemption_option(snapshot, request, pod, policy, (namespace, name)), file=out)
+    return 1
 
 
 def explain_all(
@@ -116,6 +124,41 @@ def explain_all(
             continue
         results.append(explain_node(request, state, policy, quotas=quotas, pods=holders.get(entry.name, {})))
     return results
+
+
+def preemption_option(
+    snapshot: Snapshot, request: PodRequest, pod: Mapping[str, Any], policy: Policy, key: tuple[str, str]
+) -> str:
+    """One line: the cheapest preemption that would let the pod fit (victims by name and priority, the
+    node), or why there is none."""
+    if objects.spec(pod).get("preemptionPolicy") == "Never":
+        return "preemption: not tried (preemptionPolicy: Never)"
+    priority = priority_of(pod)
+    now = datetime.datetime.now(datetime.UTC)
+    names: dict[str, str] = {}
+    nodes = []
+    for entry in sorted(snapshot.entries(), key=lambda e: e.name):
+        state = snapshot.candidate(entry.name, now, exclude=key)
+        if isinstance(state, Rejection):
+            continue
+        for (ns, pod_name), _, observed in snapshot.holders(entry.name):
+            if observed is not None and observed.meta is not None:
+                names[observed.meta.uid] = f"{ns}/{pod_name}"
+        holders = node_holders(snapshot, entry.name, exclude=key)
+        nodes.append((state, [h for uid, h in holders.by_uid.items() if uid in holders.evictable]))
+    quotas = snapshot.quotas_for(request.namespace, exclude=key)
+    found = cheapest_preemption(request, priority, nodes, policy, quotas=quotas)
+    if found is None:
+        return (
+            f"preemption: none would make room (no node has pods of priority below {priority} whose "
+            "eviction frees enough)"
+        )
+    victims = ", ".join(f"{names.get(h.uid, h.uid)} (priority {h.priority})" for h in found.added)
+    maybe = "" if found.exact else "; found by the greedy pass, maybe not the cheapest"
+    return (
+        f"preemption: evicting {victims} on node {found.node} would make room (this pod's priority is "
+        f"{priority}; kube-scheduler preempts when no node fits{maybe})"
+    )
 
 
 def print_results(results: Sequence[NodeExplanation], out: TextIO) -> None:

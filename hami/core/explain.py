@@ -5,7 +5,9 @@ Owns :func:`explain_node`: the node's verdict (the core's :class:`~hami.core.rej
 "fits if gpumem <= 7000", "fits if gpucores <= 40", "fits if nvidia.com/gpu <= 2", "needs 2 cards on one
 NUMA node, best NUMA node has 1", "fits without the use-gputype preference", "fits when pod ns/name
 ends". Each hint is found by re-running the real fit (:func:`hami.core.allocate.fit_node`) on a changed
-request or node, never by a second implementation of the rules.
+request or node, never by a second implementation of the rules. And :func:`cheapest_preemption`: the
+cheapest set of lower-priority pods whose eviction would make room, over all nodes, as the extender's
+``/preempt`` chooses it on each node (:func:`hami.core.preempt.preempt_node`).
 
 Pure: stdlib only; must not import a Kubernetes client, aiohttp, kopf, grpc, pynvml, ``logging``,
 ``os`` or ``time``.
@@ -13,7 +15,7 @@ Pure: stdlib only; must not import a Kubernetes client, aiohttp, kopf, grpc, pyn
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from hami.core.allocate import Policy, fit_node
@@ -25,8 +27,10 @@ from hami.core.model import (
     NodeState,
     PodRequest,
 )
+from hami.core.preempt import Holder, Preemption, cost, preempt_node
 from hami.core.rejection import Rejection
 from hami.core.usage import PodUsage, apply_usage
+from hami.core.victimsearch import Cost
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -212,3 +216,28 @@ def _freeing_hints(
         if fits(request, apply_usage(node, usage, sign=-1))
     ]
     return [(WAIT_FOR_POD, f"fits when pod {name} ends") for name in freeing[:3]]
+
+
+def cheapest_preemption(
+    request: PodRequest,
+    priority: int,
+    nodes: Iterable[tuple[NodeState, Iterable[Holder]]],
+    policy: Policy,
+    *,
+    quotas: Mapping[str, NamespaceQuota] | None = None,
+) -> Preemption | None:
+    """The cheapest preemption that would let the pod of ``priority`` fit: per node the set
+    :func:`~hami.core.preempt.preempt_node` chooses among ``holders`` (the pods that may be evicted there;
+    only those of strictly lower priority are), across nodes the cheapest by
+    :func:`~hami.core.preempt.cost` (fewest pods, lowest priorities, fewest PDB violations, youngest),
+    then the node name. None when no node has such a set; a node the pod fits as it is needs none and
+    is skipped."""
+    best: tuple[tuple[Cost, str], Preemption] | None = None
+    for node, holders in nodes:
+        found = preempt_node(request, priority, node, holders, policy, quotas=quotas)
+        if found is None or not found.added:
+            continue
+        rank = (cost(found.added), node.name)
+        if best is None or rank < best[0]:
+            best = (rank, found)
+    return None if best is None else best[1]

@@ -159,3 +159,63 @@ async def test_an_unbound_allocation_past_the_horizon_is_free(
     code, text = await run_explain("next", kubeconfig)
     assert code == 0, text
     assert "3 nodes, 1 fit: gpu-b" in text, text
+
+
+# ----------------------------------------------------------------------------------------- preemption
+
+
+def bound(
+    name: str, memory: int, priority: int, node_name: str = "gpu-b", uuid: str = "GPU-b0"
+) -> dict[str, Any]:
+    """A pod bound to ``node_name`` holding ``memory`` MiB of ``uuid``, with ``spec.priority``."""
+    held = allocation_annotations(
+        node=node_name, devices=((Grant(uuid=uuid, memory_mib=memory, cores=10),),), now=NOW
+    )
+    body = pod(name, {"nvidia.com/gpu": "1"}, held)
+    body["metadata"]["uid"] = f"uid-{name}"
+    body["spec"] |= {"nodeName": node_name, "priority": priority}
+    body["status"] = {"phase": "Running", "startTime": "2026-11-22T00:00:00Z"}
+    return body
+
+
+def urgent(name: str, priority: int, **spec: Any) -> dict[str, Any]:
+    body = pod(name, {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "10000"})
+    body["spec"] |= {"priority": priority, **spec}
+    return body
+
+
+async def test_the_cheapest_preemption_that_makes_room_is_listed(
+    cluster: kmock.KubernetesEmulator, kubeconfig: Path
+) -> None:
+    # gpu-b's A10 (16000 MiB) holds low-1 (9000) and low-2 (5000): 2000 free. Evicting low-1 frees 11000,
+    # enough for 10000; low-2 alone frees too little; gpu-a's 8000 MiB cards never hold 10000.
+    for body in (bound("low-1", 9000, 10), bound("low-2", 5000, 10)):
+        await cluster.post("/api/v1/namespaces/default/pods", json=body)
+    await cluster.post("/api/v1/namespaces/default/pods", json=urgent("urgent", 100))
+    code, text = await run_explain("urgent", kubeconfig)
+    assert code == 1, text
+    assert (
+        "preemption: evicting default/low-1 (priority 10) on node gpu-b would make room "
+        "(this pod's priority is 100; kube-scheduler preempts when no node fits)"
+    ) in text, text
+
+
+@pytest.mark.parametrize(
+    ("priority", "spec", "says"),
+    [
+        (10, {}, "preemption: none would make room (no node has pods of priority below 10 whose eviction "
+                 "frees enough)"),
+        (100, {"preemptionPolicy": "Never"}, "preemption: not tried (preemptionPolicy: Never)"),
+    ],
+    ids=["no-lower-priority", "never"],
+)  # fmt: skip
+async def test_explain_says_when_no_preemption_helps(
+    cluster: kmock.KubernetesEmulator, kubeconfig: Path, priority: int, spec: dict[str, Any], says: str
+) -> None:
+    for body in (bound("low-1", 9000, 10), bound("low-2", 5000, 10)):
+        await cluster.post("/api/v1/namespaces/default/pods", json=body)
+    await cluster.post("/api/v1/namespaces/default/pods", json=urgent("urgent", priority, **spec))
+    code, text = await run_explain("urgent", kubeconfig)
+    assert code == 1, text
+    assert says in text, text
+    assert "evicting" not in text
