@@ -30,8 +30,8 @@ a pod no node took, in kube-scheduler's order (``pkg/scheduler/framework/preempt
    eviction is recorded (:attr:`PreemptionStandIn.preemptions`, by victim, and
    :attr:`PreemptionStandIn.preempted_for`, by preemptor) for the demo's table.
 
-The scheduler stand-in retries the preemptor when the victims' deletions reach its watch. Pure
-helpers (:func:`eligible`, :func:`pick_one_node`, :func:`nodes_message`) are separate from the I/O.
+The scheduler stand-in retries the preemptor when the victims' deletions reach its watch. The pure
+rules (eligibility, the messages, the node order) are :mod:`hami.sim.preemption_rules`.
 Must not import ``hami.scheduler``, ``webhook``, ``monitor`` or the Kubernetes client.
 """
 
@@ -41,24 +41,29 @@ import contextlib
 import datetime
 import logging
 import time
-from collections import Counter
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from hami import objects
 from hami.sim.kubeapi import ApiError, JsonDict, SimApi, pods_path
+from hami.sim.preemption_rules import (
+    DISRUPTION_TARGET,
+    NO_CANDIDATE,
+    NO_VICTIMS,
+    NOT_HELPFUL,
+    PREEMPTION_BY_SCHEDULER,
+    Candidate,
+    Victim,
+    eligible,
+    nodes_message,
+    pick_one_node,
+    priority,
+    victim,
+)
 
 logger = logging.getLogger("hami.sim.preemption_standin")
 
-NOT_HELPFUL = "Preemption is not helpful for scheduling"
-NO_VICTIMS = "No preemption victims found for incoming pod"
-NEVER = "not eligible due to preemptionPolicy=Never."
-TERMINATING = "not eligible due to a terminating pod on the nominated node."
-NO_CANDIDATE = "no candidate node for preemption"
-DISRUPTION_TARGET = "DisruptionTarget"
-PREEMPTION_BY_SCHEDULER = "PreemptionByScheduler"
-_INT32 = 2**31
 
 #: POSTs one extender verb and returns the decoded answer (the scheduler stand-in's ``_post``).
 Post = Callable[[str, Mapping[str, Any]], Awaitable[Any]]
@@ -66,30 +71,6 @@ Post = Callable[[str, Mapping[str, Any]], Awaitable[Any]]
 
 class PreemptionError(Exception):
     """kube-scheduler's preemption failed with an error (the attempt is retried with backoff)."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Victim:
-    """A pod evicted (or to be evicted) for the preemptor."""
-
-    namespace: str
-    name: str
-    uid: str
-    priority: int
-    started: float  # Unix seconds: status.startTime, else now (kube-scheduler's GetPodStartTime)
-
-    @property
-    def key(self) -> str:
-        return f"{self.namespace}/{self.name}"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Candidate:
-    """One node the preemptor could take once ``victims`` are gone."""
-
-    node: str
-    victims: tuple[Victim, ...]
-    pdb_violations: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -121,88 +102,6 @@ class Preemption:
     preemptor_uid: str
     preemptor_priority: int
     node: str
-
-
-# ------------------------------------------------------------------------------------ pure rules
-
-
-def priority(pod: Mapping[str, Any]) -> int:
-    """``spec.priority`` as kube-scheduler reads it (absent: 0)."""
-    value = objects.spec(pod).get("priority")
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
-def start_time(pod: Mapping[str, Any], now: float) -> float:
-    """``status.startTime`` in Unix seconds; ``now`` when absent or unreadable."""
-    text = objects.status(pod).get("startTime")
-    if isinstance(text, str):
-        with contextlib.suppress(ValueError):
-            return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    return now
-
-
-def victim(pod: Mapping[str, Any], now: float) -> Victim:
-    return Victim(
-        namespace=objects.namespace(pod),
-        name=objects.name(pod),
-        uid=objects.uid(pod),
-        priority=priority(pod),
-        started=start_time(pod, now),
-    )
-
-
-def terminating_by_preemption(pod: Mapping[str, Any]) -> bool:
-    """Being deleted with the scheduler's ``DisruptionTarget`` condition."""
-    if not objects.meta(pod).get("deletionTimestamp"):
-        return False
-    for condition in objects.status(pod).get("conditions") or []:
-        if isinstance(condition, Mapping) and condition.get("type") == DISRUPTION_TARGET:
-            return condition.get("status") == "True" and condition.get("reason") == PREEMPTION_BY_SCHEDULER
-    return False
-
-
-def eligible(pod: Mapping[str, Any], nominated_node_pods: Iterable[Mapping[str, Any]]) -> str:
-    """Why the pod may not preempt now ("" when it may): ``preemptionPolicy: Never``, or a lower-priority
-    pod on its nominated node still terminating by preemption (victims of an earlier attempt)."""
-    if objects.spec(pod).get("preemptionPolicy") == "Never":
-        return NEVER
-    own = priority(pod)
-    if any(priority(p) < own and terminating_by_preemption(p) for p in nominated_node_pods):
-        return TERMINATING
-    return ""
-
-
-def nodes_message(total: int, statuses: Mapping[str, str]) -> str:
-    """kube-scheduler's FitError text: ``0/N nodes are available: <count> <reason>, ....`` (the counted
-    reasons sorted as text)."""
-    counted = sorted(f"{count} {reason}" for reason, count in Counter(statuses.values()).items())
-    return f"0/{total} nodes are available: {', '.join(counted)}."
-
-
-def _earliest_start_of_highest(victims: Sequence[Victim]) -> float:
-    """kube-scheduler's GetEarliestPodStartTime: the earliest start among the highest-priority victims."""
-    highest = max(v.priority for v in victims)
-    return min(v.started for v in victims if v.priority == highest)
-
-
-def pick_one_node(candidates: Sequence[Candidate]) -> Candidate | None:
-    """kube-scheduler's pickOneNodeForPreemption; ties go to the first node by name."""
-    if not candidates:
-        return None
-    scores: tuple[Callable[[Candidate], float], ...] = (
-        lambda c: -c.pdb_violations,
-        lambda c: -c.victims[0].priority,  # kube-scheduler takes Pods[0] as the highest priority
-        lambda c: -sum(v.priority + _INT32 for v in c.victims),
-        lambda c: -len(c.victims),
-        lambda c: _earliest_start_of_highest(c.victims),
-    )
-    left = sorted(candidates, key=lambda c: c.node)
-    for score in scores:
-        best = max(score(c) for c in left)
-        left = [c for c in left if score(c) == best]
-        if len(left) == 1:
-            break
-    return left[0]
 
 
 # ------------------------------------------------------------------------------------ the flow

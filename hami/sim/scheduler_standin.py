@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import logging
-import uuid
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -34,14 +32,10 @@ import aiohttp
 
 from hami import objects
 from hami.annotations import NODE_HANDSHAKE, NODE_LOCK
+from hami.sim.events import pod_event
 from hami.sim.kubeapi import ApiError, JsonDict, SimApi, key_of, nodes_path, pods_path
-from hami.sim.preemption_standin import (
-    Nominated,
-    NotNominated,
-    PreemptionError,
-    PreemptionStandIn,
-    priority,
-)
+from hami.sim.preemption_rules import priority
+from hami.sim.preemption_standin import Nominated, NotNominated, PreemptionError, PreemptionStandIn
 
 logger = logging.getLogger("hami.sim.scheduler_standin")
 
@@ -326,28 +320,16 @@ class SchedulerStandIn:
         action: str = "",
         related: Mapping[str, Any] | None = None,
     ) -> None:
-        namespace, name = key_of(pod)
-        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        event: dict[str, Any] = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"name": f"{name}.{uuid.uuid4().hex[:16]}", "namespace": namespace},
-            "involvedObject": _reference(pod),
-            "reason": reason,
-            "message": message,
-            "type": kind,
-            "source": {"component": self.scheduler_name},
-            "reportingComponent": self.scheduler_name,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
-        if action:
-            event["action"] = action
-        if related is not None:
-            event["related"] = _reference(related)
-        with contextlib.suppress(ApiError):
-            await self._api.create(f"/api/v1/namespaces/{namespace}/events", event)
+        await pod_event(
+            self._api,
+            pod,
+            kind,
+            reason,
+            message,
+            component=self.scheduler_name,
+            action=action,
+            related=related,
+        )
 
     # ------------------------------------------------------------------------------- watches
 
@@ -390,17 +372,6 @@ class SchedulerStandIn:
 
 class _ExtenderError(Exception):
     """The extender answered with an error (or not in the expected shape)."""
-
-
-def _reference(pod: Mapping[str, Any]) -> dict[str, str]:
-    """A pod's ObjectReference (an Event's ``involvedObject`` or ``related``)."""
-    return {
-        "kind": "Pod",
-        "apiVersion": "v1",
-        "namespace": objects.namespace(pod),
-        "name": objects.name(pod),
-        "uid": objects.uid(pod),
-    }
 
 
 def _ident(pod: Mapping[str, Any]) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from hami.sim.preemption_standin import (
+from hami.sim.preemption_rules import (
     NEVER,
     NO_VICTIMS,
     NOT_HELPFUL,
