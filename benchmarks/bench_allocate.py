@@ -20,7 +20,7 @@ from __future__ import annotations
 import random
 import statistics
 import time
-from typing import Any
+from typing import Any, cast
 
 from benchmarks.table import Table, ms, summary
 from hami.annotations import (
@@ -35,6 +35,7 @@ from hami.annotations import (
 )
 from hami.core.allocate import allocate
 from hami.core.model import Device, NodeState
+from hami.kube.protocol import KubeApi
 from hami.scheduler.config import SchedulerSettings
 from hami.scheduler.context import Context
 from hami.scheduler.filter import handle_filter, snapshot_states
@@ -101,7 +102,7 @@ def _holders(node: str, rng: random.Random) -> list[dict[str, Any]]:
 
 def cluster(nodes: int, seed: int = 7) -> Context:
     rng = random.Random(seed)
-    ctx = build_context(SchedulerSettings(), api=None)
+    ctx = build_context(SchedulerSettings(), api=cast("KubeApi", None))
     now_local = local_time(ctx.clock())
     names = [f"node-{n:05d}" for n in range(nodes)]
     ctx.snapshot.replace_nodes([_node(name, now_local) for name in names])

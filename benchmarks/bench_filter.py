@@ -13,7 +13,7 @@ import asyncio
 import json
 import statistics
 import time
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 from aiohttp.test_utils import TestServer
@@ -29,6 +29,7 @@ from hami.annotations import (
     encode_node_devices,
 )
 from hami.core.model import Device
+from hami.kube.protocol import KubeApi
 from hami.scheduler.app import create_app
 from hami.scheduler.config import SchedulerSettings
 from hami.scheduler.main import build_context
@@ -94,7 +95,7 @@ REQUEST_POD = {
 
 
 def _context(nodes: int) -> Any:
-    ctx = build_context(SchedulerSettings(), api=None)
+    ctx = build_context(SchedulerSettings(), api=cast("KubeApi", None))
     now_local = local_time(ctx.clock())
     ctx.snapshot.replace_nodes([_node(f"node-{i:05d}", now_local) for i in range(nodes)])
     ctx.snapshot.replace_pods([_pod(f"used-{i:05d}", f"node-{i:05d}") for i in range(nodes)])
@@ -148,7 +149,7 @@ def _cold_start(nodes: int, pods_per_node: int) -> tuple[float, float]:
 
     Returns (nodes list applied, pods list applied). Each pod holds one card (4000 MiB, 10 cores).
     """
-    ctx = build_context(SchedulerSettings(), api=None)
+    ctx = build_context(SchedulerSettings(), api=cast("KubeApi", None))
     now_local = local_time(ctx.clock())
     node_list = [_node(f"node-{i:05d}", now_local) for i in range(nodes)]
     pod_list = []

@@ -27,7 +27,7 @@ import logging
 import random
 import statistics
 import time
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 from aiohttp.test_utils import TestServer
@@ -43,6 +43,7 @@ from hami.annotations import (
     encode_node_devices,
 )
 from hami.core.model import Device
+from hami.kube.protocol import KubeApi
 from hami.scheduler.app import create_app
 from hami.scheduler.config import SchedulerSettings
 from hami.scheduler.context import Context
@@ -130,7 +131,7 @@ CLUSTERS = (("2 per card", _two_per_card), ("1..9 per card", _shared))
 
 def _context(nodes: int, holders: Any) -> tuple[Context, list[str]]:
     rng = random.Random(11)
-    ctx = build_context(SchedulerSettings(), api=None)
+    ctx = build_context(SchedulerSettings(), api=cast("KubeApi", None))
     now_local = local_time(ctx.clock())
     names = [f"node-{i:05d}" for i in range(nodes)]
     ctx.snapshot.replace_nodes([_node(name, now_local) for name in names])

@@ -62,6 +62,7 @@ from hami.annotations.node import (
     encode_node_devices,
     encode_node_devices_legacy,
     encode_pair_scores,
+    node_shape_problem,
     read_node,
 )
 from hami.annotations.pod import (
@@ -160,6 +161,7 @@ __all__ = [
     "pod_annotations",
     "read_bind_phase",
     "read_bind_time",
+    "node_shape_problem",
     "read_node",
     "read_pod_devices",
     "read_pod_mig_allocations",

@@ -5,7 +5,8 @@ numa mode migProfiles health``, each omitted when zero/false/empty; unknown keys
 case is ignored (Go's decoder). The legacy colon form (``id,count,devmem,devcore,type,numa,health
 [,index,mode]:`` per card) is still read, with HAMi's error texts. In either form a card id listed
 twice refuses the registration (HAMi would book that card twice). ``read_node`` turns a node's
-annotations into the core's :class:`~hami.core.model.NodeState` with zero usage.
+annotations into the core's :class:`~hami.core.model.NodeState` with zero usage; ``node_shape_problem``
+says why a Node object cannot be read so at all (a field we read of the wrong JSON type).
 
 Pure: ``hami.core.model`` and the stdlib.
 """
@@ -32,7 +33,13 @@ from hami.annotations._text import (
     split_list,
 )
 from hami.annotations.errors import AnnotationError
-from hami.annotations.keys import NODE_DEVICE_CORDON, NODE_PAIR_SCORES, NODE_REGISTER
+from hami.annotations.keys import (
+    NODE_DEVICE_CORDON,
+    NODE_HANDSHAKE,
+    NODE_LOCK,
+    NODE_PAIR_SCORES,
+    NODE_REGISTER,
+)
 from hami.annotations.limits import check_length, load_json
 from hami.core.model import Device, DeviceMode, DeviceState, MigPlacement, MigProfile, NodeState
 
@@ -306,6 +313,36 @@ def decode_cordon(text: str | None) -> frozenset[str]:
 
 
 # --------------------------------------------------------------------------------------------- node
+
+#: The node annotations the scheduler and the doctor read.
+NODE_KEYS = (NODE_REGISTER, NODE_PAIR_SCORES, NODE_DEVICE_CORDON, NODE_HANDSHAKE, NODE_LOCK)
+
+
+def node_shape_problem(node: object) -> str | None:
+    """Why ``node`` is not a Node object the scheduler can read, or None: its metadata, annotations,
+    status or allocatable not a JSON object, or one of :data:`NODE_KEYS` not a string. kube-apiserver
+    never stores such a Node; a test server, a list or a hand-written manifest may hold one, and the
+    accessors of :mod:`hami.objects` would read the field as absent (a registration gone, a lock
+    unseen), so the node is excluded instead."""
+    if not isinstance(node, Mapping):
+        return "the Node is not an object"
+    metadata = node.get("metadata")
+    if not isinstance(metadata, Mapping):
+        return "metadata is not an object"
+    annotations = metadata.get("annotations")
+    if annotations is not None and not isinstance(annotations, Mapping):
+        return "metadata.annotations is not an object"
+    for key in NODE_KEYS:
+        value = (annotations or {}).get(key)
+        if value is not None and not isinstance(value, str):
+            return f"annotation {key} is not a string"
+    status = node.get("status")
+    if status is not None and not isinstance(status, Mapping):
+        return "status is not an object"
+    allocatable = (status or {}).get("allocatable")
+    if allocatable is not None and not isinstance(allocatable, Mapping):
+        return "status.allocatable is not an object"
+    return None
 
 
 def read_node(name: str, annotations: Mapping[str, str]) -> NodeState:

@@ -2,9 +2,9 @@
 
 Owns :class:`Reason` (one member per HAMi reason word of spec-scheduler §19, and one per way a node is
 excluded before Fit runs: no registration, one without cards, an unreadable one, unreadable pair
-scores, an unanswered handshake), :class:`Rejection` (the reasons keyed by code, with counts; the
-detail of a node-level reason as data) and :func:`render`, the only place HAMi's text is made:
-``"1/2 CardInsufficientCore, 1/2 CardInsufficientMemory"`` (per-card reasons counted out of the cards
+scores, an unanswered handshake, a Node of the wrong shape), :class:`Rejection` (the reasons keyed by
+code, with counts; the detail of a node-level reason as data) and :func:`render`, the only place
+HAMi's text is made: ``"1/2 CardInsufficientCore, 1/2 CardInsufficientMemory"`` (per-card reasons counted out of the cards
 Fit saw, items sorted as strings so ``10/12`` sorts before ``2/12``), ``"NodeInsufficientDevice"``,
 ``"node unregistered: <detail>"``. Every exclusion reads ``node unregistered`` on the wire as in HAMi;
 its code says which one it is. The edges (``/filter``'s FailedNodes, the FilteringFailed Event, bind's
@@ -51,6 +51,7 @@ class Reason(StrEnum):
     REGISTRATION_MALFORMED = "RegistrationMalformed"  # an unreadable registration
     PAIR_SCORES_MALFORMED = "PairScoresMalformed"  # unreadable hami.io/node-nvidia-score
     HANDSHAKE_UNANSWERED = "HandshakeUnanswered"  # Requesting stamp too old, nothing allocatable
+    NODE_MALFORMED = "NodeMalformed"  # a Node field we read of the wrong JSON type
 
     @property
     def text(self) -> str:
@@ -78,6 +79,7 @@ _EXCLUSIONS = frozenset(
         Reason.REGISTRATION_MALFORMED,
         Reason.PAIR_SCORES_MALFORMED,
         Reason.HANDSHAKE_UNANSWERED,
+        Reason.NODE_MALFORMED,
     }
 )
 _PER_CARD = frozenset(Reason) - _NODE_LEVEL - _EXCLUSIONS

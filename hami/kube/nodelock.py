@@ -21,7 +21,9 @@ contention``; an unreadable value is :class:`NodeLockUnreadable` instead, as HAM
 error rather than contention: not waited for (it never changes by itself) and never taken over (nobody
 can tell who holds it, or since when). Release removes the key only when this pod
 owns it (or it is a legacy value, which anyone may release), and, given ``value``, only while the
-lock still carries exactly that value. Imports ``hami.kube`` modules and the codec only.
+lock still carries exactly that value. A lock value that is not a string is unreadable too; the
+holder pod is read through :mod:`hami.objects` (a field of the wrong JSON type reads as absent).
+Imports ``hami.kube`` modules, :mod:`hami.objects` and the codec only.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hami import objects
 from hami.annotations import (
     NODE_LOCK,
     POD_BIND_PHASE,
@@ -46,6 +49,8 @@ from hami.annotations.lock import go_duration
 from hami.kube.client import KubeError, NotFound
 from hami.kube.nodes import get_node, json_patch_node
 from hami.kube.pods import get_pod
+from hami.kube.protocol import KubeApi
+from hami.objects import RawMeta, RawPod
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +118,7 @@ def _aware(moment: datetime.datetime) -> datetime.datetime:
 
 
 def orphan_reason(
-    holder: Mapping[str, Any] | None,
+    holder: RawPod | None,
     node: str,
     locked_at: datetime.datetime | None = None,
     *,
@@ -128,11 +133,10 @@ def orphan_reason(
     again (its failure mark is older than the lock)."""
     if holder is None:
         return "holder_deleted"
-    spec = holder.get("spec") or {}
-    bound = spec.get("nodeName")
+    bound = objects.node_name(holder)
     if bound and bound != node:
         return "holder_elsewhere"
-    annotations = (holder.get("metadata") or {}).get("annotations") or {}
+    annotations = objects.annotations(holder)
     if not bound and locked_at is not None and annotations.get(POD_BIND_PHASE) == "failed":
         try:
             failed_at = decode_unix_time(str(annotations.get(POD_BIND_TIME)))
@@ -142,10 +146,10 @@ def orphan_reason(
             return "holder_failed"  # its bind gave up after taking the lock; none has taken it since
         if now is not None and bind_timeout is not None and _aware(now) - _aware(locked_at) > bind_timeout:
             return "holder_failed"  # an attempt gave up unmarked; no attempt can still own the lock
-    status = holder.get("status") or {}
-    phase = status.get("phase")
+    phase = objects.pod_phase(holder)
     if phase == "Failed":
-        reason = str(status.get("reason") or "")
+        reason = objects.status(holder).get("reason")
+        reason = reason if isinstance(reason, str) else ""
         if reason.startswith("OutOf") or reason in _ADMISSION_REASONS:
             return "holder_rejected"
         return "holder_finished"
@@ -154,9 +158,20 @@ def orphan_reason(
     return None
 
 
-def _cas_operations(
-    metadata: Mapping[str, Any], current: str | None, value: str | None
-) -> list[dict[str, Any]]:
+def _lock_value(node: str, metadata: RawMeta) -> str | None:
+    """The lock annotation as stored (None when absent; annotations that are not an object hold none).
+
+    Raises :class:`NodeLockUnreadable` for a value that is not a string: no API server stores one,
+    and reading it as absent would overwrite it."""
+    annotations = metadata.get("annotations")
+    current: object = annotations.get(NODE_LOCK) if isinstance(annotations, Mapping) else None
+    if current is None or isinstance(current, str):
+        return current
+    text = repr(current)
+    raise NodeLockUnreadable(node, text, AnnotationError(NODE_LOCK, text, "not a string"))
+
+
+def _cas_operations(metadata: RawMeta, current: str | None, value: str | None) -> list[dict[str, Any]]:
     """JSON patch that sets the lock to ``value`` (``None`` removes it) only if nothing changed."""
     annotations = metadata.get("annotations")
     if current is not None:
@@ -184,7 +199,7 @@ def _cas_operations(
     ]
 
 
-async def _holder(api: Any, namespace: str, name: str) -> dict[str, Any] | None:
+async def _holder(api: KubeApi, namespace: str, name: str) -> RawPod | None:
     try:
         return await get_pod(api, namespace, name)
     except NotFound:
@@ -192,7 +207,7 @@ async def _holder(api: Any, namespace: str, name: str) -> dict[str, Any] | None:
 
 
 async def take_node_lock(
-    api: Any,
+    api: KubeApi,
     node: str,
     namespace: str,
     pod: str,
@@ -214,8 +229,8 @@ async def take_node_lock(
     busy = f"node {node} has been locked within {go_duration(expiry)}"
     for _ in range(CAS_ATTEMPTS):
         obj = await get_node(api, node)
-        metadata: Mapping[str, Any] = obj.get("metadata") or {}
-        current = (metadata.get("annotations") or {}).get(NODE_LOCK)
+        metadata = objects.meta(obj)  # as stored: the compare-and-set echoes it
+        current = _lock_value(node, metadata)
         takeover = None
         if current:
             try:
@@ -250,7 +265,7 @@ async def take_node_lock(
 
 
 async def acquire_node_lock(
-    api: Any,
+    api: KubeApi,
     node: str,
     namespace: str,
     pod: str,
@@ -264,7 +279,7 @@ async def acquire_node_lock(
 
 
 async def release_node_lock(
-    api: Any, node: str, namespace: str, pod: str, *, value: str | None = None
+    api: KubeApi, node: str, namespace: str, pod: str, *, value: str | None = None
 ) -> bool:
     """Remove the lock if ``namespace/pod`` holds it (or it is a legacy value); True when removed.
 
@@ -277,8 +292,11 @@ async def release_node_lock(
             obj = await get_node(api, node)
         except NotFound:
             return False
-        metadata: Mapping[str, Any] = obj.get("metadata") or {}
-        current = (metadata.get("annotations") or {}).get(NODE_LOCK)
+        metadata = objects.meta(obj)
+        try:
+            current = _lock_value(node, metadata)
+        except NodeLockUnreadable:
+            return False
         if not current or (value is not None and current != value):
             return False
         try:

@@ -27,11 +27,9 @@ def pointer(*parts: str) -> str:
     return "".join("/" + part.replace("~", "~0").replace("/", "~1") for part in parts)
 
 
-async def get_pod(api: KubeApi, namespace: str, name: str, *, limit: float | None = None) -> dict[str, Any]:
+async def get_pod(api: KubeApi, namespace: str, name: str, *, limit: float | None = None) -> RawPod:
     """The Pod; raises :class:`~hami.kube.client.NotFound` when it does not exist."""
-    pod: dict[str, Any] = await call_json(
-        api, core_api(api).read_namespaced_pod, name, namespace, limit=limit
-    )
+    pod: RawPod = await call_json(api, core_api(api).read_namespaced_pod, name, namespace, limit=limit)
     return pod
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from hami import objects
 from hami.annotations import (
     POD_BIND_PHASE,
     POD_BIND_TIME,
@@ -30,6 +31,7 @@ from hami.annotations import (
     BindPhase,
     bind_annotations,
 )
+from hami.annotations.holding import allocating_until
 from hami.kube.client import KubeError, NotFound
 from hami.kube.nodelock import CAS_ATTEMPTS, LockGrant, release_node_lock
 from hami.kube.pods import (
@@ -40,8 +42,8 @@ from hami.kube.pods import (
     value_tests,
     write_operations,
 )
+from hami.objects import RawPod
 from hami.scheduler.context import Context
-from hami.scheduler.podrecords import allocating_until
 
 logger = logging.getLogger(__name__)
 
@@ -114,13 +116,9 @@ class Verdict(Enum):
     REFUSE = "refused"  # not ours to write
 
 
-def _annotations(pod: Mapping[str, Any]) -> Mapping[str, Any]:
-    return (pod.get("metadata") or {}).get("annotations") or {}
-
-
 def carries(pod: Mapping[str, Any], values: Mapping[str, str]) -> bool:
     """True when the pod's annotations hold every one of ``values``."""
-    annotations = _annotations(pod)
+    annotations = objects.annotations(pod)
     return all(annotations.get(key) == value for key, value in values.items())
 
 
@@ -139,13 +137,11 @@ def judge(
     """May this attempt write to ``pod`` (as just read)? The verdict and, unless PROCEED, the reason."""
     if pod is None:
         return Verdict.MISSING, f"pod {att.ref} not found"
-    metadata = pod.get("metadata") or {}
-    found_uid = str(metadata.get("uid") or "")
+    found_uid = objects.uid(pod)
     if att.uid and found_uid and att.uid != found_uid:
         return Verdict.MISSING, f"pod {att.ref} was recreated (uid {found_uid}, not {att.uid}): refused"
-    spec = pod.get("spec") or {}
-    annotations = _annotations(pod)
-    bound = spec.get("nodeName")
+    annotations = objects.annotations(pod)
+    bound = objects.node_name(pod)
     if bound:
         if (
             bound == att.node
@@ -154,12 +150,12 @@ def judge(
         ):
             return Verdict.BOUND_HERE, f"pod {att.ref} is already bound to node {bound}"
         return Verdict.REFUSE, f"pod {att.ref} is already bound to node {bound}: refused"
-    if metadata.get("deletionTimestamp"):
+    if objects.meta(pod).get("deletionTimestamp"):
         return Verdict.REFUSE, f"pod {att.ref} is being deleted: refused"
-    named = spec.get("schedulerName") or "default-scheduler"  # the API server's default
+    named = objects.scheduler_name(pod) or "default-scheduler"  # the API server's default
     if named != scheduler:
         return Verdict.REFUSE, f"pod {att.ref} names scheduler {named!r}, not {scheduler!r}: refused"
-    phase = str((pod.get("status") or {}).get("phase") or "")
+    phase = objects.pod_phase(pod)
     if phase not in ("", "Pending"):  # the API server sets Pending at creation; "" only in simulations
         return Verdict.REFUSE, f"pod {att.ref} is {phase}, not Pending: refused"
     # another attempt's allocation for another node may still be bound there: wait for the horizon.
@@ -238,7 +234,7 @@ def _undo_operations(ctx: Context, att: Attempt, pod: Mapping[str, Any]) -> list
     phase = {"op": "add", "path": pointer("metadata", "annotations", POD_BIND_PHASE), "value": "failed"}
     if carries(pod, mine):
         return [*value_tests(pod, mine), phase]
-    if (pod.get("spec") or {}).get("nodeName"):
+    if objects.node_name(pod):
         return None  # bound without our grant: nothing of ours on it
     until = allocating_until(pod, ctx.settings.allocating_horizon)
     if until is not None and until > ctx.clock():
@@ -253,19 +249,19 @@ async def undo(ctx: Context, att: Attempt) -> Outcome:
     assert att.written is not None
     for _ in range(CAS_ATTEMPTS):
         try:
-            pod: dict[str, Any] | None = await get_pod(ctx.api, att.namespace, att.name)
+            pod: RawPod | None = await get_pod(ctx.api, att.namespace, att.name)
         except NotFound:
             pod = None
         except KubeError as exc:
             logger.warning("%s: cannot re-read the pod (%s); its lock and annotations are kept", att.ref, exc)
             _cancel(ctx, att)
             return Outcome.UNKNOWN
-        uid = str(((pod or {}).get("metadata") or {}).get("uid") or "")
+        uid = objects.uid(pod)
         if pod is None or (att.uid and uid and uid != att.uid):
             _cancel(ctx, att)
             await release(ctx, att)
             return Outcome.UNDONE
-        bound = (pod.get("spec") or {}).get("nodeName")
+        bound = objects.node_name(pod)
         if bound == att.node and carries(pod, ownership(att.written)):
             return Outcome.BOUND
         if bound == att.node:

@@ -35,9 +35,8 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
-from collections.abc import Mapping
-from typing import Any
 
+from hami import objects
 from hami.annotations import (
     NODE_LOCK,
     POD_BIND_PHASE,
@@ -58,6 +57,7 @@ from hami.kube.client import KubeError, NotFound
 from hami.kube.nodelock import NodeLockBusy, NodeLockUnreadable
 from hami.kube.nodes import get_node
 from hami.kube.pods import bind_pod, get_pod, json_patch_pod, unchanged_tests, write_operations
+from hami.objects import RawPod
 from hami.scheduler.attempt import (
     Attempt,
     BindFailure,
@@ -97,14 +97,14 @@ async def handle_bind(ctx: Context, args: ExtenderBindingArgs) -> ExtenderBindin
         ctx.binding.discard(att.key)
 
 
-async def _read(ctx: Context, att: Attempt) -> dict[str, Any] | None:
+async def _read(ctx: Context, att: Attempt) -> RawPod | None:
     try:
         return await get_pod(ctx.api, att.namespace, att.name, limit=max(att.deadline.remaining(), 1.0))
     except NotFound:
         return None
 
 
-def _judge(ctx: Context, att: Attempt, pod: Mapping[str, Any] | None) -> tuple[Verdict, str]:
+def _judge(ctx: Context, att: Attempt, pod: RawPod | None) -> tuple[Verdict, str]:
     return judge(
         pod,
         att,
@@ -204,7 +204,7 @@ async def _allocate(ctx: Context, att: Attempt, request: PodRequest, priority: i
     return _succeeded(ctx, pod, att.node)
 
 
-def _bind_time(pod: Mapping[str, Any]) -> datetime.datetime | None:
+def _bind_time(pod: RawPod) -> datetime.datetime | None:
     """The ``bind-time`` an earlier attempt left on the pod, when readable."""
     try:
         return read_bind_time(pod)
@@ -212,7 +212,7 @@ def _bind_time(pod: Mapping[str, Any]) -> datetime.datetime | None:
         return None
 
 
-async def _patch(ctx: Context, att: Attempt, pod: Mapping[str, Any], annotations: dict[str, str]) -> None:
+async def _patch(ctx: Context, att: Attempt, pod: RawPod, annotations: dict[str, str]) -> None:
     """Write the allocation with a compare-and-set on the pod as read; an unknown outcome is re-read
     (our values there: it landed), a lost race re-judged and retried while the deadline allows."""
     for _ in range(3):
@@ -237,7 +237,7 @@ async def _patch(ctx: Context, att: Attempt, pod: Mapping[str, Any], annotations
     raise error
 
 
-async def _bind_plain(ctx: Context, att: Attempt, pod: dict[str, Any]) -> ExtenderBindingResult:
+async def _bind_plain(ctx: Context, att: Attempt, pod: RawPod) -> ExtenderBindingResult:
     """A pod without GPU requests: only the Binding (kube-scheduler delegates every bind to us)."""
     try:
         att.deadline.check("creating the Binding")
@@ -249,7 +249,7 @@ async def _bind_plain(ctx: Context, att: Attempt, pod: dict[str, Any]) -> Extend
     except KubeError as exc:
         with contextlib.suppress(KubeError):
             fresh = await get_pod(ctx.api, att.namespace, att.name)
-            if (fresh.get("spec") or {}).get("nodeName") == att.node:
+            if objects.node_name(fresh) == att.node:
                 return _succeeded(ctx, pod, att.node)  # applied; only the answer was lost
         return _failed(ctx, pod, att.node, f"binding {att.ref} to {att.node}: {exc}", "api_error")
     return _succeeded(ctx, pod, att.node)
@@ -289,7 +289,7 @@ def _result_of(exc: Exception) -> str:
     return exc.result if isinstance(exc, BindFailure) else "api_error"
 
 
-def _failed_on(ctx: Context, pod: dict[str, Any], node: str, exc: Exception) -> ExtenderBindingResult:
+def _failed_on(ctx: Context, pod: RawPod, node: str, exc: Exception) -> ExtenderBindingResult:
     """:func:`_failed` for an exception: its text, its result, and what to do about it."""
     advice = None
     if isinstance(exc, NodeLockUnreadable):
@@ -314,7 +314,7 @@ def _already_bound(ctx: Context, att: Attempt, message: str) -> ExtenderBindingR
 
 
 def _failed(
-    ctx: Context, pod: dict[str, Any], node: str, message: str, result: str, advice: str | None = None
+    ctx: Context, pod: RawPod, node: str, message: str, result: str, advice: str | None = None
 ) -> ExtenderBindingResult:
     logger.info("bind to %s failed: %s", node, message)
     ctx.metrics.bound(result)
@@ -323,9 +323,8 @@ def _failed(
     return ExtenderBindingResult(Error=message)
 
 
-def _succeeded(ctx: Context, pod: dict[str, Any], node: str) -> ExtenderBindingResult:
-    metadata = pod.get("metadata") or {}
-    message = f"Successfully binding node [{node}] to {metadata.get('namespace')}/{metadata.get('name')}"
+def _succeeded(ctx: Context, pod: RawPod, node: str) -> ExtenderBindingResult:
+    message = f"Successfully binding node [{node}] to {objects.namespace(pod)}/{objects.name(pod)}"
     ctx.metrics.bound("success")
     ctx.event(pod, "BindingSucceed", message)
     return ExtenderBindingResult(Error="")

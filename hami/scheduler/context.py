@@ -19,7 +19,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from hami import objects
 from hami.kube.events import record_event
+from hami.kube.protocol import KubeApi
+from hami.objects import RawPod
 from hami.process.tasks import TaskSet
 from hami.scheduler.config import SchedulerSettings
 from hami.scheduler.metrics import Metrics
@@ -48,7 +51,7 @@ class NodeQueues:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Context:
     settings: SchedulerSettings
-    api: Any  # the kubernetes ApiClient, used only through hami.kube
+    api: KubeApi  # used only through hami.kube
     snapshot: Snapshot
     metrics: Metrics
     background: TaskSet
@@ -72,13 +75,13 @@ class Context:
             type=kind,
             component=self.settings.scheduler_name,
         )
-        name = (involved.get("metadata") or {}).get("name")
+        name = objects.name(involved)
         self.background.spawn(coroutine, f"record the {reason} event on {name}")
 
 
-def pod_ref(namespace: str, name: str, uid: str = "") -> dict[str, Any]:
+def pod_ref(namespace: str, name: str, uid: str = "") -> RawPod:
     """A minimal Pod object for Events when only the names are known."""
-    metadata: dict[str, Any] = {"name": name, "namespace": namespace}
+    pod: RawPod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace}}
     if uid:
-        metadata["uid"] = uid
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata}
+        pod["metadata"]["uid"] = uid
+    return pod

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable
 from hami.core.model import NodeState
 from hami.kube.client import KubeError
 from hami.kube.events import EventRecorder
+from hami.kube.protocol import KubeApi
 from hami.process.entry import FAILED, configure_logging, reachable_api, refuse, until_signalled
 from hami.process.tasks import TaskSet
 from hami.scheduler import config
@@ -52,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build_context(
     settings: config.SchedulerSettings,
-    api: object,
+    api: KubeApi,
     *,
     clock: Callable[[], datetime.datetime] = utc_now,
 ) -> Context:

@@ -3,8 +3,7 @@
 Owns :class:`PodRecord` (what one pod holds on one node) and :func:`pod_record` (a pod object -> its
 record, or None when it holds no card). Whether and where a pod holds cards is the shared rule
 ``hami.annotations.holding`` (grant required); this module decodes what it holds, with the init
-containers dropped once the caller saw them all exit 0, and logs the pods it leaves out. The
-allocating horizon (``allocating_until``) is that rule's too (re-exported here for ``attempt``).
+containers dropped once the caller saw them all exit 0, and logs the pods it leaves out.
 Pure apart from logging: no clock, no I/O; must not import the Kubernetes client or aiohttp.
 """
 
@@ -25,7 +24,6 @@ from hami.annotations import (
     read_pod_mig_allocations,
 )
 from hami.annotations.holding import Why, holding
-from hami.annotations.holding import allocating_until as allocating_until  # for scheduler.attempt
 from hami.core.usage import PodUsage, pod_usage
 from hami.scheduler.victims import PodMeta, pod_meta
 
@@ -68,6 +66,6 @@ def pod_record(key: PodKey, pod: Mapping[str, Any], *, init_done: bool) -> PodRe
     except AnnotationError as exc:
         logger.warning("pod %s/%s: %s (its MIG cards fail closed)", key[0], key[1], exc)
         mig = ()
-    init_count = len((pod.get("spec") or {}).get("initContainers") or [])
+    init_count = len(objects.init_containers(pod))
     usage = pod_usage(devices, init_count, init_done=init_done, mig=mig)
     return PodRecord(node=node, usage=usage, allocated=text, meta=pod_meta(pod))

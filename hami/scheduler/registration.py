@@ -5,8 +5,8 @@ the service's :class:`~hami.process.tasks.TaskSet` (an extender answer never wai
 
 - the handshake: on a node whose ``hami.io/node-handshake`` does not say ``Requesting``,
   ``Requesting_<local time YYYY-MM-DD HH:MM:SS>``, at most one write per node in flight;
-- ``InvalidNodeRegistration``: a Warning Event on a Node whose registration cannot be read (the
-  snapshot reports each distinct bad value once);
+- ``InvalidNodeRegistration``: a Warning Event on a Node whose registration cannot be read, or of a
+  shape no API server stores (the snapshot reports each distinct problem once);
 - the resync pass: every ``--resync-seconds``, the handshake again on each node that still lacks it
   (a write that failed: an API error, a missing right, a Node not yet stored).
 
@@ -20,9 +20,11 @@ import datetime
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+from hami import objects
 from hami.annotations import NODE_HANDSHAKE, HandshakeKind, encode_handshake
 from hami.kube.events import record_event
 from hami.kube.nodes import patch_node_annotations
+from hami.kube.protocol import KubeApi
 from hami.process.tasks import TaskSet
 from hami.scheduler.snapshot import local_time
 
@@ -42,7 +44,7 @@ class Registration:
     def __init__(
         self,
         *,
-        api: Any,
+        api: KubeApi,
         component: str,
         background: TaskSet,
         clock: Callable[[], datetime.datetime],
@@ -86,7 +88,7 @@ class Registration:
             type="Warning",
             component=self._component,
         )
-        name = (node.get("metadata") or {}).get("name")
+        name = objects.name(node)
         self._background.spawn(event, f"record the {MALFORMED_REGISTRATION} event on node {name}")
 
     def resync_once(self, nodes: Unanswered) -> list[str]:

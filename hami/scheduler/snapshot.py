@@ -34,7 +34,9 @@ ResourceQuota watch through ``replace_quotas``/``quota_event``) also receives ev
 applied usage, so a namespace's used amounts move with the same add/remove as the nodes'.
 
 Registration (spec-scheduler §5): a node without a readable registration is excluded, as a
-:class:`~hami.core.rejection.Rejection` whose code says how (``hami.scheduler.reasons``);
+:class:`~hami.core.rejection.Rejection` whose code says how (``hami.scheduler.reasons``), and so is a
+Node of a shape no API server stores (``node_shape_problem``: a field we read of the wrong JSON type,
+``Reason.NODE_MALFORMED``), so a list holding one still builds (``hami doctor``, ``hami simulate``);
 malformed data is reported once per distinct text through ``on_malformed`` (the app records a Warning
 Event on the Node). Handshake (§5.3): a node whose ``hami.io/node-handshake`` lacks ``Requesting`` is
 reported through ``on_handshake`` (the app writes ``Requesting_<time>``); a node whose Requesting stamp
@@ -57,6 +59,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from hami import objects
 from hami.annotations import (
     NO_GPU,
     NODE_DEVICE_CORDON,
@@ -67,6 +70,7 @@ from hami.annotations import (
     AnnotationError,
     HandshakeKind,
     decode_handshake,
+    node_shape_problem,
     read_node,
 )
 from hami.annotations.holding import ALLOCATING_HORIZON, allocating_until, init_containers_done
@@ -95,15 +99,6 @@ class NodeEntry:
     stale_after: datetime.datetime | None = None  # naive local time, like the handshake stamp
     reported: set[str] = field(default_factory=set)  # malformed texts already reported
     lock: str | None = None  # hami.io/mutex.lock as last seen
-
-
-def _annotations(obj: Mapping[str, Any]) -> Mapping[str, str]:
-    return (obj.get("metadata") or {}).get("annotations") or {}
-
-
-def _key(obj: Mapping[str, Any]) -> PodKey:
-    metadata = obj.get("metadata") or {}
-    return str(metadata.get("namespace") or ""), str(metadata.get("name") or "")
 
 
 def local_time(now: datetime.datetime) -> datetime.datetime:
@@ -175,7 +170,7 @@ class Snapshot:
     def nodes_listed(self, items: Iterable[Mapping[str, Any]]) -> None:
         """A node list is complete and each of ``items`` already came through :meth:`node_event` (the
         watcher's dispatch; a node it skipped is not among them): drop every other node."""
-        seen = {str((obj.get("metadata") or {}).get("name") or "") for obj in items}
+        seen = {objects.name(obj) for obj in items}
         for name in [n for n in self._nodes if n not in seen]:
             del self._nodes[name]
             self.nominations.touch(name)
@@ -185,7 +180,7 @@ class Snapshot:
     def node_event(self, kind: str, obj: Mapping[str, Any]) -> None:
         self.node_events += 1
         if kind == "DELETED":
-            name = str((obj.get("metadata") or {}).get("name") or "")
+            name = objects.name(obj)
             self._nodes.pop(name, None)
             self.nominations.touch(name)
             self._lock_changed(name, None)
@@ -193,14 +188,17 @@ class Snapshot:
             self._upsert_node(obj)
 
     def _upsert_node(self, obj: Mapping[str, Any]) -> str:
-        name = str((obj.get("metadata") or {}).get("name") or "")
-        annotations = _annotations(obj)
+        name = objects.name(obj)
         entry = self._nodes.get(name)
         fresh = entry is None
         if entry is None:
             entry = self._nodes[name] = NodeEntry(name=name)
-        allocatable = ((obj.get("status") or {}).get("allocatable") or {}).get(self._count_resource, "0")
-        entry.allocatable = _count(allocatable)
+        shape = node_shape_problem(obj)
+        if shape is not None:
+            self._misshapen(entry, obj, shape)
+            return name
+        annotations = objects.annotations(obj)
+        entry.allocatable = _count(objects.allocatable(obj).get(self._count_resource, "0"))
         handshake_text = annotations.get(NODE_HANDSHAKE)
         handshake = decode_handshake(handshake_text)
         if handshake.kind is not HandshakeKind.REQUESTING:
@@ -226,19 +224,41 @@ class Snapshot:
             self._register(entry, obj, annotations)
         return name
 
+    def _misshapen(self, entry: NodeEntry, obj: Mapping[str, Any], shape: str) -> None:
+        """Exclude a node of a shape no API server stores (``node_shape_problem``); the next well-formed
+        event of it registers it again."""
+        entry.problem = node_rejection(entry.name, Reason.NODE_MALFORMED, detail=shape)
+        entry.signature = entry.handshake = None
+        entry.stale_after = None
+        if entry.lock is not None:
+            entry.lock = None
+            self._lock_changed(entry.name, None)
+        if entry.name:  # a nameless one cannot be named in an Event
+            self._report(entry, obj, shape)
+        self._set_base(entry, None)
+
+    def _report(self, entry: NodeEntry, obj: Mapping[str, Any], text: str) -> None:
+        """Log and report (``on_malformed``) each distinct problem of a node once."""
+        if text in entry.reported:
+            return
+        entry.reported.add(text)
+        logger.warning("node %s excluded: %s", entry.name, text)
+        if self._on_malformed is not None:
+            self._on_malformed(obj, text)
+
     def _register(self, entry: NodeEntry, obj: Mapping[str, Any], annotations: Mapping[str, str]) -> None:
         try:
-            entry.base = read_node(entry.name, annotations)
+            base = read_node(entry.name, annotations)
             entry.problem = None
         except AnnotationError as exc:
-            entry.base = None
+            base = None
             entry.problem = registration_rejection(entry.name, exc)
-            malformed = exc.text is not None and exc.reason != NO_GPU
-            if malformed and str(exc) not in entry.reported:
-                entry.reported.add(str(exc))
-                logger.warning("node %s excluded: %s", entry.name, exc)
-                if self._on_malformed is not None:
-                    self._on_malformed(obj, str(exc))
+            if exc.text is not None and exc.reason != NO_GPU:
+                self._report(entry, obj, str(exc))
+        self._set_base(entry, base)
+
+    def _set_base(self, entry: NodeEntry, base: NodeState | None) -> None:
+        entry.base = base
         state = entry.base
         if state is not None:
             for key in self._node_pods.get(entry.name, ()):
@@ -258,7 +278,7 @@ class Snapshot:
     def pods_listed(self, items: Iterable[Mapping[str, Any]]) -> None:
         """A pod list is complete and each of ``items`` already came through :meth:`pod_event`: forget
         every other pod (one the watcher skipped included)."""
-        seen = {_key(obj) for obj in items}
+        seen = {objects.pod_key(obj) for obj in items}
         for key in [k for k in self._observed.keys() | self._bookings.keys() if k not in seen]:
             self._forget(key)
         self.pods_synced = True
@@ -266,7 +286,7 @@ class Snapshot:
     def pod_event(self, kind: str, obj: Mapping[str, Any]) -> None:
         self.pod_events += 1
         if kind == "DELETED":
-            self._forget(_key(obj))
+            self._forget(objects.pod_key(obj))
         else:
             self._upsert_pod(obj)
 
@@ -279,7 +299,7 @@ class Snapshot:
         self._settle(key)
 
     def _upsert_pod(self, obj: Mapping[str, Any]) -> PodKey:
-        key = _key(obj)
+        key = objects.pod_key(obj)
         record = self._record(key, obj)
         self._until.pop(key, None)
         if record is not None and self._clock is not None:
@@ -477,6 +497,7 @@ class Snapshot:
             e.name
             for e in self._nodes.values()
             if decode_handshake(e.handshake).kind is not HandshakeKind.REQUESTING
+            and not (e.problem is not None and Reason.NODE_MALFORMED in e.problem.reasons)
         ]
 
     def entries(self) -> Iterator[NodeEntry]:

@@ -14,38 +14,36 @@ task group of their own. Must not import the Kubernetes client
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Any
 
+from hami import objects
 from hami.kube.events import record_event
-from hami.kube.watch import Kind, ListWatcher
+from hami.kube.watch import EventCallback, Kind, ListCallback, ListWatcher, SkipCallback
 from hami.scheduler.context import Context
 
 #: The Event reason on an object the watch skipped because handling it failed.
 SKIPPED_OBJECT = "SkippedByGPUScheduler"
-Handler = Callable[[str, dict[str, Any]], None]
 
 
-def _skip_reporter(ctx: Context) -> Callable[[str, dict[str, Any], Exception], None]:
+def _skip_reporter(ctx: Context) -> SkipCallback:
     """ListWatcher's ``on_skip``: a Warning Event on the object, in the background."""
 
     def report(kind: str, obj: dict[str, Any], error: Exception) -> None:
-        metadata = obj.get("metadata") or {}
         event = record_event(
             ctx.api,
-            involved={"apiVersion": "v1", "kind": kind, "metadata": metadata},
+            involved={"apiVersion": "v1", "kind": kind, "metadata": objects.meta(obj)},
             reason=SKIPPED_OBJECT,
             message=f"{ctx.settings.scheduler_name} could not handle this {kind} and skipped it (one "
             f"skipped while listing is left out of GPU scheduling): {type(error).__name__}: {error}",
             type="Warning",
             component=ctx.settings.scheduler_name,
         )
-        ctx.background.spawn(event, f"record the {SKIPPED_OBJECT} event on {kind} {metadata.get('name')}")
+        ctx.background.spawn(event, f"record the {SKIPPED_OBJECT} event on {kind} {objects.name(obj)}")
 
     return report
 
 
-def _counted(ctx: Context, kind: str, handler: Handler) -> Handler:
+def _counted(ctx: Context, kind: str, handler: EventCallback) -> EventCallback:
     counter = ctx.metrics.watch_events.labels(kind)
 
     def apply(event: str, obj: dict[str, Any]) -> None:
@@ -58,7 +56,7 @@ def _counted(ctx: Context, kind: str, handler: Handler) -> Handler:
 def watchers(ctx: Context, loop: asyncio.AbstractEventLoop) -> dict[Kind, ListWatcher]:
     """The three list+watch feeds of the snapshot by resource (not started)."""
     snapshot = ctx.snapshot
-    feeds: tuple[tuple[Kind, str, Callable[..., None], Handler], ...] = (
+    feeds: tuple[tuple[Kind, str, ListCallback, EventCallback], ...] = (
         ("nodes", "node", snapshot.nodes_listed, snapshot.node_event),
         ("pods", "pod", snapshot.pods_listed, snapshot.pod_event),
         ("resourcequotas", "quota", snapshot.quotas_listed, snapshot.quota_event),

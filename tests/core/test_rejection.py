@@ -36,6 +36,7 @@ HAMI_NODE_TEXTS = {
     Reason.REGISTRATION_MALFORMED: "node unregistered",
     Reason.PAIR_SCORES_MALFORMED: "node unregistered",
     Reason.HANDSHAKE_UNANSWERED: "node unregistered",
+    Reason.NODE_MALFORMED: "node unregistered",
 }
 
 

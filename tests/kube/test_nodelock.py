@@ -338,3 +338,68 @@ async def test_refresh_retakes_the_pods_own_lock_with_the_new_time(apiserver: Em
     same = await take_node_lock(api, "n1", "default", "p1", now=NOW, refresh=True)
     assert (same.value, same.written) == (OURS, True)  # the value it would write is there already
     assert len(apiserver["patch", NODES]) == 1
+
+
+@pytest.mark.parametrize("value", [5, ["2026-05-01T09:59:00Z,default,holder"], {"time": "x"}])
+async def test_a_lock_of_another_json_type_is_unreadable_not_free(
+    apiserver: Emulator, api: Any, value: Any
+) -> None:
+    """A lock value that is not a string (no API server stores one; kmock does) is unreadable: never
+    read as absent and overwritten, never released."""
+    await apiserver.post(
+        "/api/v1/nodes",
+        json={
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": "n1", "annotations": {NODE_LOCK: value}},
+        },
+    )
+    with pytest.raises(NodeLockUnreadable) as caught:
+        await acquire_node_lock(api, "n1", "default", "p1", now=NOW)
+    assert str(caught.value).startswith(f"node n1 has an unreadable lock: {NODE_LOCK} ")
+    assert "not a string" in str(caught.value)
+    assert await release_node_lock(api, "n1", "default", "p1") is False
+    assert len(apiserver["patch", NODES]) == 0
+    assert await _lock(apiserver) == value
+
+
+@pytest.mark.parametrize(
+    "holder",
+    [
+        {"spec": "bound", "status": {"phase": "Pending"}},  # spec not an object: unbound
+        {"spec": {"nodeName": "n1"}, "status": ["Failed"]},  # status not an object: no phase
+        {"spec": {}, "metadata": {"name": "holder", "namespace": "default", "annotations": ["x"]}},
+    ],
+    ids=["spec", "status", "annotations"],
+)
+async def test_a_holder_of_a_hostile_shape_keeps_its_lock(
+    apiserver: Emulator, api: Any, holder: dict[str, Any]
+) -> None:
+    """The holder's fields of the wrong JSON type read as absent: a pending holder that may still be
+    allocated here, so its fresh lock is contention (before: AttributeError)."""
+    held = "2026-05-01T09:59:00Z,default,holder"
+    await _node(apiserver, {NODE_LOCK: held})
+    body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "holder", "namespace": "default"},
+        **holder,
+    }
+    await apiserver.post("/api/v1/namespaces/default/pods", json=body)
+    with pytest.raises(NodeLockBusy):
+        await acquire_node_lock(api, "n1", "default", "p1", now=NOW)
+    assert await _lock(apiserver) == held
+
+
+async def test_a_node_whose_annotations_are_not_an_object_is_locked_as_a_free_one(
+    apiserver: Emulator, api: Any
+) -> None:
+    """Annotations that are not an object hold no lock: the compare-and-set tests the whole metadata
+    and writes an annotations object with the lock (before: AttributeError)."""
+    await apiserver.post(
+        "/api/v1/nodes",
+        json={"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "annotations": ["x"]}},
+    )
+    assert await acquire_node_lock(api, "n1", "default", "p1", now=NOW) == OURS
+    assert await _lock(apiserver) == OURS
+    assert await release_node_lock(api, "n1", "default", "p1") is True

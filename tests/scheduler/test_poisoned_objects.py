@@ -10,6 +10,7 @@ from typing import Any
 import kmock
 
 from hami.annotations import (
+    NODE_REGISTER,
     POD_DEVICES_ALLOCATED,
     POD_MIG_ALLOCATIONS,
     POD_VGPU_NODE,
@@ -115,32 +116,42 @@ async def test_poisoned_objects_in_the_lists_leave_the_scheduler_ready_and_filte
     assert again["NodeNames"] == ["late"]
 
 
-async def test_an_object_that_makes_its_handler_fail_is_skipped_with_an_event(
+async def test_objects_of_hostile_shapes_are_read_not_skipped(
     start_extender: StartExtender,
 ) -> None:
-    """Not only unreadable annotations: an object of a shape no handler expects (the embedded API
-    server validates nothing) is skipped by the watch's dispatch, with a Warning Event, and the rest of
-    the list is applied."""
+    """Not only unreadable annotations: objects of shapes kube-apiserver never stores (the embedded API
+    server validates nothing) are read through hami.objects, a field of the wrong JSON type as absent.
+    A Node so shaped is excluded with its reason (``NodeMalformed``) and an InvalidNodeRegistration
+    Warning Event; a pod whose ``initContainers`` is not a list has none; the rest of each list is
+    applied and nothing is skipped (before: the watch skipped both with an AttributeError/TypeError)."""
     odd_node = make_node("odd")
     odd_node["status"] = {"allocatable": "not a map"}
-    odd_pod = _tracked("odd-pod", "good", "GPU-good-0,NVIDIA,1000,30:;")
-    odd_pod["status"] = {"phase": "Running"}
+    int_register = make_node("int-register")
+    int_register["metadata"]["annotations"][NODE_REGISTER] = 5
+    odd_pod = _tracked("odd-pod", "other", "GPU-other-1,NVIDIA,1000,30:;")
     odd_pod["spec"]["initContainers"] = 5  # no container list has a length of its own
     ext = await start_extender(
-        nodes=[make_node("good"), odd_node, make_node("other")],
+        nodes=[make_node("good"), odd_node, int_register, make_node("other")],
         pods=[odd_pod, _tracked("counted", "other", "GPU-other-0,NVIDIA,1000,30:;")],
     )
-    result = await ext.filter(make_pod("p", memory=1000), ["good", "odd", "other"])
+    result = await ext.filter(make_pod("p", memory=1000), ["good", "odd", "int-register", "other"])
     assert result["NodeNames"] == ["good", "other"]
-    assert "odd" in result["FailedAndUnresolvableNodes"]
-    assert set(ext.ctx.snapshot.tracked()) == {("default", "counted")}
-    await ext.settle()
-    skipped = _events(ext, "SkippedByGPUScheduler")
-    assert set(skipped) == {"odd", "odd-pod"}
-    assert "AttributeError" in skipped["odd"]
-    kinds = {
-        r.data["involvedObject"]["name"]: r.data["involvedObject"]["kind"]
-        for r in ext.apiserver["post", EVENTS]
-        if r.data["reason"] == "SkippedByGPUScheduler"
+    failed = result["FailedAndUnresolvableNodes"]
+    assert failed == {
+        "odd": "node unregistered: status.allocatable is not an object",
+        "int-register": f"node unregistered: annotation {NODE_REGISTER} is not a string",
     }
-    assert kinds == {"odd": "Node", "odd-pod": "Pod"}
+    assert set(ext.ctx.snapshot.tracked()) == {("default", "counted"), ("default", "odd-pod")}
+    await ext.settle()
+    assert _events(ext, "SkippedByGPUScheduler") == {}
+    events = _events(ext, "InvalidNodeRegistration")
+    assert events == {
+        "odd": "node excluded from GPU scheduling: status.allocatable is not an object",
+        "int-register": f"node excluded from GPU scheduling: annotation {NODE_REGISTER} is not a string",
+    }
+    # repaired, the node is used again
+    register = make_node("int-register")["metadata"]["annotations"][NODE_REGISTER]
+    repair = {"metadata": {"annotations": {NODE_REGISTER: register}}}
+    response = await ext.apiserver.patch("/api/v1/nodes/int-register", json=repair)
+    assert response.status == 200
+    await eventually(lambda: ext.ctx.snapshot.problem("int-register", ext.ctx.clock()) is None, "the repair")
