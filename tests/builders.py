@@ -225,3 +225,29 @@ async def create(apiserver: kmock.KubernetesEmulator, *objects: dict[str, Any]) 
         path = _COLLECTIONS[body["kind"]].format(namespace=body["metadata"].get("namespace", "default"))
         response = await apiserver.post(path, json=body)
         assert response.status in (200, 201), (path, response.status, await response.text())
+
+
+def hostile_nodes() -> list[dict[str, Any]]:
+    """Registered Nodes of shapes kube-apiserver never stores (a test server keeps anything): the
+    registration an int, the annotations a list, ``status.allocatable`` a string."""
+    int_register = make_node("int-register")
+    int_register["metadata"]["annotations"][NODE_REGISTER] = 5
+    list_annotations = make_node("list-annotations", labels={"gpu": "on"})
+    list_annotations["metadata"]["annotations"] = [NODE_REGISTER]
+    string_allocatable = make_node("string-allocatable")
+    string_allocatable["status"]["allocatable"] = "not a map"
+    return [int_register, list_annotations, string_allocatable]
+
+
+def nameless_node() -> dict[str, Any]:
+    """A registered Node whose ``metadata`` is a string: it has no name."""
+    nameless = make_node("nameless")
+    nameless["metadata"] = "nameless"
+    return nameless
+
+
+async def create_hostile_nodes(apiserver: kmock.KubernetesEmulator) -> None:
+    """:func:`hostile_nodes` on the API server, and :func:`nameless_node` (stored in place: kmock cannot
+    take one over HTTP, it has no name to file it under)."""
+    await create(apiserver, *hostile_nodes())
+    apiserver.objects[kmock.resource("v1/nodes"), None, "nameless"] = nameless_node()

@@ -24,6 +24,7 @@ from hami.annotations import (
     HandshakeKind,
     decode_handshake,
     decode_node_lock,
+    node_shape_problem,
     pod_annotations,
     read_node,
 )
@@ -176,12 +177,19 @@ def check_nodes(
     nodes: Iterable[Mapping[str, Any]], settings: DoctorSettings, *, local_now: datetime.datetime
 ) -> list[Finding]:
     """Nodes with a registration or the ``gpu=on`` label: the registration decodes (unhealthy cards
-    counted), a labelled node has one, and no handshake went unanswered while allocatable is 0."""
+    counted), a labelled node has one, and no handshake went unanswered while allocatable is 0; and
+    every Node of a shape the scheduler cannot read (``node_shape_problem``), which it excludes."""
     found: list[Finding] = []
     count = settings.config.resources.count
     label = "=".join(GPU_NODE_LABEL)
     for node in sorted(nodes, key=name_of):
         name, annotations = name_of(node), pod_annotations(node)
+        shape = node_shape_problem(node)
+        if shape is not None:
+            message = f"malformed Node, the scheduler excludes it: {shape}"
+            action = "no API server stores such a Node: check what wrote it, and fix or recreate it"
+            found.append(finding(FAIL, "node", f"node {name or '(no name)'}", message, action))
+            continue
         if NODE_REGISTER in annotations:
             found.append(_registration(name, annotations))
         elif _labelled(node):

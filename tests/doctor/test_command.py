@@ -26,7 +26,18 @@ from hami.annotations import (
 from hami.commands.doctor import doctor
 from hami.doctor.findings import DoctorSettings
 from hami.kube.client import load_api_client
-from tests.builders import NOW, create, device, handshake, lock, make_node, make_pod, placed, webhook_config
+from tests.builders import (
+    NOW,
+    create,
+    create_hostile_nodes,
+    device,
+    handshake,
+    lock,
+    make_node,
+    make_pod,
+    placed,
+    webhook_config,
+)
 
 
 async def seed(
@@ -234,5 +245,38 @@ async def test_objects_of_hostile_shapes_read_as_absent(
         "findings and the namespace's hami.io/webhook label, then recreate the pod",
         "OK    usage    cluster: no card is granted beyond its memory, cores or slots (1 card)",
         "1 FAIL, 0 WARN, 4 OK",
+    ]
+    assert code == 1
+
+
+async def test_nodes_of_hostile_shapes_are_reported_and_the_rest_checked(
+    apiserver: kmock.KubernetesEmulator, kubeconfig: Path
+) -> None:
+    """Nodes whose registration is not a string, whose annotations or allocatable are not objects, or
+    whose metadata is not an object are each a FAIL (the scheduler excludes them); the healthy node and
+    its pod are checked as usual (before: the snapshot raised on them and the doctor crashed)."""
+    await seed(
+        apiserver,
+        configs=[webhook_config()],
+        nodes=[healthy_gpu_node()],
+        pods=[make_pod("holder", annotations=placed("gpu-a", "GPU-a0", 4000, 30))],
+    )
+    await create_hostile_nodes(apiserver)
+    code, lines = await run_doctor(kubeconfig)
+    action = "no API server stores such a Node: check what wrote it, and fix or recreate it"
+    assert lines[1:] == [
+        "FAIL  node     node (no name): malformed Node, the scheduler excludes it: metadata is not an object "
+        f"-> {action}",
+        "OK    node     node gpu-a: 2 cards registered, all healthy",
+        "FAIL  node     node int-register: malformed Node, the scheduler excludes it: annotation "
+        f"{NODE_REGISTER} is not a string -> {action}",
+        "FAIL  node     node list-annotations: malformed Node, the scheduler excludes it: "
+        f"metadata.annotations is not an object -> {action}",
+        "FAIL  node     node string-allocatable: malformed Node, the scheduler excludes it: "
+        f"status.allocatable is not an object -> {action}",
+        "OK    lock     cluster: no node lock is unreadable, expired or dangling (1 held)",
+        "OK    pod      cluster: 1 GPU pod, none stuck allocating, failed, unrouted or unreadable",
+        "OK    usage    cluster: no card is granted beyond its memory, cores or slots (2 cards)",
+        "4 FAIL, 0 WARN, 5 OK",
     ]
     assert code == 1

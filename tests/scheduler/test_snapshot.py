@@ -18,7 +18,7 @@ from hami.core.model import NodeState
 from hami.core.rejection import Reason
 from hami.core.usage import pod_usage
 from hami.scheduler.snapshot import PodRecord, Snapshot, local_time
-from tests.builders import NOW, make_node, make_pod
+from tests.builders import NOW, hostile_nodes, make_node, make_pod, nameless_node
 
 LOCAL_NOW = local_time(NOW)
 
@@ -299,32 +299,20 @@ def test_allocating_until_is_the_bind_time_plus_the_horizon() -> None:
     assert until is not None and until < NOW
 
 
-def _malformed_nodes() -> list[dict[str, Any]]:
-    """Nodes of shapes kube-apiserver never stores but a test server or a list may hold."""
-    int_register = make_node("int-register")
-    int_register["metadata"]["annotations"][NODE_REGISTER] = 5
-    list_annotations = make_node("list-annotations")
-    list_annotations["metadata"]["annotations"] = [NODE_REGISTER]
-    string_allocatable = make_node("string-allocatable")
-    string_allocatable["status"]["allocatable"] = "not a map"
-    nameless = make_node("nameless")
-    nameless["metadata"] = "nameless"
-    return [int_register, list_annotations, string_allocatable, nameless]
-
-
 def test_a_node_of_a_hostile_shape_is_excluded_and_the_others_work() -> None:
     """A node whose registration is not a string, whose annotations or allocatable are not objects,
     or whose metadata is not an object is excluded with a reason saying which field (the doctor and
     ``hami simulate --kubeconfig`` read such lists through the snapshot without a watcher's skip)."""
     reports: list[str] = []
     snapshot = _snapshot(on_malformed=lambda node, message: reports.append(message))
-    snapshot.replace_nodes([make_node("good"), *_malformed_nodes()])
+    snapshot.replace_nodes([make_node("good"), *hostile_nodes(), nameless_node()])
     snapshot.replace_pods([_gpu_pod("p", "good", "GPU-good-0,NVIDIA,1000,30:;")])
     assert _used(snapshot, "good") == [(1, 1000, 30), (0, 0, 0)]
     problems = {
         name: snapshot.exclusion(name, LOCAL_NOW)
         for name in ("int-register", "list-annotations", "string-allocatable")
     }
+    assert snapshot.needs_handshake() == []  # no handshake is written to a node of a hostile shape
     for name, rejection in problems.items():
         assert rejection is not None and rejection.reasons == {Reason.NODE_MALFORMED: 1}, (name, rejection)
     assert problems["int-register"] is not None

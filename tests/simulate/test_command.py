@@ -25,6 +25,7 @@ from hami.core.model import Device, Grant
 from hami.simulate.replay import _Curve, replay
 from hami.simulate.trace import parse_nodes, parse_pods
 from hami.simulate.workload import target_workload
+from tests.builders import create_hostile_nodes
 
 NODES = "sn,cpu_milli,memory_mib,gpu,model\nn0,8000,16384,1,T4\nn1,8000,16384,1,T4\n"
 # 3000 milli of GPU demand on 2000 of capacity (x ends at 150): two whole cards fit, the third never
@@ -140,14 +141,18 @@ def test_bad_arguments_are_refused_by_the_parser(files: tuple[Path, Path], extra
     assert caught.value.code == 2
 
 
+@pytest.mark.parametrize("hostile", [False, True], ids=["plain", "with-hostile-nodes"])
 async def test_a_live_cluster_as_the_node_list(
     apiserver: kmock.KubernetesEmulator,
     kubeconfig: Path,
     files: tuple[Path, Path],
     capsys: pytest.CaptureFixture[str],
+    hostile: bool,
 ) -> None:
     """Two registered T4 cards, one already held by a running pod: of the trace's three whole-card pods
-    only one fits; the CPU already requested on the node counts too."""
+    only one fits; the CPU already requested on the node counts too. Nodes of shapes no API server
+    stores beside it (registration not a string, annotations or allocatable not objects, metadata not
+    an object) are left out like unregistered ones, and change nothing (before: the snapshot raised)."""
     cards = [
         Device(uuid=f"GPU-{i}", index=i, count=10, memory_mib=16000, cores=100, type="NVIDIA T4", health=True)
         for i in range(2)
@@ -189,6 +194,8 @@ async def test_a_live_cluster_as_the_node_list(
         "status": {"phase": "Running"},
     }
     await apiserver.post("/api/v1/namespaces/default/pods", json=holder)
+    if hostile:
+        await create_hostile_nodes(apiserver)
     _, pods = files
     code = await asyncio.to_thread(
         cli.main,
