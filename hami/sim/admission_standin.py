@@ -251,16 +251,16 @@ def resolve_priority(pod: JsonDict, classes: list[JsonDict]) -> JsonDict | str:
     if named:
         found = by_name.get(named)
         if found is not None:
-            value, policy = found.get("value", 0), found.get("preemptionPolicy") or policy
+            value, policy = _class_value(found), found.get("preemptionPolicy") or policy
         elif named in SYSTEM_PRIORITY_CLASSES:
             value = SYSTEM_PRIORITY_CLASSES[named]
         else:
             return f"{prefix}no PriorityClass with name {named} was found"
     else:
-        defaults = sorted((c for c in classes if c.get("globalDefault")), key=lambda c: c.get("value", 0))
+        defaults = sorted((c for c in classes if c.get("globalDefault") is True), key=_class_value)
         if defaults:
             spec["priorityClassName"] = objects.name(defaults[0])
-            value, policy = defaults[0].get("value", 0), defaults[0].get("preemptionPolicy") or policy
+            value, policy = _class_value(defaults[0]), defaults[0].get("preemptionPolicy") or policy
     given = spec.get("priority")
     if given is not None and given != value:
         return (
@@ -275,6 +275,13 @@ def resolve_priority(pod: JsonDict, classes: list[JsonDict]) -> JsonDict | str:
         )
     spec["priority"], spec["preemptionPolicy"] = value, policy
     return pod
+
+
+def _class_value(priority_class: Mapping[str, Any]) -> int:
+    """A PriorityClass's ``value``; 0 when it is no integer (kube-apiserver would not have stored it,
+    the embedded apiserver stores what it is given)."""
+    value = priority_class.get("value")
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def _matches(hook: Mapping[str, Any], pod: Mapping[str, Any]) -> bool:

@@ -35,6 +35,7 @@ from hami.sim.admission_standin import (
     Admitted,
     Refused,
     apply_defaults,
+    resolve_priority,
     selector_matches,
 )
 from hami.sim.apiserver import AdmittingEmulator, embedded_apiserver
@@ -652,3 +653,17 @@ async def test_the_standin_reports_a_priority_refusal_as_the_priority_plugin(
     assert (outcome.webhook, outcome.code) == (PRIORITY, 403)
     assert outcome.message == 'pods "p1" is forbidden: no PriorityClass with name nope was found'
     assert (kmock.resource("v1/pods"), "default", "p1") not in apiserver.objects
+
+
+def test_priority_classes_of_the_wrong_shape_resolve_as_zero() -> None:
+    """The embedded apiserver stores a PriorityClass without checking its schema (kube-apiserver would
+    refuse these): a value that is no integer counts as 0 instead of failing every pod CREATE."""
+    classes = [
+        _class("words", "high", globalDefault=True),
+        _class("fine", 7, globalDefault=True),
+        _class("flag", True),
+    ]
+    for named, value in (("words", 0), ("flag", 0), ("", 0)):
+        pod = _with_spec("p1", **({"priorityClassName": named} if named else {}))
+        resolved = resolve_priority(pod, classes)
+        assert isinstance(resolved, dict) and resolved["spec"]["priority"] == value, (named, resolved)
