@@ -659,7 +659,7 @@ def test_priority_classes_of_the_wrong_shape_resolve_as_zero() -> None:
     """The embedded apiserver stores a PriorityClass without checking its schema (kube-apiserver would
     refuse these): a value that is no integer counts as 0 instead of failing every pod CREATE."""
     classes = [
-        _class("words", "high", globalDefault=True),
+        _class("words", "high", globalDefault=True),  # type: ignore[arg-type]
         _class("fine", 7, globalDefault=True),
         _class("flag", True),
     ]
