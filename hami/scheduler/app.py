@@ -26,6 +26,7 @@ from typing import Any
 
 from aiohttp import web
 
+from hami import objects
 from hami.kube.events import EventRecorder
 from hami.process.flags import Address
 from hami.process.http import Handler, alive, listening, metrics_app
@@ -78,8 +79,7 @@ def _ours_to_schedule(scheduler_name: str) -> Callable[[Mapping[str, Any]], bool
     """Whether a pod read from the API server waits for this scheduler (named, not bound)."""
 
     def accept(pod: Mapping[str, Any]) -> bool:
-        spec = pod.get("spec") or {}
-        return spec.get("schedulerName") == scheduler_name and not spec.get("nodeName")
+        return objects.scheduler_name(pod) == scheduler_name and not objects.node_name(pod)
 
     return accept
 

@@ -18,6 +18,7 @@ import datetime
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from hami import objects
 from hami.annotations import POD_GROUP_LABEL, AnnotationError, decode_node_lock
 from hami.core.model import PodRequest
 from hami.kube.nodelock import LockGrant, NodeLockBusy, take_node_lock
@@ -33,8 +34,7 @@ def locks_node(request: PodRequest) -> bool:
 
 def is_group_member(pod: Mapping[str, Any]) -> bool:
     """A PodGroup member: label ``scheduling.x-k8s.io/pod-group`` with a non-empty value."""
-    labels = (pod.get("metadata") or {}).get("labels") or {}
-    return bool(labels.get(POD_GROUP_LABEL))
+    return bool(objects.labels(pod).get(POD_GROUP_LABEL))
 
 
 def lock_wait(ctx: Context, pod: Mapping[str, Any]) -> float:

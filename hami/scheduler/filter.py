@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hami import objects
 from hami.annotations import AnnotationError, read_node, read_pod_request
 from hami.core.allocate import allocate
 from hami.core.model import NodeState, PodRequest
@@ -59,16 +60,15 @@ def template_states(
     """Node objects from the request -> states (zero usage), exclusions, and the objects by name."""
     states: list[NodeState] = []
     excluded: dict[str, Rejection] = {}
-    objects: dict[str, dict[str, Any]] = {}
-    for obj in nodes.get("items") or []:
-        metadata = obj.get("metadata") or {}
-        name = str(metadata.get("name") or "")
-        objects[name] = obj
+    by_name: dict[str, dict[str, Any]] = {}
+    for obj in objects.items(nodes):  # checked by hami.scheduler.wire: objects, string annotations
+        name = objects.name(obj)
+        by_name[name] = obj
         try:
-            states.append(read_node(name, metadata.get("annotations") or {}))
+            states.append(read_node(name, objects.annotations(obj)))
         except AnnotationError as exc:
             excluded[name] = registration_rejection(name, exc)
-    return states, excluded, objects
+    return states, excluded, by_name
 
 
 def snapshot_states(
@@ -141,9 +141,9 @@ def handle_filter(ctx: Context, args: ExtenderArgs) -> Filtered:
     names, nodes = args["NodeNames"], args["Nodes"]
     if not request.has_devices:
         return Filtered(filter_result(node_names=names, nodes=nodes))
-    objects: dict[str, dict[str, Any]] = {}
+    by_name: dict[str, dict[str, Any]] = {}
     if names is None and nodes is not None:
-        states, excluded, objects = template_states(nodes)
+        states, excluded, by_name = template_states(nodes)
     else:
         if not ctx.snapshot.ready:
             return Filtered(filter_result(error=NOT_SYNCED))
@@ -160,9 +160,9 @@ def handle_filter(ctx: Context, args: ExtenderArgs) -> Filtered:
     ctx.metrics.rejected(words.values())
     if not fitting:
         ctx.metrics.unschedulable.inc()
-    if objects:
+    if by_name:
         listing = NodeListWire(
-            apiVersion="v1", kind="NodeList", metadata={}, items=[objects[n] for n in fitting]
+            apiVersion="v1", kind="NodeList", metadata={}, items=[by_name[n] for n in fitting]
         )
         return Filtered(
             filter_result(nodes=listing, node_names=fitting, failed=failed, unresolvable=unresolvable)

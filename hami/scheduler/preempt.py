@@ -37,6 +37,7 @@ from typing import Any
 
 from aiohttp import web
 
+from hami import objects
 from hami.annotations import AnnotationError, read_pod_request
 from hami.core.preempt import preempt_node
 from hami.core.rejection import Rejection
@@ -123,7 +124,7 @@ def handle_preempt(ctx: Context, args: ExtenderPreemptionArgs) -> Preempted:
     if not request.has_devices:  # not ours to judge: kube-scheduler's answer stands
         kept = {node: p.uids for node, p in sorted(offered.items()) if p.uids}
         return Preempted(_answer(kept, pdb), len(offered), sum(len(u) for u in kept.values()))
-    if (pod.get("spec") or {}).get("preemptionPolicy") == "Never":
+    if objects.spec(pod).get("preemptionPolicy") == "Never":
         return Preempted(_answer({}, pdb), len(offered))
     if not ctx.snapshot.ready:
         raise PreemptError(503, NOT_SYNCED)

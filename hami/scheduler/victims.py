@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from hami import objects
 from hami.core.preempt import Holder
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ class PodMeta:
 
 def priority_of(pod: Mapping[str, Any]) -> int:
     """``spec.priority`` as kube-scheduler reads it: absent (or not an int32) -> 0."""
-    value = (pod.get("spec") or {}).get("priority")
+    value = objects.spec(pod).get("priority")
     if isinstance(value, int) and not isinstance(value, bool) and PRIORITY_MIN <= value <= PRIORITY_MAX:
         return value
     return 0
@@ -60,18 +61,15 @@ def _seconds(text: Any) -> float | None:
 
 def pod_meta(pod: Mapping[str, Any]) -> PodMeta:
     """The pod's :class:`PodMeta`; unreadable fields fall back to their defaults."""
-    metadata = pod.get("metadata") or {}
-    status = pod.get("status") or {}
-    started = _seconds(status.get("startTime"))
+    metadata = objects.meta(pod)
+    started = _seconds(objects.status(pod).get("startTime"))
     if started is None:
         started = _seconds(metadata.get("creationTimestamp"))
-    uid = metadata.get("uid")
-    bound = (pod.get("spec") or {}).get("nodeName")
     return PodMeta(
-        uid=uid if isinstance(uid, str) else "",
+        uid=objects.uid(pod),
         priority=priority_of(pod),
         started=started or 0.0,
-        bound=bound if isinstance(bound, str) else "",
+        bound=objects.node_name(pod),
         deleting=bool(metadata.get("deletionTimestamp")),
     )
 
