@@ -45,6 +45,7 @@ from hami.core.model import Device, DeviceMode, Grant, PodDevices
 from hami.kube.client import KubeError
 from hami.kube.nodelock import release_node_lock
 from hami.kube.pods import list_pods, patch_pod
+from hami.kube.protocol import KubeApi
 from monitor.allocate_rules import (
     AllocationError,
     Ambiguous,
@@ -77,7 +78,7 @@ class Allocator:
     def __init__(
         self,
         *,
-        api: Any,
+        api: KubeApi,
         node_name: str,
         settings: NodeSettings,
         hook_path: Path | None = None,

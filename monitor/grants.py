@@ -25,6 +25,7 @@ from hami.core.model import Device, DeviceState, NodeState
 from hami.core.usage import PodUsage, apply_usage, pod_usage
 from hami.kube.client import KubeError
 from hami.kube.pods import list_pods
+from hami.kube.protocol import KubeApi
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +134,7 @@ class GrantBook:
     it) is left out with a log line naming it; it never ends the loop, nor the agent.
     """
 
-    def __init__(self, *, api: Any, node_name: str) -> None:
+    def __init__(self, *, api: KubeApi, node_name: str) -> None:
         self._api, self._node = api, node_name
         self._pods: tuple[PodGrants, ...] = ()
         self._init_done: set[str] = set()  # uids of listed pods whose init containers were seen done

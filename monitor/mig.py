@@ -33,6 +33,7 @@ from hami.annotations import (
 from hami.annotations.holding import holding
 from hami.core.model import Grant, MigAllocation
 from hami.kube.pods import list_pods, patch_pod
+from hami.kube.protocol import KubeApi
 from monitor.allocate_rules import AllocationError, ContainerAnswer, container_names, pod_key
 from monitor.backends.base import Backend, BackendError, MigBackend, MigInstance
 
@@ -127,7 +128,7 @@ def ensure_instance(
 
 async def allocate_mig(
     *,
-    api: Any,
+    api: KubeApi,
     backend: Backend | None,
     node: str,
     pod: Mapping[str, Any],

@@ -20,6 +20,7 @@ from hami.annotations import POD_BIND_PHASE, AnnotationError, read_pod_devices
 from hami.core.model import Grant
 from hami.kube.client import KubeError
 from hami.kube.events import record_event
+from hami.kube.protocol import KubeApi
 from hami.process.tasks import TaskSet
 from monitor.allocate_rules import HandoutRefused, container_names
 
@@ -91,7 +92,7 @@ class PodEvents:
     """Writes Events in the background (the shared :class:`~hami.process.tasks.TaskSet`); nothing here
     ever raises into the caller."""
 
-    def __init__(self, api: Any, *, component: str = COMPONENT, limit: int = 32) -> None:
+    def __init__(self, api: KubeApi, *, component: str = COMPONENT, limit: int = 32) -> None:
         self._api = api
         self._component = component
         # ValueError: an unreadable answer

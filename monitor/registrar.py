@@ -15,13 +15,13 @@ import asyncio
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from hami import objects
 from hami.annotations import NODE_PAIR_SCORES, NODE_REGISTER, encode_node_devices, encode_pair_scores
 from hami.core.model import Device, DeviceMode, MigPlacement, MigProfile
 from hami.kube.client import KubeError
 from hami.kube.nodes import get_node, patch_node_annotations
+from hami.kube.protocol import KubeApi
 from monitor.backends.base import BackendError, Card, Link
 from monitor.config import NodeSettings
 from monitor.inventory import Inventory
@@ -135,7 +135,7 @@ class Registrar:
     def __init__(
         self,
         *,
-        api: Any,
+        api: KubeApi,
         node_name: str,
         inventory: Inventory,
         settings: NodeSettings,

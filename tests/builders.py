@@ -13,7 +13,7 @@ The pure core's own table builders (``Device``/``NodeState``/``PodRequest``) liv
 from __future__ import annotations
 
 import datetime
-from typing import Any
+from typing import Any, cast
 
 import kmock
 
@@ -31,11 +31,16 @@ from hami.annotations import (
     encode_unix_time,
 )
 from hami.core.model import Device, Grant
+from hami.kube.protocol import KubeApi
 from hami.scheduler.snapshot import local_time
 
 #: the tests' fixed "now" (the scheduler's and the doctor's clock in their tests)
 NOW = datetime.datetime(2026, 5, 1, 10, 0, 0, tzinfo=datetime.UTC)
 MODEL = "NVIDIA-Tesla V100-PCIE-32GB"
+
+#: The ``api`` of a collaborator built by a test that makes no API call through it (the verbs that
+#: only read the snapshot, the exporter's parsing, an Allocator whose Allocate is not called).
+NO_API = cast(KubeApi, None)
 
 
 def ago(seconds: float) -> datetime.datetime:

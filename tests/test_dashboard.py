@@ -24,6 +24,7 @@ from monitor.config import NodeSettings
 from monitor.exporter import NodeCollector
 from monitor.grants import GrantBook
 from monitor.inventory import Inventory
+from tests.builders import NO_API
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "charts" / "hami" / "dashboards" / "hami.json"
@@ -164,7 +165,7 @@ def test_the_scan_finds_every_name_the_node_exporter_registers() -> None:
         node_name="n",
         inventory=Inventory(NoCards()),
         settings=NodeSettings(device=DeviceConfig()),
-        grants=GrantBook(api=None, node_name="n"),
+        grants=GrantBook(api=NO_API, node_name="n"),
         legacy=True,
     )
     registered = {family.name for family in collector.describe()}

@@ -41,6 +41,7 @@ from typing import Any
 import kopf
 from prometheus_client import CollectorRegistry
 
+from hami import objects
 from hami.kube.client import load_api_client
 from webhook import certs, registration
 from webhook.config import HANDLER_ID, WebhookSettings
@@ -185,10 +186,10 @@ def build_registry(
     async def mutate(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
         pod: dict[str, Any] = dict(body)
         decision = plan(pod, settings.mutation)
-        metadata = pod.get("metadata") or {}
+        namespace = objects.namespace(pod)
         if isinstance(decision, Admit) and decision.quota_ask is not None:
-            decision = quotas.refusal(str(metadata.get("namespace") or ""), decision.quota_ask) or decision
-        name = f"{metadata.get('namespace')}/{metadata.get('name') or metadata.get('generateName', '')}"
+            decision = quotas.refusal(namespace, decision.quota_ask) or decision
+        name = f"{namespace}/{objects.name(pod) or objects.meta(pod).get('generateName', '')}"
         if isinstance(decision, Refuse):
             logger.info("refused pod %s (%s): %s", name, decision.reason, decision.message)
             metrics.refused(decision.reason)

@@ -47,6 +47,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hami import objects
 from hami.annotations import (
     INTERNAL_POD_ANNOTATIONS,
     POD_VGPU_NODE,
@@ -125,8 +126,8 @@ class Refuse:
 
 def plan(pod: Mapping[str, Any], settings: MutationSettings) -> Admit | Refuse:
     """Decide what happens to ``pod`` (a new pod, as submitted). See the module docstring for the order."""
-    metadata: Mapping[str, Any] = pod.get("metadata") or {}
-    spec: Mapping[str, Any] = pod.get("spec") or {}
+    metadata: Mapping[str, Any] = objects.meta(pod)
+    spec = objects.spec(pod)
 
     forged = _forged(metadata)
     if forged:

@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from hami.core.quota import LimitsBook, QuotaAsk, QuotaError, QuotaKeys, over_quota
+from hami.kube.protocol import KubeApi
 from hami.kube.watch import ListWatcher
 from hami.settings import DeviceConfig
 from webhook.mutation import CODE_FORBIDDEN, EXCEEDING_QUOTA, Refuse
@@ -82,7 +83,7 @@ class QuotaCheck:
             logger.warning("%s; the value is ignored", exc)
 
 
-def watch_quotas(api: Any, check: QuotaCheck, loop: asyncio.AbstractEventLoop) -> ListWatcher:
+def watch_quotas(api: KubeApi, check: QuotaCheck, loop: asyncio.AbstractEventLoop) -> ListWatcher:
     """A started list + watch of every ResourceQuota feeding ``check`` on ``loop`` (stop it when done)."""
     watcher = ListWatcher(api, "resourcequotas", loop=loop, on_list=check.listed, on_event=check.event)
     watcher.start()

@@ -28,6 +28,7 @@ from hami.kube import nodes as kube_nodes
 from hami.kube import pods as kube_pods
 from hami.kube import quotas as kube_quotas
 from hami.kube.client import KubeError, NotFound, load_api_client
+from hami.kube.protocol import KubeApi
 from hami.scheduler.config import load_device_config
 from hami.scheduler.quotas import QuotaBook
 from hami.scheduler.snapshot import Snapshot
@@ -62,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def explain(
-    api: Any, namespace: str, name: str, config: DeviceConfig, policy: Policy, *, out: TextIO
+    api: KubeApi, namespace: str, name: str, config: DeviceConfig, policy: Policy, *, out: TextIO
 ) -> int:
     """Print the explanation; 0 when the pod is placed or fits somewhere, 1 when it fits nowhere."""
     try:

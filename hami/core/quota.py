@@ -21,8 +21,8 @@ Worked example: quota 10000 MiB with 4000 used; an init container took 5000 MiB 
 container asks 3000 MiB on card A -> collapsed A = max(5000, 3000) = 5000 -> 4000 + 5000 <= 10000
 passes; asking 7000 MiB instead -> max(5000, 7000) = 7000 -> 11000 > 10000 fails.
 
-Pure: stdlib only; must not import a Kubernetes client, aiohttp, kopf, grpc, pynvml, ``logging``,
-``os`` or ``time``.
+Pure: stdlib and :mod:`hami.objects` only; must not import a Kubernetes client, aiohttp, kopf, grpc,
+pynvml, ``logging``, ``os`` or ``time``.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from hami import objects
 from hami.core.model import ContainerRequest, NamespaceQuota
 from hami.core.quantity import QuantityError, parse_quantity
 from hami.core.usage import collapse
@@ -126,8 +127,7 @@ QuotaKey = tuple[str, str]  # (namespace, name) of one ResourceQuota
 
 
 def quota_key(obj: Mapping[str, Any]) -> QuotaKey:
-    metadata = obj.get("metadata") or {}
-    return str(metadata.get("namespace") or ""), str(metadata.get("name") or "")
+    return objects.namespace(obj), objects.name(obj)
 
 
 class LimitsBook:
@@ -173,7 +173,7 @@ class LimitsBook:
 
     def limits_of(self, obj: Mapping[str, Any]) -> tuple[QuotaLimits, tuple[QuotaError, ...]]:
         """The GPU limits of one ResourceQuota object (:func:`read_limits` on its ``spec.hard``)."""
-        hard = (obj.get("spec") or {}).get("hard") or {}
+        hard = objects.spec(obj).get("hard") or {}
         if not isinstance(hard, Mapping):
             return QuotaLimits(), ()
         return read_limits(*quota_key(obj), hard, self.keys)

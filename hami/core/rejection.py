@@ -4,8 +4,9 @@ Owns :class:`Reason` (one member per HAMi reason word of spec-scheduler §19, an
 excluded before Fit runs: no registration, one without cards, an unreadable one, unreadable pair
 scores, an unanswered handshake, a Node of the wrong shape), :class:`Rejection` (the reasons keyed by
 code, with counts; the detail of a node-level reason as data) and :func:`render`, the only place
-HAMi's text is made: ``"1/2 CardInsufficientCore, 1/2 CardInsufficientMemory"`` (per-card reasons counted out of the cards
-Fit saw, items sorted as strings so ``10/12`` sorts before ``2/12``), ``"NodeInsufficientDevice"``,
+HAMi's text is made: ``"1/2 CardInsufficientCore, 1/2 CardInsufficientMemory"`` (per-card reasons
+counted out of the cards Fit saw, items sorted as strings so ``10/12`` sorts before ``2/12``),
+``"NodeInsufficientDevice"``,
 ``"node unregistered: <detail>"``. Every exclusion reads ``node unregistered`` on the wire as in HAMi;
 its code says which one it is. The edges (``/filter``'s FailedNodes, the FilteringFailed Event, bind's
 error, ``hami explain``, the metric labels) render from the codes; nothing parses the text back.

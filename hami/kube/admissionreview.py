@@ -12,6 +12,8 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from hami import objects
+
 API_VERSION = "admission.k8s.io/v1"
 _POD_KIND = {"group": "", "version": "v1", "kind": "Pod"}
 _PODS = {"group": "", "version": "v1", "resource": "pods"}
@@ -27,7 +29,6 @@ def pod_create_review(
 ) -> dict[str, Any]:
     """The review of creating ``pod``: ``namespace`` defaults to the pod's (kube-apiserver fills it in
     from the request path before admission), the request ``uid`` to a fresh UUID."""
-    metadata: Mapping[str, Any] = pod.get("metadata") or {}
     return {
         "apiVersion": API_VERSION,
         "kind": "AdmissionReview",
@@ -38,8 +39,8 @@ def pod_create_review(
             "requestKind": dict(_POD_KIND),
             "requestResource": dict(_PODS),
             "operation": "CREATE",
-            "namespace": namespace if namespace is not None else str(metadata.get("namespace") or ""),
-            "name": str(metadata.get("name") or ""),
+            "namespace": namespace if namespace is not None else objects.namespace(pod),
+            "name": objects.name(pod),
             "userInfo": {"username": username, "groups": list(groups)},
             "object": pod,
             "oldObject": None,

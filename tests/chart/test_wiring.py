@@ -28,6 +28,7 @@ from hami.scheduler.app import create_app, create_probe_app
 from hami.scheduler.main import build_context
 from hami.settings import ResourceNames
 from monitor.config import load_node_settings, parse_agent_config
+from tests.builders import NO_API
 from webhook.config import HANDLER_ID, WEBHOOK_NAME, parse_settings, service_hostnames
 from webhook.registration import desired_webhook
 
@@ -87,7 +88,7 @@ def served_routes() -> dict[str, set[tuple[str, str]]]:
             if route.method != "HEAD" and route.resource is not None
         }
 
-    ctx = build_context(scheduler_config.SchedulerSettings(), api=None)
+    ctx = build_context(scheduler_config.SchedulerSettings(), api=NO_API)
     return {"verbs": routes(create_app(ctx)), "metrics": routes(create_probe_app(ctx))}
 
 

@@ -20,6 +20,7 @@ from monitor.config import NodeSettings
 from monitor.deviceplugin.kubelet import KubeletRunner
 from monitor.deviceplugin.server import DevicePluginService, physical_uuid, preferred_ids
 from monitor.inventory import Inventory
+from tests.builders import NO_API
 from tests.eventually import eventually
 
 
@@ -61,7 +62,7 @@ async def inventory(tmp_path: Path) -> Inventory:
 @pytest.fixture
 async def runner(sock_dir: Path, inventory: Inventory) -> AsyncIterator[KubeletRunner]:
     settings = NodeSettings(split_count=3, numa_topology=True)
-    allocator = Allocator(api=None, node_name="n1", settings=settings)  # Allocate is not called here
+    allocator = Allocator(api=NO_API, node_name="n1", settings=settings)  # Allocate is not called here
     service = DevicePluginService(inventory=inventory, settings=settings, allocator=allocator)
     runner = KubeletRunner(
         service=service, kubelet_dir=sock_dir, resource_name="nvidia.com/gpu", retry=0.05, watch_interval=0.05

@@ -26,6 +26,7 @@ from monitor.config import AgentConfig, NodeSettings
 from monitor.exporter import NodeCollector
 from monitor.grants import GrantBook
 from monitor.inventory import Inventory
+from tests.builders import NO_API
 from tests.eventually import eventually
 
 UID = "8c6f1c3e-0d0a-4c8e-9a55-2b0f4f1e6a71"
@@ -246,7 +247,7 @@ def test_docs_list_every_exported_metric(tmp_path: Path) -> None:
         node_name=NODE,
         inventory=Inventory(SimBackend(write_cards(tmp_path / "c.yaml", []))),
         settings=NodeSettings(),
-        grants=GrantBook(api=None, node_name=NODE),
+        grants=GrantBook(api=NO_API, node_name=NODE),
         legacy=True,
     )
     names = {family.name for family in collector.describe()}

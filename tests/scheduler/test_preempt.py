@@ -18,7 +18,7 @@ from hami.scheduler.app import create_app
 from hami.scheduler.config import SchedulerSettings
 from hami.scheduler.main import build_context
 from hami.scheduler.wire import MAX_PREEMPT_NODES, MAX_UID
-from tests.builders import NOW, make_node, make_pod, placed
+from tests.builders import NO_API, NOW, make_node, make_pod, placed
 
 from .kit import Extender, StartExtender
 
@@ -256,7 +256,7 @@ async def test_unknown_victims_and_nodes_are_ignored_safely(start_extender: Star
 
 
 async def test_before_the_snapshot_is_synced_the_answer_is_503() -> None:
-    ctx = build_context(SchedulerSettings(), api=None, clock=lambda: NOW)
+    ctx = build_context(SchedulerSettings(), api=NO_API, clock=lambda: NOW)
     client: TestClient[Any, Any] = TestClient(TestServer(create_app(ctx), host="127.0.0.1"))
     await client.start_server()
     try:

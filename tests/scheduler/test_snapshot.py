@@ -33,7 +33,7 @@ def _gpu_pod(name: str, node: str, devices: str, **extra: Any) -> dict[str, Any]
 
 def _state(snapshot: Snapshot, node: str) -> NodeState:
     found = snapshot.candidate(node, LOCAL_NOW)
-    assert not isinstance(found, str), found
+    assert isinstance(found, NodeState), found
     return found
 
 
@@ -121,7 +121,7 @@ def test_a_pods_own_usage_is_left_out_when_deciding_for_it() -> None:
     snapshot = _snapshot(make_node("n1", cards=1))
     snapshot.pod_event("ADDED", _gpu_pod("p", "n1", "GPU-n1-0,NVIDIA,3000,30:;"))
     own = snapshot.candidate("n1", LOCAL_NOW, exclude=("default", "p"))
-    assert not isinstance(own, str)
+    assert isinstance(own, NodeState)
     assert own.devices[0].used_mem == 0
     assert _used(snapshot, "n1") == [(1, 3000, 30)]
 
