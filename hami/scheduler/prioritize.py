@@ -11,6 +11,7 @@ Must not import the Kubernetes client or aiohttp.
 
 from __future__ import annotations
 
+from hami import objects
 from hami.annotations import AnnotationError, read_pod_request
 from hami.core.allocate import priorities
 from hami.core.model import NodeState
@@ -23,7 +24,7 @@ def handle_prioritize(ctx: Context, args: ExtenderArgs) -> list[HostPriority]:
     names = args["NodeNames"]
     nodes = args["Nodes"]
     if names is None:
-        names = [str((n.get("metadata") or {}).get("name") or "") for n in (nodes or {}).get("items") or []]
+        names = [objects.name(n) for n in objects.items(nodes)]
     pod = args["Pod"]
     if pod is None:
         return [HostPriority(Host=n, Score=0) for n in names]
