@@ -232,8 +232,13 @@ class VictimSearch:
             )
         single = self._without(alone, chosen)
         known = memo.answers[key] = allocate(share, [single], self.policy).fits(single.name)
-        if vector is not None:
-            (fitting if known else failed).append(vector)
+        if vector is not None:  # keep only the frontier: the largest sets that failed, the smallest that fit
+            if known:
+                fitting[:] = [t for t in fitting if not all(t_ >= v for t_, v in zip(t, vector, strict=True))]
+                fitting.append(vector)
+            else:
+                failed[:] = [f for f in failed if not all(v >= f_ for v, f_ in zip(vector, f, strict=True))]
+                failed.append(vector)
         return known
 
     def _freed(
@@ -258,7 +263,7 @@ class VictimSearch:
         )
         return decision if isinstance(decision, Allocation) else None
 
-    def _sets(self, holders: Sequence[Holder], size: int) -> list[tuple[Holder, ...]] | None:
+    def _sets(self, holders: Sequence[Holder], size: int) -> list[tuple[Cost, tuple[Holder, ...]]] | None:
         """Sets of ``size`` holders, cheapest first: one per distinct mix of interchangeable pods (the
         cheapest pods of each kind); None when there would be more than ``GENERATED``."""
         kinds: dict[Signature, list[Holder]] = {}
@@ -281,7 +286,7 @@ class VictimSearch:
 
         if not pick(0, size, ()):
             return None
-        return sorted(out, key=cost)
+        return sorted(((cost(chosen), chosen) for chosen in out), key=lambda pair: pair[0])
 
     # ------------------------------------------------------------------------------- strategies
 
@@ -355,10 +360,10 @@ class VictimSearch:
             if sets is None:
                 self.exact = False
                 break
-            if len(sets) > 1 and (bound is None or cost(sets[0]) < bound) and not self.spent:
-                self._probe(card, sets, share, memo)
-            for chosen in sets:
-                if bound is not None and cost(chosen) >= bound:
+            if len(sets) > 1 and (bound is None or sets[0][0] < bound) and not self.spent:
+                self._probe(card, [chosen for _, chosen in sets], share, memo)
+            for price, chosen in sets:
+                if bound is not None and price >= bound:
                     return found  # sorted, and larger sets cost more: nothing here beats the bound
                 uids = frozenset(h.uid for h in chosen)
                 if any(f <= uids for f in found):
@@ -414,7 +419,7 @@ class VictimSearch:
             if sets is None:
                 self.exact = False
                 return None
-            for chosen in sets:
+            for _, chosen in sets:
                 if self.quota is None and not _coverable([self.cards[h.uid] for h in chosen], limit):
                     continue
                 if self.spent:
