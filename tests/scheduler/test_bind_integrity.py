@@ -22,6 +22,7 @@ from hami.annotations import (
     decode_node_lock,
     decode_pod_devices,
 )
+from hami.core.model import NodeState
 from hami.kube.nodelock import release_node_lock
 from hami.scheduler.snapshot import local_time
 from tests.builders import NOW, make_node, make_pod
@@ -136,7 +137,7 @@ async def card_memory(ext: Extender, names: list[str]) -> dict[str, int]:
 
 def used(ext: Extender, node: str = "n1") -> list[tuple[int, int, int]]:
     state = ext.ctx.snapshot.candidate(node, local_time(ext.ctx.clock()))
-    assert not isinstance(state, str), state
+    assert isinstance(state, NodeState), state
     return [(d.used, d.used_mem, d.used_cores) for d in state.devices]
 
 
@@ -159,7 +160,9 @@ async def test_a_stale_bind_does_not_rewrite_a_pod_bound_elsewhere_meanwhile(
     bound = await a.pod("g")
     assert bound["spec"]["nodeName"] == "n2" and bound["metadata"]["annotations"][POD_VGPU_NODE] == "n2"
     assert await release_node_lock(a.ctx.api, "n1", "default", "holder")
-    result = await asyncio.wait_for(stale, timeout=30)
+    result = await eventually(
+        lambda: stale.result() if stale.done() else None, "the stale bind's answer", within=30
+    )
     assert result == {"Error": "pod default/g is already bound to node n2: refused"}
     assert await a.pod("g") == bound  # not one write
     assert await lock_of(a) is None  # the lock it took for nothing is given back
@@ -182,7 +185,10 @@ async def test_waiting_for_a_lock_never_holds_the_node_queue(start_extender: Sta
     assert not waiter.done()  # still waiting: the holder's retry did not wait behind it
     assert (await ext.pod("holder"))["spec"]["nodeName"] == "n1"
     assert await release_node_lock(ext.ctx.api, "n1", "default", "holder")  # the agent, after Allocate
-    assert await asyncio.wait_for(waiter, timeout=30) == {"Error": ""}
+    result = await eventually(
+        lambda: waiter.result() if waiter.done() else None, "the waiter's answer", within=30
+    )
+    assert result == {"Error": ""}
     assert await lock_of(ext) == "2026-05-01T10:00:00Z,default,g"
 
 
@@ -197,7 +203,9 @@ async def test_a_bind_whose_deadline_passed_while_waiting_writes_nothing(
     await eventually(lambda: holder_checks(ext) >= 1, "the member to meet the busy lock")
     ticker.now = 21.0  # kube-scheduler's extender timeout is over: it no longer waits for us
     assert await release_node_lock(ext.ctx.api, "n1", "default", "holder")
-    result = await asyncio.wait_for(waiter, timeout=30)
+    result = await eventually(
+        lambda: waiter.result() if waiter.done() else None, "the waiter's answer", within=30
+    )
     assert result["Error"].startswith(
         "kube-scheduler's bind timeout (20 s) passed before taking the node lock"
     )

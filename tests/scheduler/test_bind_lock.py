@@ -64,7 +64,7 @@ async def test_a_group_member_waits_for_the_lock_until_it_is_released(start_exte
     await eventually(lambda: _holder_checks(ext) >= 1, "the bind to meet the busy lock")
     assert not binding.done()
     assert await release_node_lock(ext.ctx.api, "n1", "default", "holder")  # the agent's release
-    result = await asyncio.wait_for(binding, timeout=10)
+    result = await eventually(lambda: binding.result() if binding.done() else None, "the bind's answer")
     assert result == {"Error": ""}
     assert await _lock(ext) == "2026-05-01T10:00:00Z,default,g"
     assert (await ext.pod("g"))["metadata"]["annotations"][POD_BIND_PHASE] == "allocating"

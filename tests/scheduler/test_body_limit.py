@@ -12,6 +12,7 @@ import contextlib
 import json
 
 from tests.builders import make_node
+from tests.eventually import time_scale
 
 from .kit import Extender, StartExtender
 
@@ -33,8 +34,8 @@ def head(path: str, **headers: str | int) -> bytes:
 
 async def status_and_rest(reader: asyncio.StreamReader) -> tuple[int, bytes]:
     """The status code of the answer, and everything after it until the server closes."""
-    status_line = await asyncio.wait_for(reader.readline(), ANSWER_WITHIN)
-    rest = await asyncio.wait_for(reader.read(), ANSWER_WITHIN)  # returns at EOF: the server closed
+    status_line = await asyncio.wait_for(reader.readline(), ANSWER_WITHIN * time_scale())
+    rest = await asyncio.wait_for(reader.read(), ANSWER_WITHIN * time_scale())  # at EOF: the server closed
     return int(status_line.split()[1]), rest
 
 

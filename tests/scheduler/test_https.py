@@ -21,11 +21,12 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from hami.sim.processes import ChildFailed, Supervisor, free_port, poll_until, python_argv
+from hami.sim.processes import ChildFailed, Supervisor, free_port, python_argv
 from tests.builders import make_node, make_pod
+from tests.eventually import eventually, time_scale
 
 pytestmark = pytest.mark.timeout(120)
-#: bound on the child's start-up (imports, first lists) on a busy machine; it is polled, not slept
+#: bound on the child's start-up (imports, first lists), stretched by the machine's load; polled, not slept
 START_WITHIN = 60.0
 
 
@@ -123,7 +124,7 @@ async def test_the_verbs_are_served_over_https(
                 return None
 
         await supervisor.start("scheduler", argv)
-        await poll_until(ready, what="/readyz", limit=START_WITHIN, alive=supervisor.check)
+        await eventually(ready, "/readyz", within=START_WITHIN, alive=supervisor.check)
         url = f"https://127.0.0.1:{port}"
         async with http.post(f"{url}/filter", json=body, ssl=trusted) as response:
             assert response.status == 200
@@ -165,7 +166,7 @@ async def test_an_unusable_certificate_stops_the_start_in_one_line(
         *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
     )
     try:
-        _, stderr = await asyncio.wait_for(process.communicate(), START_WITHIN)
+        _, stderr = await asyncio.wait_for(process.communicate(), START_WITHIN * time_scale())
     except TimeoutError:
         process.kill()
         await process.wait()

@@ -56,8 +56,7 @@ async def running(apiserver: kmock.KubernetesEmulator, kubeconfig: Path) -> Asyn
     bound: asyncio.Future[Listeners] = asyncio.get_running_loop().create_future()
     service = asyncio.create_task(serve(ctx, on_listening=bound.set_result))
     try:
-        started: set[asyncio.Future[Any]] = {bound, service}
-        await asyncio.wait(started, timeout=10, return_when=asyncio.FIRST_COMPLETED)
+        await eventually(lambda: bound.done() or service.done(), "the listeners or the service's end")
         assert bound.done(), service  # a service that failed to start fails here, with its exception
         await eventually(lambda: ctx.snapshot.ready, "the first lists")
         yield bound.result()

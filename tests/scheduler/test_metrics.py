@@ -23,7 +23,7 @@ from hami.scheduler.filter import failure_summary
 from hami.scheduler.metrics import BIND_RESULTS, LockHolds
 from hami.scheduler.reasons import VOCABULARY, advice, label, rejection_words
 from tests.builders import make_node, make_pod
-from tests.eventually import eventually
+from tests.eventually import eventually, time_scale
 
 from .kit import Extender, StartExtender
 
@@ -138,7 +138,7 @@ async def test_each_verb_is_timed(start_extender: StartExtender) -> None:
     assert value(samples, "hami_scheduler_requests_total", verb="filter", outcome="error") == 1
     for verb in counts:
         total = value(samples, "hami_scheduler_request_seconds_sum", verb=verb)
-        assert 0 < total < 5
+        assert 0 < total < 5 * time_scale()  # seconds, not milliseconds
 
 
 # ------------------------------------------------------------------------------------------ bind
