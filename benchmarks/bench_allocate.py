@@ -13,6 +13,13 @@ a random part of its memory and cores (fixed seed; about half of every capacity 
 container, 1 card, 4000 MiB, 30 % cores. Target: 500 nodes <= 1 ms median for the core on one core.
 Further rows: the same pod with ``nvidia.com/use-gputype`` (a per-card filter in the precheck) and with
 ``nvidia.com/numa-bind`` (order-dependent: the full Fit runs on every node).
+
+Second table, the ``fragmentation`` policy (node and card), each against the same call for the same pod
+under the defaults (binpack nodes, spread cards) as the baseline: ``/filter`` (it only filters: the
+policy must cost nothing there), ``/prioritize`` with one node's usage changed between calls (a bind or
+a pod event: the per-node figures of the others are kept), ``/prioritize`` right after a new target
+(every node measured again: once per refresh when the learned workload moved), and bind's card choice
+(``fit_node`` on one node).
 """
 
 from __future__ import annotations
@@ -33,7 +40,8 @@ from hami.annotations import (
     encode_node_devices,
     read_pod_request,
 )
-from hami.core.allocate import allocate
+from hami.core.allocate import allocate, fit_node
+from hami.core.fragmentation import Target
 from hami.core.model import Device, NodeState
 from hami.kube.protocol import KubeApi
 from hami.scheduler.config import SchedulerSettings
@@ -175,4 +183,89 @@ def run() -> list[Table]:
             table.rows.append(
                 (str(nodes_count), label, str(fitting), median, p99, worst, ms(base), ratio, per_node)
             )
-    return [table]
+    return [table, fragmentation_table()]
+
+
+def _timed(call: Any, repetitions: int, between: Any = None) -> list[float]:
+    samples = []
+    for i in range(repetitions):
+        if between is not None:
+            between(i)
+        start = time.perf_counter()
+        call()
+        samples.append(time.perf_counter() - start)
+    return samples
+
+
+def fragmentation_rows(nodes_count: int, repetitions: int) -> list[tuple[str, ...]]:
+    """The fragmentation table's rows for one cluster size (see the module docstring)."""
+    ctx = cluster(nodes_count)
+    names = [f"node-{n:05d}" for n in range(nodes_count)]
+    ours = pod(
+        {"hami.io/node-scheduler-policy": "fragmentation", "hami.io/gpu-scheduler-policy": "fragmentation"}
+    )
+    ours_args = ExtenderArgs(Pod=ours, Nodes=None, NodeNames=names)
+    base_args = ExtenderArgs(Pod=pod({}), Nodes=None, NodeNames=names)
+    workload = ctx.snapshot.workload
+    rng = random.Random(3)
+
+    def touch(i: int) -> None:  # a pod's grant moves to a random node: its old and new node change
+        node = names[rng.randrange(nodes_count)]
+        annotations = {POD_VGPU_NODE: node, POD_DEVICES_ALLOCATED: f"GPU-{node}-0,NVIDIA,{1000 + i % 2},5:;"}
+        moving = {
+            "metadata": {"name": f"moving-{i % 7}", "namespace": "bench", "annotations": annotations},
+            "spec": {"containers": [{"name": "c"}]},
+            "status": {"phase": "Running"},
+        }
+        ctx.snapshot.pod_event("MODIFIED", moving)
+
+    def fresh_target(_: int) -> None:  # as when the learned workload moved
+        workload._target = Target(workload.target().classes)
+
+    rows: list[tuple[str, ...]] = []
+    checks = (
+        ("/filter", lambda a: lambda: handle_filter(ctx, a), None),
+        ("/prioritize, one node changed", lambda a: lambda: handle_prioritize(ctx, a), touch),
+        ("/prioritize, new target", lambda a: lambda: handle_prioritize(ctx, a), fresh_target),
+    )
+    for label, make, between in checks:
+        reps = repetitions if label != "/prioritize, new target" else max(3, repetitions // 10)
+        handle_prioritize(ctx, ours_args)  # warm: every node measured once under the current target
+        mine = _timed(make(ours_args), reps, between)
+        base = _timed(make(base_args), reps, between if between is touch else None)
+        median, p99, worst = summary(mine)
+        ratio = statistics.median(mine) / statistics.median(base)
+        rows.append(
+            (str(nodes_count), label, median, p99, worst, ms(statistics.median(base)), f"{ratio:.1f}")
+        )
+    if nodes_count == SIZES[0][0]:
+        request = read_pod_request(ours, ctx.settings.device_config)
+        plain = read_pod_request(pod({}), ctx.settings.device_config)
+        states, _ = snapshot_states(ctx, names, request)
+        policy = workload.policy(ctx.settings.policy)
+        mine = _timed(lambda: [fit_node(request, s, policy) for s in states], 20)
+        base = _timed(lambda: [fit_node(plain, s, ctx.settings.policy) for s in states], 20)
+        per = len(states)
+        rows.append(
+            (
+                "1",
+                "bind's card choice (fit_node)",
+                ms(statistics.median(mine) / per),
+                ms(sorted(mine)[-1] / per),
+                ms(max(mine) / per),
+                ms(statistics.median(base) / per),
+                f"{statistics.median(mine) / statistics.median(base):.1f}",
+            )
+        )
+    return rows
+
+
+def fragmentation_table() -> Table:
+    table = Table(
+        title="fragmentation policy per call (pod: 1 card, 4000 MiB, 30 %; N nodes x 8 cards, half used); "
+        "baseline: the same pod under binpack / spread",
+        columns=("nodes", "call", "median ms", "p99 ms", "max ms", "baseline median ms", "x baseline"),
+    )
+    for nodes_count, repetitions in SIZES:
+        table.rows.extend(fragmentation_rows(nodes_count, repetitions))
+    return table

@@ -29,17 +29,20 @@ from hami.annotations.limits import check_length
 from hami.annotations.pod import pod_annotations
 from hami.core.model import PodRequest, ScoringWeights
 from hami.core.requests import ParsedContainer, parse_container
-from hami.core.score import BINPACK, MUTEX, NUMA, SPREAD, TOPOLOGY
+from hami.core.score import BINPACK, FRAGMENTATION, MUTEX, NUMA, SPREAD, TOPOLOGY
 from hami.objects import RawContainer
 from hami.settings import DeviceConfig
 
 _WEIGHT_KEYS = ("slot", "core", "memory")
-#: Values the scheduler acts on (spec-scheduler §11). HAMi treats anything else as binpack (node) or
-#: spread (card), silently; :func:`pod_annotation_problems` reports it instead.
-NODE_POLICIES = (BINPACK, SPREAD)
-GPU_POLICIES = (BINPACK, SPREAD, MUTEX, TOPOLOGY, NUMA)
-_NODE_POLICY_ACCEPTED = "expected binpack or spread"
-_GPU_POLICY_ACCEPTED = "expected binpack, spread, mutex, topology-aware or numa, or a comma list of them"
+#: Values the scheduler acts on (spec-scheduler §11; ``fragmentation`` is ours, docs/policies.md). HAMi
+#: treats anything else as binpack (node) or spread (card), silently; :func:`pod_annotation_problems`
+#: reports it instead. ``fragmentation`` stands alone: it is no key of a card-order chain.
+NODE_POLICIES = (BINPACK, SPREAD, FRAGMENTATION)
+GPU_POLICIES = (BINPACK, SPREAD, MUTEX, TOPOLOGY, NUMA, FRAGMENTATION)
+_NODE_POLICY_ACCEPTED = "expected binpack, spread or fragmentation"
+_GPU_POLICY_ACCEPTED = (
+    "expected binpack, spread, mutex, topology-aware or numa, or a comma list of them, or fragmentation alone"
+)
 _WEIGHTS_ACCEPTED = (
     "accepted: slot=<n>,core=<n>,memory=<n> in any order, non-negative integers, at least one positive"
 )
@@ -130,6 +133,8 @@ def decode_gpu_policy(text: str | None, *, strict: bool = False) -> str | None:
         raise AnnotationError(POD_GPU_POLICY, text, f"unknown GPU {noun} {named}; {_GPU_POLICY_ACCEPTED}")
     if not entries:
         raise AnnotationError(POD_GPU_POLICY, text, f"names no policy; {_GPU_POLICY_ACCEPTED}")
+    if FRAGMENTATION in entries and len(entries) > 1:
+        raise AnnotationError(POD_GPU_POLICY, text, f'"{FRAGMENTATION}" combined; {_GPU_POLICY_ACCEPTED}')
     return value
 
 

@@ -28,8 +28,9 @@ with empty memos. Pure: stdlib only; must not import a Kubernetes client, aiohtt
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 from hami.core.fit import Steering, memory_need
@@ -105,6 +106,7 @@ class NodeView:
     sums: NodeFrag
     cpu: int | None
     frag: float
+    usage: int  # the card usages interned: equal for nodes whose cards are used alike
 
 
 class Target:
@@ -133,6 +135,8 @@ class Target:
         self._cards: dict[CardKey, CardInfo] = {}
         self._nodes: dict[str, tuple[NodeState, NodeView]] = {}
         self._scores: dict[tuple[object, ...], int] = {}
+        self._interned: dict[Hashable, int] = {}
+        self._numbers = itertools.count()
 
     # ---------------------------------------------------------------------------------- the measure
 
@@ -144,13 +148,16 @@ class Target:
             if not ok:
                 return _NONE
             lowered = card_type.lower()
-            usable = tuple(
-                m
-                for m, (cls, request) in enumerate(zip(self.gpu, self._requests, strict=True))
-                if (not cls.types or any(t in lowered for t in cls.types))
-                and _accepts(key, memory_need(request, memory), request.cores)
-            )
-            info = CardInfo(MILLI * max(0, memory - used_mem) // memory, usable, sum(1 << m for m in usable))
+            usable: list[int] = []
+            mask = 0
+            for m, request in enumerate(self._requests):
+                types = self.gpu[m].types
+                if types and not any(t in lowered for t in types):
+                    continue
+                if _accepts(key, memory_need(request, memory), request.cores):
+                    usable.append(m)
+                    mask |= 1 << m
+            info = CardInfo(MILLI * max(0, memory - used_mem) // memory, tuple(usable), mask)
             if len(self._cards) >= self._limit:
                 self._cards.clear()
             self._cards[key] = info
@@ -181,15 +188,24 @@ class Target:
             view = entry[1]
             if view.cpu == cpu:
                 return view
-            view = NodeView(view.keys, view.sums, cpu, self.frag(view.sums, cpu))
+            view = NodeView(view.keys, view.sums, cpu, self.frag(view.sums, cpu), view.usage)
         else:
             keys = card_keys(node)
             sums = self.sums(keys)
-            view = NodeView(keys, sums, cpu, self.frag(sums, cpu))
+            view = NodeView(keys, sums, cpu, self.frag(sums, cpu), self.intern(keys))
             if len(self._nodes) >= self._limit:
                 self._nodes.clear()
         self._nodes[node.name] = (node, view)
         return view
+
+    def intern(self, value: Hashable) -> int:
+        """A small number for ``value``, the same for equal values (never reused for another)."""
+        found = self._interned.get(value)
+        if found is None:
+            if len(self._interned) >= self._limit:
+                self._interned.clear()
+            found = self._interned[value] = next(self._numbers)
+        return found
 
     def remembered(self, key: tuple[object, ...]) -> int | None:
         """A score remembered for ``key`` (see :func:`node_priorities`)."""
@@ -371,9 +387,10 @@ def node_priorities(target: Target, request: PodRequest, nodes: Iterable[NodeSta
     A node's score is memoised by its card usage and the request, so an unchanged node costs a lookup.
     """
     wanted = _request_key(request)
+    asked = None if wanted is None else target.intern(wanted)
     out: dict[str, int] = {}
     for node in nodes:
-        memo = None if wanted is None else (target.node(node).keys, wanted)
+        memo = None if asked is None else (target.node(node).usage, asked)
         score = None if memo is None else target.remembered(memo)
         if score is None:
             found = place(target, node, request)
@@ -391,7 +408,7 @@ def card_scores(
     it one card of ``container`` (-1 where the card cannot take it), against the cards' current usage."""
     keys = tuple(card_key(s, cordoned) for s in cards)
     sums = target.sums(keys)
-    view = NodeView(keys, sums, None, target.frag(sums))
+    view = NodeView(keys, sums, None, target.frag(sums), -1)
     walk = _Walk(target, view, None)
     cores = min(container.cores, 100)
     out: list[int] = []

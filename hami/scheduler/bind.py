@@ -262,7 +262,8 @@ def _decide(ctx: Context, request: PodRequest, node: str, key: tuple[str, str], 
     if isinstance(found, Rejection):
         raise BindFailure(found.message)
     quotas = ctx.snapshot.quotas_for(request.namespace, exclude=key)
-    decision = fit_node(request, found, ctx.settings.policy, quotas=quotas)
+    policy = ctx.snapshot.workload.policy(ctx.settings.policy)  # fragmentation's target with it
+    decision = fit_node(request, found, policy, quotas=quotas)
     if not isinstance(decision, Allocation):
         raise BindFailure(f"pod {key[0]}/{key[1]} does not fit node {node}: {decision.message}")
     return decision

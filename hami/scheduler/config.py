@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -20,10 +21,12 @@ from dataclasses import dataclass, field, replace
 from hami import devicefile
 from hami.annotations.lock import parse_go_duration
 from hami.core.allocate import Policy
+from hami.core.fragmentation import TargetClass
 from hami.process.flags import Address, env_default, parse_address
+from hami.scheduler.workload import DEFAULT_FALLBACK, DEFAULT_HALF_LIFE, DEFAULT_MIN_PODS, parse_fallback
 from hami.settings import DeviceConfig
 
-POLICIES = ("binpack", "spread")
+POLICIES = ("binpack", "spread", "fragmentation")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 #: HAMi's env var for the node lock's expiry (a Go duration), read when --node-lock-timeout is not given.
 NODELOCK_EXPIRE = "HAMI_NODELOCK_EXPIRE"
@@ -45,6 +48,12 @@ class SchedulerSettings:
     scheduler_name: str = "hami-scheduler"
     node_policy: str = "binpack"
     gpu_policy: str = "spread"
+    # the fragmentation policy's learned target workload (hami.scheduler.workload)
+    fragmentation_half_life: float = DEFAULT_HALF_LIFE  # seconds
+    fragmentation_min_pods: float = DEFAULT_MIN_PODS
+    fragmentation_fallback: tuple[TargetClass, ...] = field(
+        default_factory=lambda: parse_fallback(DEFAULT_FALLBACK)
+    )
     node_lock_timeout: datetime.timedelta = DEFAULT_LOCK_TIMEOUT
     node_lock_wait: float = 0.0  # seconds a bind waits for a busy node lock; 0 = fail at once (HAMi)
     # seconds a PodGroup member's bind waits for a busy node lock (HAMi's retry); 0 = like other pods
@@ -91,8 +100,27 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | 
     flag("tls-cert", None, "serve HTTPS with this certificate (PEM); needs --tls-key")
     flag("tls-key", None, "private key (PEM) for --tls-cert")
     flag("scheduler-name", "hami-scheduler", "scheduler name; also the Events' component")
-    flag("node-scheduler-policy", "binpack", "default node policy: binpack or spread")
-    flag("gpu-scheduler-policy", "spread", "default GPU policy: binpack, spread, topology-aware, ...")
+    flag("node-scheduler-policy", "binpack", "default node policy: binpack, spread or fragmentation")
+    flag(
+        "gpu-scheduler-policy",
+        "spread",
+        "default GPU policy: binpack, spread, topology-aware, fragmentation, ...",
+    )
+    flag(
+        "fragmentation-half-life",
+        str(int(DEFAULT_HALF_LIFE)),
+        "seconds after which a pod counts half in the fragmentation policy's learned workload",
+    )
+    flag(
+        "fragmentation-min-pods",
+        str(int(DEFAULT_MIN_PODS)),
+        "pods (decayed) to see before the fragmentation policy uses the learned workload",
+    )
+    flag(
+        "fragmentation-fallback",
+        DEFAULT_FALLBACK,
+        "the fragmentation policy's workload until then: CARDS:MEMORY[%]:CORES[:WEIGHT],...",
+    )
     flag(
         "node-lock-timeout",
         None,
@@ -175,6 +203,33 @@ def _wait(name: str, text: str) -> float:
     return value
 
 
+def _half_life(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 1 <= value <= 10**9:  # NaN and infinity fail too
+        raise SettingsError(f"--fragmentation-half-life must be 1..1e9 seconds, got {text!r}")
+    return value
+
+
+def _count_of(name: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise SettingsError(f"--{name} must be a number, got {text!r}") from None
+    if not 0 <= value <= 1e9:
+        raise SettingsError(f"--{name} must be between 0 and 1e9, got {text!r}")
+    return value
+
+
+def _fallback(text: str) -> tuple[TargetClass, ...]:
+    try:
+        return parse_fallback(text)
+    except ValueError as exc:
+        raise SettingsError(f"--fragmentation-fallback: {exc}") from None
+
+
 def _bytes(name: str, text: str) -> int:
     try:
         value = int(text)
@@ -228,6 +283,9 @@ def from_args(args: argparse.Namespace) -> SchedulerSettings:
         scheduler_name=args.scheduler_name,
         node_policy=args.node_scheduler_policy,
         gpu_policy=args.gpu_scheduler_policy,
+        fragmentation_half_life=_half_life(args.fragmentation_half_life),
+        fragmentation_min_pods=_count_of("fragmentation-min-pods", args.fragmentation_min_pods),
+        fragmentation_fallback=_fallback(args.fragmentation_fallback),
         node_lock_timeout=_lock_timeout(args),
         node_lock_wait=_wait("node-lock-wait", args.node_lock_wait),
         node_lock_retry_timeout=_wait("node-lock-retry-timeout", args.node_lock_retry_timeout),

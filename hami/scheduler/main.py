@@ -38,6 +38,7 @@ from hami.scheduler.quotas import QuotaBook
 from hami.scheduler.registration import Registration
 from hami.scheduler.snapshot import Snapshot, local_time
 from hami.scheduler.watches import start_sync
+from hami.scheduler.workload import Workload
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +85,12 @@ def build_context(
         ),
         clock=clock,
         allocating_horizon=settings.allocating_horizon,
+        workload=Workload(
+            device_config=settings.device_config,
+            half_life=settings.fragmentation_half_life,
+            min_pods=settings.fragmentation_min_pods,
+            fallback=settings.fragmentation_fallback,
+        ),
         nominations=NominationBook(
             Nominations(
                 scheduler_name=settings.scheduler_name,

@@ -4,8 +4,10 @@ Owns the answer: the candidate nodes' current states (the same as ``/filter``'s)
 one node ranking, :func:`hami.core.allocate.priorities`: HAMi's node score (0..30: ``10 x (slots
 used/total + cores used/total + memory used/total)`` over the node's cards, before this pod) onto
 kube-scheduler's extender range 0..10, ``binpack`` (default) preferring fuller nodes, ``spread`` emptier
-ones; the pod annotation ``hami.io/node-scheduler-policy`` overrides the flag. Unknown or excluded
-nodes, and pods without a device request, score 0.
+ones; ``fragmentation`` scores the pod's best placement on each node by how little it grows the GPU
+fragmentation against the learned target workload (:mod:`hami.core.fragmentation`, the target from
+:mod:`hami.scheduler.workload`). The pod annotation ``hami.io/node-scheduler-policy`` overrides the flag.
+Unknown or excluded nodes, and pods without a device request, score 0.
 Must not import the Kubernetes client or aiohttp.
 """
 
@@ -39,5 +41,5 @@ def handle_prioritize(ctx: Context, args: ExtenderArgs) -> list[HostPriority]:
         states, _, _ = template_states(nodes)
     else:
         states, _ = snapshot_states(ctx, names, request)
-    scores = priorities(request, states, ctx.settings.policy)
+    scores = priorities(request, states, ctx.snapshot.workload.policy(ctx.settings.policy))
     return [HostPriority(Host=n, Score=scores.get(n, 0)) for n in names]

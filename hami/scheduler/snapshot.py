@@ -33,6 +33,9 @@ Namespace quotas (§14): ``quotas`` (a :class:`~hami.scheduler.quotas.QuotaBook`
 ResourceQuota watch through ``replace_quotas``/``quota_event``) also receives every change of a pod's
 applied usage, so a namespace's used amounts move with the same add/remove as the nodes'.
 
+The ``fragmentation`` policy's learned target workload (``workload``, a
+:class:`~hami.scheduler.workload.Workload`) hears every pod the watch shows (each counted once).
+
 Registration (spec-scheduler §5): a node without a readable registration is excluded, as a
 :class:`~hami.core.rejection.Rejection` whose code says how (``hami.scheduler.reasons``), and so is a
 Node of a shape no API server stores (``node_shape_problem``: a field we read of the wrong JSON type,
@@ -83,6 +86,7 @@ from hami.scheduler.podrecords import PodKey, pod_record
 from hami.scheduler.podrecords import PodRecord as PodRecord
 from hami.scheduler.quotas import QuotaBook
 from hami.scheduler.reasons import registration_rejection
+from hami.scheduler.workload import Workload
 
 logger = logging.getLogger(__name__)
 
@@ -128,12 +132,14 @@ class Snapshot:
         clock: Callable[[], datetime.datetime] | None = None,
         allocating_horizon: datetime.timedelta = ALLOCATING_HORIZON,
         nominations: NominationBook | None = None,
+        workload: Workload | None = None,
     ) -> None:
         self._count_resource = count_resource
         if quotas is None:  # the default resource names (spec-scheduler §2)
             quotas = QuotaBook(memory_resource="nvidia.com/gpumem", cores_resource="nvidia.com/gpucores")
         self.quotas = quotas
         self.nominations = nominations if nominations is not None else NominationBook()
+        self.workload = workload if workload is not None else Workload()  # fragmentation's target
         self._window = handshake_window
         self._on_malformed = on_malformed
         self.on_handshake = on_handshake
@@ -299,6 +305,7 @@ class Snapshot:
         self._settle(key)
 
     def _upsert_pod(self, obj: Mapping[str, Any]) -> PodKey:
+        self.workload.observe(obj)
         key = objects.pod_key(obj)
         record = self._record(key, obj)
         self._until.pop(key, None)

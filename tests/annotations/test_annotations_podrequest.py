@@ -186,7 +186,14 @@ def test_scoring_weights_round_trip(weights: ScoringWeights) -> None:
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [(None, None), ("", None), ("  ", None), ("spread", "spread"), (" binpack ", "binpack")],
+    [
+        (None, None),
+        ("", None),
+        ("  ", None),
+        ("spread", "spread"),
+        (" binpack ", "binpack"),
+        ("fragmentation", "fragmentation"),
+    ],
 )
 def test_node_policy_trimmed_blank_is_the_default(text: str | None, expected: str | None) -> None:
     assert decode_node_policy(text, strict=True) == expected
@@ -198,7 +205,9 @@ def test_unknown_node_policy_passes_for_the_scheduler_and_is_an_error_for_the_we
     with pytest.raises(AnnotationError) as caught:
         decode_node_policy(text, strict=True)
     assert (caught.value.key, caught.value.text) == (POD_NODE_POLICY, text)
-    assert str(caught.value) == f'{POD_NODE_POLICY} "{text}": unknown node policy; expected binpack or spread'
+    assert str(caught.value) == (
+        f'{POD_NODE_POLICY} "{text}": unknown node policy; expected binpack, spread or fragmentation'
+    )
     pod = make_pod(app=[container("main", {"nvidia.com/gpu": "1"})], annotations={POD_NODE_POLICY: text})
     assert read_pod_request(pod, CONFIG).node_policy == text
     assert [p.key for p in pod_annotation_problems(pod)] == [POD_NODE_POLICY]
@@ -216,6 +225,7 @@ def test_unknown_node_policy_passes_for_the_scheduler_and_is_an_error_for_the_we
         (" binpack , numa ", "binpack , numa"),
         ("spread,numa,", "spread,numa,"),
         ("mutex,binpack,mutex", "mutex,binpack,mutex"),
+        (" fragmentation ", "fragmentation"),
     ],
 )
 def test_gpu_policy_known_entries(text: str, expected: str | None) -> None:
@@ -229,6 +239,7 @@ def test_gpu_policy_known_entries(text: str, expected: str | None) -> None:
         ("Binpack", 'unknown GPU policy "Binpack"'),
         ("binpack,topology , NUMA", 'unknown GPU policies "topology", "NUMA"'),
         (",", "names no policy"),
+        ("fragmentation,numa", '"fragmentation" combined'),  # no key of a card-order chain
     ],
 )
 def test_unknown_gpu_policy_passes_for_the_scheduler_and_is_an_error_for_the_webhook(
@@ -239,13 +250,21 @@ def test_unknown_gpu_policy_passes_for_the_scheduler_and_is_an_error_for_the_web
         decode_gpu_policy(text, strict=True)
     assert (caught.value.key, caught.value.text) == (POD_GPU_POLICY, text)
     assert caught.value.reason == (
-        f"{unknown}; expected binpack, spread, mutex, topology-aware or numa, or a comma list of them"
+        f"{unknown}; expected binpack, spread, mutex, topology-aware or numa, or a comma list of them, "
+        "or fragmentation alone"
     )
 
 
 def test_the_accepted_gpu_policies_are_the_ones_the_scheduler_knows() -> None:
-    assert set(GPU_POLICIES) == {score.BINPACK, score.SPREAD, score.MUTEX, score.TOPOLOGY, score.NUMA}
-    assert set(NODE_POLICIES) == {score.BINPACK, score.SPREAD}
+    assert set(GPU_POLICIES) == {
+        score.BINPACK,
+        score.SPREAD,
+        score.MUTEX,
+        score.TOPOLOGY,
+        score.NUMA,
+        score.FRAGMENTATION,
+    }
+    assert set(NODE_POLICIES) == {score.BINPACK, score.SPREAD, score.FRAGMENTATION}
     with pytest.raises(AnnotationError) as caught:
         decode_gpu_policy("x", strict=True)
     accepted = caught.value.reason.partition("expected ")[2]

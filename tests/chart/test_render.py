@@ -71,6 +71,12 @@ def test_schema_check_catches_a_bad_object() -> None:
         ({"webhook": {"failurePolicy": "fail"}}, "/webhook/failurePolicy"),
         ({"scheduler": {"nodeSchedulerPolicy": "random"}}, "/scheduler/nodeSchedulerPolicy"),
         ({"scheduler": {"gpuSchedulerPolicy": "binpack,fastest"}}, "/scheduler/gpuSchedulerPolicy"),
+        ({"scheduler": {"gpuSchedulerPolicy": "fragmentation,numa"}}, "/scheduler/gpuSchedulerPolicy"),
+        ({"scheduler": {"fragmentation": {"fallback": "halves"}}}, "/scheduler/fragmentation/fallback"),
+        (
+            {"scheduler": {"fragmentation": {"halfLifeSeconds": 0}}},
+            "/scheduler/fragmentation/halfLifeSeconds",
+        ),
         ({"resourceNames": {"count": "nvidia.com/g p u"}}, "/resourceNames/count"),
         ({"devices": {"nvidia": {"deviceSplitCount": 0}}}, "/devices/nvidia/deviceSplitCount"),
         ({"nodeAgent": {"backend": "cuda"}}, "/nodeAgent/backend"),

@@ -244,6 +244,28 @@ def test_only_the_metrics_port_is_exposed(values: dict[str, Any], tmp_path: Path
         assert (endpoint["port"], endpoint["path"]) == ("metrics", "/metrics")
 
 
+def test_the_fragmentation_settings_reach_the_extender(tmp_path: Path) -> None:
+    values = {
+        "scheduler": {
+            "nodeSchedulerPolicy": "fragmentation",
+            "gpuSchedulerPolicy": "fragmentation",
+            "fragmentation": {"halfLifeSeconds": 600, "minPods": 5, "fallback": "2:100%:100:3,1:4000:30"},
+        }
+    }
+    rendered = render(values)
+    settings = extender_settings(
+        rendered, container(rendered.component("Deployment", "scheduler"), "extender"), tmp_path
+    )
+    assert (settings.node_policy, settings.gpu_policy) == ("fragmentation", "fragmentation")
+    assert (settings.fragmentation_half_life, settings.fragmentation_min_pods) == (600, 5)
+    assert [
+        (c.nums, c.memory_mib, c.percentage, c.cores, c.weight) for c in settings.fragmentation_fallback
+    ] == [
+        (2, 0, 100, 100, 3.0),
+        (1, 4000, 101, 30, 1.0),
+    ]
+
+
 def test_extender_flags_are_accepted_by_its_parser() -> None:
     module = importlib.import_module("hami.scheduler.main")
     parser = argparse.ArgumentParser(prog="hami scheduler")

@@ -81,12 +81,38 @@ def test_device_config_and_resource_overrides(tmp_path: Path) -> None:
             "--node-lock-retry-timeout must be a number of seconds, got '28s'",
         ),
         (["--tls-cert", "c.pem"], "--tls-cert and --tls-key must be given together"),
+        (["--fragmentation-half-life", "nan"], "--fragmentation-half-life must be 1..1e9 seconds, got 'nan'"),
+        (["--fragmentation-half-life", "inf"], "--fragmentation-half-life must be 1..1e9 seconds, got 'inf'"),
+        (["--fragmentation-min-pods", "-1"], "--fragmentation-min-pods must be between 0 and 1e9, got '-1'"),
+        (
+            ["--fragmentation-fallback", "1:50%"],
+            "--fragmentation-fallback: '1:50%': expected CARDS:MEMORY:CORES",
+        ),
+        (["--fragmentation-fallback", "1:50%:50:nan"], "WEIGHT must be a positive number"),
         (["--device-config", "/nonexistent/x.yaml"], "--device-config /nonexistent/x.yaml"),
     ],
 )
 def test_bad_values_are_named(argv: list[str], message: str) -> None:
     with pytest.raises(SettingsError, match=message.replace("[", r"\[")):
         from_args(_parse(argv))
+
+
+def test_the_fragmentation_policy_and_its_workload_flags() -> None:
+    env = {"HAMI_FRAGMENTATION_MIN_PODS": "50"}
+    argv = ["--node-scheduler-policy", "fragmentation", "--gpu-scheduler-policy", "fragmentation"]
+    argv += ["--fragmentation-half-life", "600", "--fragmentation-fallback", "2:100%:100:3, 1:4000:30"]
+    settings = from_args(_parse(argv, env))
+    assert (settings.node_policy, settings.gpu_policy) == ("fragmentation", "fragmentation")
+    assert (settings.fragmentation_half_life, settings.fragmentation_min_pods) == (600.0, 50.0)
+    assert [
+        (c.nums, c.memory_mib, c.percentage, c.cores, c.weight) for c in settings.fragmentation_fallback
+    ] == [
+        (2, 0, 100, 100, 3.0),
+        (1, 4000, 101, 30, 1.0),
+    ]
+    defaults = from_args(_parse([]))
+    assert (defaults.fragmentation_half_life, defaults.fragmentation_min_pods) == (21600.0, 20.0)
+    assert len(defaults.fragmentation_fallback) == 3
 
 
 def test_run_refuses_bad_flags_with_exit_code_2(capsys: pytest.CaptureFixture[str]) -> None:

@@ -333,7 +333,8 @@ def test_bad_annotation_on_a_gpu_pod_with_an_unusable_count_is_still_named() -> 
     assert isinstance(decision, Refuse)
     assert decision.reason == "bad_gpu"
     assert decision.message.endswith(
-        'annotation hami.io/node-scheduler-policy "Spread": unknown node policy; expected binpack or spread'
+        'annotation hami.io/node-scheduler-policy "Spread": unknown node policy; expected binpack, spread or '
+        "fragmentation"
     )
 
 

@@ -219,7 +219,8 @@ REFUSALS: list[tuple[str, dict[str, Any], str, int, str]] = [
     (
         "unknown node policy",
         make_pod(ctr(limits={GPU: "1"}), annotations={NODE_POLICY: "pack"}),
-        'annotation hami.io/node-scheduler-policy "pack": unknown node policy; expected binpack or spread',
+        'annotation hami.io/node-scheduler-policy "pack": unknown node policy; expected binpack, spread or '
+        "fragmentation",
         422,
         "bad_annotation",
     ),
@@ -228,7 +229,7 @@ REFUSALS: list[tuple[str, dict[str, Any], str, int, str]] = [
         make_pod(ctr(limits={GPU: "1"}), annotations={GPU_POLICY: "binpack, Numa ,topology"}),
         'annotation hami.io/gpu-scheduler-policy "binpack, Numa ,topology": unknown GPU policies '
         '"Numa", "topology"; expected binpack, spread, mutex, topology-aware or numa, '
-        "or a comma list of them",
+        "or a comma list of them, or fragmentation alone",
         422,
         "bad_annotation",
     ),
@@ -236,7 +237,7 @@ REFUSALS: list[tuple[str, dict[str, Any], str, int, str]] = [
         "GPU policy naming no policy",
         make_pod(ctr(limits={GPU: "1"}), annotations={GPU_POLICY: " , "}),
         'annotation hami.io/gpu-scheduler-policy " , ": names no policy; expected binpack, spread, '
-        "mutex, topology-aware or numa, or a comma list of them",
+        "mutex, topology-aware or numa, or a comma list of them, or fragmentation alone",
         422,
         "bad_annotation",
     ),
@@ -251,7 +252,7 @@ REFUSALS: list[tuple[str, dict[str, Any], str, int, str]] = [
         'annotation nvidia.com/numa-bind "on": expected true or false '
         "(Go booleans: 1 t T TRUE true True, 0 f F FALSE false False); "
         'annotation hami.io/gpu-scheduler-policy "pack": unknown GPU policy "pack"; expected binpack, '
-        "spread, mutex, topology-aware or numa, or a comma list of them; "
+        "spread, mutex, topology-aware or numa, or a comma list of them, or fragmentation alone; "
         'annotation hami.io/device-scoring-weights "slot=1": expected slot, core, and memory weights; '
         "accepted: slot=<n>,core=<n>,memory=<n> in any order, non-negative integers, at least one positive",
         422,

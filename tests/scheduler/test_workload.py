@@ -1,0 +1,158 @@
+"""The ``fragmentation`` policy's learned target workload: pods counted once through the snapshot's pod
+events, the decayed histogram (half-life), the fallback until enough pods were seen, the refresh, the
+bounds against hostile pods, and the ``--fragmentation-fallback`` text."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from hami.core.fragmentation import Target, TargetClass
+from hami.core.model import PERCENT_NOT_GIVEN
+from hami.scheduler.snapshot import Snapshot
+from hami.scheduler.workload import MAX_TRACKED, REFRESH_SECONDS, Workload, parse_fallback
+from tests.builders import make_pod
+
+HOUR = 3600.0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def pods(prefix: str, count: int, memory: int = 3000, cores: int = 30, **kwargs: Any) -> list[dict[str, Any]]:
+    return [make_pod(f"{prefix}{i}", memory=memory, cores=cores, **kwargs) for i in range(count)]
+
+
+def shares(workload: Workload) -> dict[int, float]:
+    """MiB per card -> probability in the current target."""
+    target = workload.target()
+    total = sum(c.weight for c in target.classes)
+    return {c.memory_mib: c.weight / total for c in target.classes}
+
+
+def test_each_gpu_pod_counts_once_through_the_pod_events() -> None:
+    clock = Clock()
+    workload = Workload(clock=clock, min_pods=3)
+    snapshot = Snapshot(workload=workload)
+    for pod in pods("a", 3):
+        snapshot.pod_event("ADDED", pod)
+        snapshot.pod_event("MODIFIED", pod)  # the same uid again: not counted twice
+    snapshot.pod_event("ADDED", make_pod("cpu", gpus=0))  # asks for no card
+    bad = make_pod("bad", annotations={"hami.io/device-scoring-weights": "slot=x"})
+    snapshot.pod_event("ADDED", bad)  # unreadable: skipped
+    assert workload.observed == 3
+    assert workload.weight() == pytest.approx(3)
+    assert [(c.nums, c.memory_mib, c.cores) for c in workload.target().classes] == [(1, 3000, 30)]
+
+
+def test_the_fallback_until_enough_pods_were_seen() -> None:
+    clock = Clock()
+    fallback = parse_fallback("1:100%:100,1:50%:50")
+    workload = Workload(clock=clock, min_pods=20, fallback=fallback)
+    for pod in pods("a", 19):
+        workload.observe(pod)
+    assert not workload.is_learned
+    assert workload.target().classes == fallback
+    workload.observe(make_pod("20th", memory=3000, cores=30))
+    assert workload.is_learned
+    clock.now += REFRESH_SECONDS  # the target is looked at again at most every refresh
+    assert not workload.is_learned  # the weight is decayed: 20 pods a minute ago weigh a little less
+    workload.observe(make_pod("21st", memory=3000, cores=30))
+    assert [c.memory_mib for c in workload.target().classes] == [3000]
+
+
+def test_older_pods_weigh_less_by_the_half_life() -> None:
+    clock = Clock()
+    workload = Workload(clock=clock, half_life=HOUR, min_pods=0.5)
+    for pod in pods("old", 30, memory=1000):
+        workload.observe(pod)
+    clock.now += 2 * HOUR
+    assert workload.weight() == pytest.approx(30 / 4)
+    for pod in pods("new", 30, memory=2000):
+        workload.observe(pod)
+    assert shares(workload) == pytest.approx({2000: 0.8, 1000: 0.2})  # 30 against 30/4
+    clock.now += 200 * HOUR  # long past the stored scale's rebase: the proportions hold
+    workload.observe(make_pod("later", memory=2000, cores=30))
+    assert workload.weight() == pytest.approx(1.0)
+    clock.now += REFRESH_SECONDS
+    assert set(shares(workload)) == {2000}  # the old classes decayed below 5 % of the weight
+
+
+def test_the_target_is_kept_while_it_barely_moves() -> None:
+    clock = Clock()
+    workload = Workload(clock=clock, min_pods=1)
+    for pod in [*pods("a", 50, memory=1000), *pods("b", 50, memory=2000)]:
+        workload.observe(pod)
+    first = workload.target()
+    workload.observe(make_pod("c", memory=1000, cores=30))  # 51/101: moved by less than 2 %
+    clock.now += REFRESH_SECONDS
+    assert workload.target() is first  # its memos stay
+    for pod in pods("d", 20, memory=1000):
+        workload.observe(pod)
+    assert workload.target() is first  # within the refresh interval
+    clock.now += REFRESH_SECONDS
+    assert workload.target() is not first
+
+
+def test_a_class_is_the_request_per_card_and_the_allowed_types() -> None:
+    workload = Workload(clock=Clock(), min_pods=1)
+    typed = make_pod("t", gpus=2, memory=None, cores=100, annotations={"nvidia.com/use-gputype": "A100"})
+    typed["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem-percentage"] = "100"
+    workload.observe(typed)
+    (cls,) = workload.learned()
+    assert (cls.nums, cls.memory_mib, cls.percentage, cls.cores, cls.types) == (2, 0, 100, 100, ("a100",))
+
+
+def test_hostile_pods_cannot_grow_the_histogram() -> None:
+    workload = Workload(clock=Clock(), min_pods=1)
+    for i in range(MAX_TRACKED + 50):
+        workload.observe(make_pod(f"p{i}", memory=1000 + i, cores=30))
+    assert len(workload._weights) == MAX_TRACKED
+    assert workload._total == pytest.approx(sum(workload._weights.values()))
+    assert len(workload.target().classes) <= 32
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("1:100%:100", [TargetClass(nums=1, percentage=100, cores=100)]),
+        (
+            " 2 : 4000 : 30 : 2.5 ",
+            [TargetClass(nums=2, memory_mib=4000, percentage=PERCENT_NOT_GIVEN, cores=30, weight=2.5)],
+        ),
+    ],
+)
+def test_fallback_text(text: str, expected: list[TargetClass]) -> None:
+    assert list(parse_fallback(text)) == expected
+    Target(parse_fallback(text))  # usable as a target
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "expected CARDS:MEMORY:CORES"),
+        ("1:50%", "expected CARDS:MEMORY:CORES"),
+        ("x:50%:50", "whole numbers"),
+        ("0:50%:50", "CARDS must be 1..64"),
+        ("1:150%:50", "MEMORY must be 1..100 %"),
+        ("1:0:50", "MEMORY must be 1..100 %"),
+        ("1:50%:101", "CORES must be 0..100"),
+        ("1:50%:50:0", "WEIGHT must be a positive number"),
+        ("1:50%:50:inf", "WEIGHT must be a positive number"),
+        (",".join(["1:50%:50"] * 40), "at most 32 classes"),
+    ],
+)
+def test_bad_fallback_text(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_fallback(text)
+
+
+def test_a_workload_needs_a_positive_half_life() -> None:
+    with pytest.raises(ValueError, match="half-life"):
+        Workload(half_life=float("nan"))
