@@ -6,7 +6,7 @@ the device plugin turns into kubelet's answer), recognising a pod waiting here f
 (:func:`is_candidate`; ``monitor.pairing`` decides which one kubelet is admitting), the containers in
 annotation order (init first: :func:`container_names`, :func:`container_spec`), and the envs and
 HAMi-core mounts for one container's grants (:func:`container_envs`, :func:`hook_mounts`; the
-``CUDA_DISABLE_CONTROL`` rule is the core's ``hami.core.gobool``, shared with the webhook).
+``CUDA_DISABLE_CONTROL`` rule is the core's ``hami.core.gocompat``, shared with the webhook).
 ``monitor.allocate_call`` does the API calls and the host directory work. Pure: must not import grpc,
 pynvml, the Kubernetes client, ``os`` or ``logging``.
 """
@@ -29,7 +29,7 @@ from hami.annotations import (
     read_pod_to_allocate,
     read_vgpu_node,
 )
-from hami.core.gobool import disabling_value
+from hami.core.gocompat import disabling_value
 from hami.core.model import Grant
 from hami.objects import RawContainer
 from hami.objects import pod_key as pod_key  # the one rule, used by the agent's modules through here

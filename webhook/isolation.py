@@ -6,7 +6,7 @@ Two variables, each read by something outside our control once the node agent ha
 ``/etc/ld.so.preload`` (spec-node-chart §A.9, ``monitor.allocate_rules.hook_mounts``), so HAMi-core is never
 loaded and the container's memory and core limits are not enforced: on a card it shares, it could take
 the whole card from its neighbours. :func:`isolation_problems` names such containers; whether a
-container's env disables control is the core's rule (:func:`hami.core.gobool.disabling_value`, Go's
+container's env disables control is the core's rule (:func:`hami.core.gocompat.disabling_value`, Go's
 ``ParseBool``), which the node agent applies too.
 
 A container may keep the variable only when it asks for whole cards: ``gpucores`` 100 (after the
@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from hami.core.gobool import ENV_DISABLE_CONTROL, disabling_value
+from hami.core.gocompat import ENV_DISABLE_CONTROL, disabling_value
 from hami.core.requests import parse_container
 from hami.settings import DeviceConfig
 

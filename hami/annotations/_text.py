@@ -10,8 +10,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from hami.core.gobool import go_bool as go_bool  # Go strconv.ParseBool, re-exported: the core's rule
 from hami.core.gocompat import fold_keys
+from hami.core.gocompat import go_bool as go_bool  # Go strconv.ParseBool, re-exported: the core's rule
 
 INT32_MIN = -(2**31)
 INT32_MAX = 2**31 - 1
