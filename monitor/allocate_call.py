@@ -46,6 +46,7 @@ from hami.kube.client import KubeError
 from hami.kube.nodelock import release_node_lock
 from hami.kube.pods import list_pods, patch_pod
 from hami.kube.protocol import KubeApi
+from hami.objects import pod_key
 from monitor.allocate_rules import (
     AllocationError,
     Ambiguous,
@@ -56,7 +57,6 @@ from monitor.allocate_rules import (
     container_names,
     container_spec,
     hook_mounts,
-    pod_key,
 )
 from monitor.backends.base import Backend, BackendError
 from monitor.config import NodeSettings

@@ -32,7 +32,6 @@ from hami.annotations import (
 from hami.core.gocompat import disabling_value
 from hami.core.model import Grant
 from hami.objects import RawContainer
-from hami.objects import pod_key as pod_key  # the one rule, used by the agent's modules through here
 from monitor.config import NodeSettings
 
 

@@ -34,7 +34,8 @@ from hami.annotations.holding import holding
 from hami.core.model import Grant, MigAllocation
 from hami.kube.pods import list_pods, patch_pod
 from hami.kube.protocol import KubeApi
-from monitor.allocate_rules import AllocationError, ContainerAnswer, container_names, pod_key
+from hami.objects import pod_key
+from monitor.allocate_rules import AllocationError, ContainerAnswer, container_names
 from monitor.backends.base import Backend, BackendError, MigBackend, MigInstance
 
 log = logging.getLogger(__name__)

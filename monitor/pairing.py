@@ -38,7 +38,8 @@ from hami.annotations import (
     read_vgpu_node,
 )
 from hami.core.model import Device, Grant
-from monitor.allocate_rules import container_names, containers_in_order, is_candidate, phase_text, pod_key
+from hami.objects import pod_key
+from monitor.allocate_rules import container_names, containers_in_order, is_candidate, phase_text
 from monitor.handout import asked_count, handout_problem, whose_problem
 
 #: Bind order of a pod without a readable bind time: after every pod with one.

@@ -9,7 +9,7 @@ import pytest
 from hami.doctor.findings import pod_key as doctor_key
 from hami.objects import pod_key
 from hami.scheduler import filter as scheduler_filter
-from monitor import allocate_rules
+from monitor import allocate_call, mig, pairing
 
 
 @pytest.mark.parametrize(
@@ -24,5 +24,5 @@ from monitor import allocate_rules
 )
 def test_every_component_names_a_pod_the_same_way(pod: dict[str, Any], key: tuple[str, str]) -> None:
     assert pod_key(pod) == key
-    assert scheduler_filter.pod_key is allocate_rules.pod_key is pod_key
+    assert scheduler_filter.pod_key is pairing.pod_key is allocate_call.pod_key is mig.pod_key is pod_key
     assert doctor_key(pod) == f"{key[0]}/{key[1]}"
