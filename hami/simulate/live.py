@@ -4,7 +4,8 @@ Owns :func:`load_cluster` and :func:`cluster_from_objects`. The cards and their 
 scheduler's own view (:class:`~hami.scheduler.snapshot.Snapshot` fed with the Nodes and Pods, as
 ``hami doctor`` does): registered cards, cordons, every tracked pod's grants. CPU and memory are the
 Node's ``status.allocatable`` less the requests of the pods bound to it that have not finished
-(kube-scheduler's view: per pod the larger of the app containers' sum and any init container).
+(``hami.annotations.holding`` without a grant required; kube-scheduler's view: per pod the larger of
+the app containers' sum and any init container).
 Nodes without a readable registration are left out. The only module of ``hami.simulate`` that
 reaches a cluster.
 """
@@ -16,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from hami import objects
+from hami.annotations.holding import holding
 from hami.kube import nodes as kube_nodes
 from hami.kube import pods as kube_pods
 from hami.kube.client import load_api_client
@@ -35,8 +37,8 @@ def cluster_from_objects(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapp
     snapshot.replace_pods(pods)
     used: dict[str, list[int]] = {}
     for pod in pods:
-        node_name = objects.node_name(pod)
-        if node_name and objects.pod_phase(pod) not in ("Succeeded", "Failed"):
+        node_name = holding(pod, grant_required=False).node  # bound there and not finished
+        if node_name is not None:
             cpu, memory = pod_requests(pod)
             total = used.setdefault(node_name, [0, 0])
             total[0] += cpu
