@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 
-from hami.core import fragmentation, precheck
+from hami.core import fragmentation, fragplacement, precheck
 from hami.core.fit import FitResult, Steering, fit_container
 from hami.core.model import (
     NVIDIA,
@@ -121,7 +121,7 @@ def _place(
         is_init = position < request.init_count
         cards = [(fresh if is_init else shared)[i] for i in vendor]
         if target is not None:
-            order = fragmentation.card_order(target, cards, node.cordoned, container, request.numa_bind)
+            order = fragplacement.card_order(target, cards, node.cordoned, container, request.numa_bind)
         else:
             scores = [card_score(c, container, request.weights) for c in cards]
             order = order_cards(cards, scores, gpu, request.numa_bind)
@@ -238,8 +238,8 @@ def allocate(
 def priorities(request: PodRequest, nodes: Iterable[NodeState], policy: Policy) -> dict[str, int]:
     """The one node ranking: kube-scheduler's 0..10 per node (:func:`~hami.core.score.node_priority`
     of its node score, the usage before this pod) under the pod's node policy, else the cluster's;
-    ``fragmentation`` with a target: :func:`hami.core.fragmentation.node_priorities`."""
+    ``fragmentation`` with a target: :func:`hami.core.fragplacement.node_priorities`."""
     node_policy = request.node_policy or policy.node_policy
     if node_policy == FRAGMENTATION and policy.target is not None:
-        return fragmentation.node_priorities(policy.target, request, nodes)
+        return fragplacement.node_priorities(policy.target, request, nodes)
     return {node.name: node_priority(node.summary.score, node_policy) for node in nodes}

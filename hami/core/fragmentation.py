@@ -1,10 +1,9 @@
-"""GPU fragmentation against a target workload, and the placement rule that grows it least: one
-implementation for the scheduler's ``fragmentation`` policy and ``hami simulate``.
+"""GPU fragmentation against a target workload: the measure behind the ``fragmentation`` policies of the
+scheduler and ``hami simulate`` (one implementation; the placement rule is :mod:`hami.core.fragplacement`).
 
-Owns :class:`TargetClass`, :class:`Target` (a workload, with the memos that keep the figures incremental),
-:class:`NodeFrag`, :func:`gradient`, :func:`place` (the cards a pod would take on a node and their score),
-:func:`node_priorities` (``/prioritize`` under the ``fragmentation`` node policy) and :func:`card_order`
-(Fit's card order under the ``fragmentation`` GPU policy, which bind's choice follows).
+Owns :class:`TargetClass`, :class:`Target` (a workload, with the memos that keep the figures
+incremental), :class:`CardInfo`, :class:`NodeFrag`, :class:`NodeView`, and the per-card rules
+:func:`card_key`, :func:`accepts`, :func:`granted`.
 
 The measure (Weng et al., "Beware of Fragmentation", USENIX ATC '23): a card's free share ``l`` is its
 free memory in milli of the card (``1000 x free / total``; cards that can take no pod at all — unhealthy,
@@ -15,15 +14,13 @@ Fit rules that depend on the card alone (a free slot, memory, cores, exclusive u
 14). The node's free GPU ``G = Σ l`` is all fragment to a class that cannot use the node (no card asked,
 fewer than ``k_m`` usable cards, too little CPU), else only the cards it cannot use:
 ``frag_m = G - R_m`` with ``R_m = Σ l`` over usable cards. ``F(n) = Σ_m p_m frag_m = G - Σ_m p_m fits_m
-R_m``. A placement's score is ``int(100 σ((F(n) - F(n'))/1000))`` (n' = the node after it): 50 when the
-fragmentation does not change, higher when it shrinks. Per container the cards are chosen one at a time,
-each the card with the best score (the lowest position on ties).
+R_m``.
 
-Incremental: a card's (``l``, usable classes) is memoised by its usage; a node's sums by the identity of
-its :class:`~hami.core.model.NodeState` (a new state is built only when a grant changes); a node's score
-for a request by the node's card usage and the request. A new target (the learned workload moved) starts
-with empty memos. Pure: stdlib only; must not import a Kubernetes client, aiohttp, kopf, grpc, pynvml,
-``logging``, ``os`` or ``time``.
+Incremental: a card's (``l``, usable classes) is memoised by its usage, a node's sums by the identity of
+its :class:`~hami.core.model.NodeState` (a new state is built only when a grant changes), and
+:meth:`Target.remember` keeps scores for the placement rule; a new target (the learned workload moved)
+starts with empty memos. Every memo is bounded. Pure: stdlib only; must not import a Kubernetes
+client, aiohttp, kopf, grpc, pynvml, ``logging``, ``os`` or ``time``.
 """
 
 from __future__ import annotations
@@ -33,17 +30,15 @@ import math
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
-from hami.core.fit import Steering, memory_need
+from hami.core.fit import memory_need
 from hami.core.model import (
     PERCENT_NOT_GIVEN,
     ContainerRequest,
     DeviceMode,
     DeviceState,
     NodeState,
-    PodRequest,
     is_vendor_card,
 )
-from hami.core.score import FRAGMENTATION, MAX_PRIORITY, parse_gpu_policy
 
 MILLI = 1000
 #: Memo sizes: beyond them a memo starts again empty (template nodes in requests are not bounded).
@@ -88,7 +83,7 @@ class NodeFrag:
 _NONE = CardInfo(0, (), 0)
 
 
-def _accepts(key: CardKey, need: int, cores: int) -> bool:
+def accepts(key: CardKey, need: int, cores: int) -> bool:
     """Fit's checks 6, 9, 10, 13, 14 for one container on a card with this usage (cores clamped)."""
     _, _, memory, total_cores, count, used, used_mem, used_cores = key
     if count <= used or memory - used_mem < need or total_cores - used_cores < cores:
@@ -154,7 +149,7 @@ class Target:
                 types = self.gpu[m].types
                 if types and not any(t in lowered for t in types):
                     continue
-                if _accepts(key, memory_need(request, memory), request.cores):
+                if accepts(key, memory_need(request, memory), request.cores):
                     usable.append(m)
                     mask |= 1 << m
             info = CardInfo(MILLI * max(0, memory - used_mem) // memory, tuple(usable), mask)
@@ -165,7 +160,15 @@ class Target:
 
     def frag(self, sums: NodeFrag, cpu: int | None = None) -> float:
         """``F = G - Σ_m p_m fits_m R_m`` (``cpu`` None: CPU is not part of the measure)."""
-        return _frag(self, sums.g, sums.r, sums.n, cpu)
+        return self.frag_of(sums.g, sums.r, sums.n, cpu)
+
+    def frag_of(self, g: int, r: Sequence[int], n: Sequence[int], cpu: int | None) -> float:
+        usable = 0.0
+        k, need = self.k, self.cpu
+        for m, p in enumerate(self.p):
+            if n[m] >= k[m] and (cpu is None or cpu >= need[m]):
+                usable += p * r[m]
+        return g - usable
 
     def sums(self, keys: Iterable[CardKey]) -> NodeFrag:
         """The sums over cards with these usages."""
@@ -217,15 +220,6 @@ class Target:
         self._scores[key] = score
 
 
-def _frag(target: Target, g: int, r: Sequence[int], n: Sequence[int], cpu: int | None) -> float:
-    usable = 0.0
-    k, need = target.k, target.cpu
-    for m, p in enumerate(target.p):
-        if n[m] >= k[m] and (cpu is None or cpu >= need[m]):
-            usable += p * r[m]
-    return g - usable
-
-
 def card_key(state: DeviceState, cordoned: frozenset[str] = frozenset()) -> CardKey:
     dev = state.device
     ok = (
@@ -242,195 +236,7 @@ def card_keys(node: NodeState) -> tuple[CardKey, ...]:
     return tuple(card_key(s, node.cordoned) for s in node.devices)
 
 
-def gradient(before: float, after: float) -> int:
-    """``int(100 σ((before - after)/1000))``: 0..99, 50 when the fragmentation does not change."""
-    x = max(-700.0, min(700.0, (before - after) / MILLI))
-    return math.floor(100.0 / (1.0 + math.exp(-x)))
-
-
-def priority(score: int) -> int:
-    """A placement score (0..99) on kube-scheduler's extender range 0..10 (rounded)."""
-    return min(MAX_PRIORITY, (score + 5) // 10)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Placement:
-    """Where the pod's app containers would go on one node (positions in ``devices``) and the score."""
-
-    score: int
-    before: float
-    after: float
-    cards: tuple[tuple[int, ...], ...]
-
-
-class _Walk:
-    """A node's sums while picks are applied one at a time (one :func:`place` call)."""
-
-    def __init__(self, target: Target, view: NodeView, cpu: int | None) -> None:
-        self.t = target
-        self.g = view.sums.g
-        self.r = list(view.sums.r)
-        self.n = list(view.sums.n)
-        self.keys = list(view.keys)
-        self.cpu = cpu
-
-    def after(self, j: int, new: CardKey) -> float:
-        """``F`` if card ``j`` had usage ``new`` (the picks so far applied)."""
-        t = self.t
-        old, now = t.card(self.keys[j]), t.card(new)
-        changed = old.mask | now.mask
-        usable = 0.0
-        cpu, r, n, k, need = self.cpu, self.r, self.n, t.k, t.cpu
-        for m, p in enumerate(t.p):
-            rm, nm = r[m], n[m]
-            if changed >> m & 1:
-                if old.mask >> m & 1:
-                    rm -= old.milli
-                    nm -= 1
-                if now.mask >> m & 1:
-                    rm += now.milli
-                    nm += 1
-            if nm >= k[m] and (cpu is None or cpu >= need[m]):
-                usable += p * rm
-        return self.g - old.milli + now.milli - usable
-
-    def apply(self, j: int, new: CardKey) -> None:
-        old, now = self.t.card(self.keys[j]), self.t.card(new)
-        self.g += now.milli - old.milli
-        for m in old.usable:
-            self.r[m] -= old.milli
-            self.n[m] -= 1
-        for m in now.usable:
-            self.r[m] += now.milli
-            self.n[m] += 1
-        self.keys[j] = new
-
-    def frag(self) -> float:
-        return _frag(self.t, self.g, self.r, self.n, self.cpu)
-
-
-def _granted(key: CardKey, need: int, cores: int) -> CardKey:
+def granted(key: CardKey, need: int, cores: int) -> CardKey:
+    """The usage after one more container got ``need`` MiB and ``cores`` on the card."""
     ok, card_type, memory, total_cores, count, used, used_mem, used_cores = key
     return (ok, card_type, memory, total_cores, count, used + 1, used_mem + need, used_cores + cores)
-
-
-def place(
-    target: Target,
-    node: NodeState,
-    request: PodRequest,
-    *,
-    cpu_milli: int = 0,
-    cpu_free: int | None = None,
-) -> Placement | None:
-    """The cards the pod's app containers would take on ``node`` under the rule, and the score; None
-    when a container finds too few cards (by the per-card checks and the pod's type/uuid steering).
-
-    Each card in turn is the one whose booking scores best (lowest position on ties), the earlier picks
-    applied; the score is that of the whole placement. ``cpu_free``/``cpu_milli``: the node's free CPU
-    and the pod's request (the simulator), None/0 in the scheduler. Init containers hold nothing once
-    done and are left out.
-    """
-    view = target.node(node, cpu_free)
-    walk = _Walk(target, view, None if cpu_free is None else cpu_free - cpu_milli)
-    steer = Steering.of(request, parse_gpu_policy(FRAGMENTATION), node.cordoned, {})
-    chosen: list[tuple[int, ...]] = []
-    for container in request.containers[request.init_count :]:
-        if container is None or container.nums <= 0:
-            chosen.append(())
-            continue
-        cores = min(container.cores, 100)
-        allowed = [
-            j
-            for j, s in enumerate(node.devices)
-            if view.keys[j][0] and steer.type_ok(container, s) and steer.uuid_ok(s.device.uuid)
-        ]
-        picks: list[int] = []
-        for _ in range(container.nums):
-            best: tuple[int, int, CardKey] | None = None
-            seen: dict[CardKey, int] = {}
-            for j in allowed:
-                key = walk.keys[j]
-                need = memory_need(container, key[2])
-                if j in picks or not _accepts(key, need, cores):
-                    continue
-                new = _granted(key, need, cores)
-                score = seen.get(key)
-                if score is None:
-                    score = seen[key] = gradient(view.frag, walk.after(j, new))
-                if best is None or score > best[1]:
-                    best = (j, score, new)
-            if best is None:
-                return None
-            walk.apply(best[0], best[2])
-            picks.append(best[0])
-        chosen.append(tuple(picks))
-    after = walk.frag()
-    return Placement(score=gradient(view.frag, after), before=view.frag, after=after, cards=tuple(chosen))
-
-
-def _request_key(request: PodRequest) -> tuple[object, ...] | None:
-    """What the score of a request depends on besides the node; None when it names card uuids."""
-    if request.use_uuids or request.nouse_uuids:
-        return None
-    return (
-        request.containers[request.init_count :],
-        request.use_types,
-        request.nouse_types,
-        request.vgpu_mode,
-    )
-
-
-def node_priorities(target: Target, request: PodRequest, nodes: Iterable[NodeState]) -> dict[str, int]:
-    """``/prioritize`` under the ``fragmentation`` node policy: per node the score of the pod's best
-    placement there (:func:`place`) on 0..10; 0 where the rule finds no cards (MIG cards, say).
-
-    A node's score is memoised by its card usage and the request, so an unchanged node costs a lookup.
-    """
-    wanted = _request_key(request)
-    asked = None if wanted is None else target.intern(wanted)
-    out: dict[str, int] = {}
-    for node in nodes:
-        memo = None if asked is None else (target.node(node).usage, asked)
-        score = None if memo is None else target.remembered(memo)
-        if score is None:
-            found = place(target, node, request)
-            score = found.score if found is not None else -1
-            if memo is not None:
-                target.remember(memo, score)
-        out[node.name] = priority(score) if score >= 0 else 0
-    return out
-
-
-def card_scores(
-    target: Target, cards: Sequence[DeviceState], cordoned: frozenset[str], container: ContainerRequest
-) -> list[int]:
-    """Bind's card order under the ``fragmentation`` GPU policy: per card the score (0..99) of giving
-    it one card of ``container`` (-1 where the card cannot take it), against the cards' current usage."""
-    keys = tuple(card_key(s, cordoned) for s in cards)
-    sums = target.sums(keys)
-    view = NodeView(keys, sums, None, target.frag(sums), -1)
-    walk = _Walk(target, view, None)
-    cores = min(container.cores, 100)
-    out: list[int] = []
-    for j, key in enumerate(keys):
-        need = memory_need(container, key[2])
-        if not key[0] or not _accepts(key, need, cores):
-            out.append(-1)
-            continue
-        out.append(gradient(view.frag, walk.after(j, _granted(key, need, cores))))
-    return out
-
-
-def card_order(
-    target: Target,
-    cards: Sequence[DeviceState],
-    cordoned: frozenset[str],
-    container: ContainerRequest,
-    numa_bind: bool,
-) -> list[int]:
-    """Positions of ``cards`` sorted so that Fit, walking from the end, tries the best-scored card first
-    (the lowest position on ties); with numa-bind the NUMA groups stay contiguous, the lowest first."""
-    scores = card_scores(target, cards, cordoned, container)
-    if numa_bind:
-        return sorted(range(len(cards)), key=lambda i: (-cards[i].device.numa, scores[i], -i))
-    return sorted(range(len(cards)), key=lambda i: (scores[i], -i))

@@ -7,7 +7,7 @@ Owns :class:`FragMeasure` and :func:`target_class` (a trace class as the core's
 ``gpu_spec`` as allowed card types, and the class's CPU). ``frag[i]`` is ``F`` of node ``i`` against the
 target workload at its free CPU, refreshed after every booking there; ``total`` is their sum.
 :meth:`FragMeasure.scores` answers the FGD score (0..99) of the pod's best placement on each candidate
-node with :func:`hami.core.fragmentation.place`, remembered per (node, node version, request shape): a
+node with :func:`hami.core.fragplacement.place`, remembered per (node, node version, request shape): a
 node is evaluated again only after something was booked on it, which keeps a run of the default trace at
 about 100,000 evaluations for 5 million candidate nodes. Imports ``hami.core`` and numpy only, no I/O.
 """
@@ -18,7 +18,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hami.core.fragmentation import Target, TargetClass, place
+from hami.core.fragmentation import Target, TargetClass
+from hami.core.fragplacement import place, steering
 from hami.simulate.cluster import Cluster, container_request
 from hami.simulate.trace import TracePod
 from hami.simulate.workload import RequestClass
@@ -89,6 +90,7 @@ class FragMeasure:
         stale = rows[self._at[rows, k] != self.version[rows]]
         if stale.size:
             request = self.cluster.request(pod)
+            steer = steering(request)
             cluster = self.cluster
             for i in stale.tolist():
                 found = place(
@@ -97,6 +99,7 @@ class FragMeasure:
                     request,
                     cpu_milli=pod.cpu_milli,
                     cpu_free=int(cluster.cpu_free[i]),
+                    steer=steer,
                 )
                 self._score[i, k] = -1 if found is None else found.score
                 if found is not None and found.cards:

@@ -15,7 +15,8 @@ name). Rules, as the paper's simulator computes them (c = free milli-CPU, g = fr
   ``max(100 - Σ(l·100/1000)/10, 50)``; CPU-only 0.
 - ``bestfit``: ``100 (1 - [0.5 (c - c_req)/128000 + 0.5 (g - g_req)/8000])``.
 - ``fgd``: ``100 σ((F(n) - F(n'))/1000)``, trying every card for a share (first best card); the measure
-  and the rule are the core's (:mod:`hami.core.fragmentation`), the scheduler's ``fragmentation`` policy.
+  and the rule are the core's (:mod:`hami.core.fragmentation`, :mod:`hami.core.fragplacement`), the
+  scheduler's ``fragmentation`` policy.
 - ``hami-binpack`` / ``hami-spread``: HAMi's node score of the usage (highest / lowest), cards by the
   core's binpack / spread order; a CPU-only pod gets kube-scheduler's LeastAllocated score.
 - ``fragmentation``: see :mod:`hami.simulate.fragmentation`.
@@ -177,7 +178,7 @@ class Clustering(Policy):
 
 class FGD(Policy):
     """The node whose fragmentation grows least, the cards the core's rule picks there
-    (:func:`hami.core.fragmentation.place`: a share tries every card, the first best one)."""
+    (:func:`hami.core.fragplacement.place`: a share tries every card, the first best one)."""
 
     name = "fgd"
 

@@ -1,4 +1,4 @@
-"""The fragmentation measure and the ``fragmentation`` policy of the core: worked examples (cards of
+"""The fragmentation measure and the ``fragmentation`` placement rule of the core: worked examples (cards of
 1000 MiB, so 1 MiB is one milli of a card), placements that strand less scoring higher, the incremental
 figures equal to recomputing a node the core really booked, and the policy through ``fit_node`` /
 ``priorities`` (the scheduler's bind and /prioritize)."""
@@ -12,15 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hami.core.allocate import Policy, fit_node, priorities
-from hami.core.fragmentation import (
-    Target,
-    TargetClass,
-    card_scores,
-    gradient,
-    node_priorities,
-    place,
-    priority,
-)
+from hami.core.fragmentation import Target, TargetClass
+from hami.core.fragplacement import card_scores, gradient, node_priorities, place, priority
 from hami.core.model import Allocation, Grant, NodeState, PodRequest
 from hami.core.usage import apply_usage, pod_usage
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from hami.annotations import POD_DEVICES_TO_ALLOCATE, POD_GPU_POLICY, POD_NODE_POLICY
-from hami.core.fragmentation import gradient, priority
+from hami.core.fragplacement import gradient, priority
 from tests.builders import make_node, make_pod, placed
 
 from .kit import Extender, StartExtender

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hami.core.fragmentation import place
+from hami.core.fragplacement import place
 from hami.simulate.cluster import Cluster
 from hami.simulate.frag import FragMeasure
 from hami.simulate.trace import TraceNode, TracePod, read_pods

@@ -1,0 +1,225 @@
+"""The ``fragmentation`` placement rule: where a pod grows the GPU fragmentation of
+:mod:`hami.core.fragmentation` least — the scheduler's ``fragmentation`` node and GPU policies, and
+``hami simulate``'s ``fgd`` / ``fragmentation`` scores (one implementation).
+
+Owns :func:`gradient` (a placement's score), :func:`priority`, :class:`Placement`, :func:`place` (the
+cards a pod would take on a node, and the score), :func:`node_priorities` (``/prioritize`` under the
+node policy), :func:`card_scores` and :func:`card_order` (Fit's card order under the GPU policy, which
+bind's choice follows).
+
+A placement's score is ``int(100 σ((F(n) - F(n'))/1000))`` (n' = the node after it): 50 when the
+fragmentation does not change, higher when it shrinks. Per container the cards are chosen one at a time,
+each the card with the best score (the lowest position on ties). A node's score for a request is
+memoised by the node's card usage and the request, so an unchanged node costs a lookup. Pure: stdlib
+only; must not import a Kubernetes client, aiohttp, kopf, grpc, pynvml, ``logging``, ``os`` or
+``time``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from hami.core.fit import Steering, memory_need
+from hami.core.fragmentation import MILLI, CardKey, NodeView, Target, accepts, card_key, granted
+from hami.core.model import ContainerRequest, DeviceState, NodeState, PodRequest
+from hami.core.score import FRAGMENTATION, MAX_PRIORITY, parse_gpu_policy
+
+
+def gradient(before: float, after: float) -> int:
+    """``int(100 σ((before - after)/1000))``: 0..99, 50 when the fragmentation does not change."""
+    x = max(-700.0, min(700.0, (before - after) / MILLI))
+    return math.floor(100.0 / (1.0 + math.exp(-x)))
+
+
+def priority(score: int) -> int:
+    """A placement score (0..99) on kube-scheduler's extender range 0..10 (rounded)."""
+    return min(MAX_PRIORITY, (score + 5) // 10)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Placement:
+    """Where the pod's app containers would go on one node (positions in ``devices``) and the score."""
+
+    score: int
+    before: float
+    after: float
+    cards: tuple[tuple[int, ...], ...]
+
+
+class _Walk:
+    """A node's sums while picks are applied one at a time (one :func:`place` call)."""
+
+    def __init__(self, target: Target, view: NodeView, cpu: int | None) -> None:
+        self.t = target
+        self.g = view.sums.g
+        self.r = list(view.sums.r)
+        self.n = list(view.sums.n)
+        self.keys = list(view.keys)
+        self.cpu = cpu
+
+    def after(self, j: int, new: CardKey) -> float:
+        """``F`` if card ``j`` had usage ``new`` (the picks so far applied)."""
+        t = self.t
+        old, now = t.card(self.keys[j]), t.card(new)
+        changed = old.mask | now.mask
+        usable = 0.0
+        cpu, r, n, k, need = self.cpu, self.r, self.n, t.k, t.cpu
+        for m, p in enumerate(t.p):
+            rm, nm = r[m], n[m]
+            if changed >> m & 1:
+                if old.mask >> m & 1:
+                    rm -= old.milli
+                    nm -= 1
+                if now.mask >> m & 1:
+                    rm += now.milli
+                    nm += 1
+            if nm >= k[m] and (cpu is None or cpu >= need[m]):
+                usable += p * rm
+        return self.g - old.milli + now.milli - usable
+
+    def apply(self, j: int, new: CardKey) -> None:
+        old, now = self.t.card(self.keys[j]), self.t.card(new)
+        self.g += now.milli - old.milli
+        for m in old.usable:
+            self.r[m] -= old.milli
+            self.n[m] -= 1
+        for m in now.usable:
+            self.r[m] += now.milli
+            self.n[m] += 1
+        self.keys[j] = new
+
+    def frag(self) -> float:
+        return self.t.frag_of(self.g, self.r, self.n, self.cpu)
+
+
+def place(
+    target: Target,
+    node: NodeState,
+    request: PodRequest,
+    *,
+    cpu_milli: int = 0,
+    cpu_free: int | None = None,
+    steer: Steering | None = None,
+) -> Placement | None:
+    """The cards the pod's app containers would take on ``node`` under the rule, and the score; None
+    when a container finds too few cards (by the per-card checks and the pod's type/uuid steering).
+
+    Each card in turn is the one whose booking scores best (lowest position on ties), the earlier picks
+    applied; the score is that of the whole placement. ``cpu_free``/``cpu_milli``: the node's free CPU
+    and the pod's request (the simulator), None/0 in the scheduler. Init containers hold nothing once
+    done and are left out. ``steer``: the pod's :class:`~hami.core.fit.Steering` (built when not given;
+    only its type and uuid checks are used).
+    """
+    view = target.node(node, cpu_free)
+    walk = _Walk(target, view, None if cpu_free is None else cpu_free - cpu_milli)
+    if steer is None:
+        steer = steering(request)
+    chosen: list[tuple[int, ...]] = []
+    for container in request.containers[request.init_count :]:
+        if container is None or container.nums <= 0:
+            chosen.append(())
+            continue
+        cores = min(container.cores, 100)
+        allowed = [
+            j
+            for j, s in enumerate(node.devices)
+            if view.keys[j][0] and steer.type_ok(container, s) and steer.uuid_ok(s.device.uuid)
+        ]
+        picks: list[int] = []
+        for _ in range(container.nums):
+            best: tuple[int, int, CardKey] | None = None
+            seen: dict[CardKey, int] = {}
+            for j in allowed:
+                key = walk.keys[j]
+                need = memory_need(container, key[2])
+                if j in picks or not accepts(key, need, cores):
+                    continue
+                new = granted(key, need, cores)
+                score = seen.get(key)
+                if score is None:
+                    score = seen[key] = gradient(view.frag, walk.after(j, new))
+                if best is None or score > best[1]:
+                    best = (j, score, new)
+            if best is None:
+                return None
+            walk.apply(best[0], best[2])
+            picks.append(best[0])
+        chosen.append(tuple(picks))
+    after = walk.frag()
+    return Placement(score=gradient(view.frag, after), before=view.frag, after=after, cards=tuple(chosen))
+
+
+def steering(request: PodRequest) -> Steering:
+    """The pod's type and uuid steering (card cordons are part of the card usage, not of this)."""
+    return Steering.of(request, parse_gpu_policy(FRAGMENTATION), frozenset(), {})
+
+
+def _request_key(request: PodRequest) -> tuple[object, ...] | None:
+    """What the score of a request depends on besides the node; None when it names card uuids."""
+    if request.use_uuids or request.nouse_uuids:
+        return None
+    return (
+        request.containers[request.init_count :],
+        request.use_types,
+        request.nouse_types,
+        request.vgpu_mode,
+    )
+
+
+def node_priorities(target: Target, request: PodRequest, nodes: Iterable[NodeState]) -> dict[str, int]:
+    """``/prioritize`` under the ``fragmentation`` node policy: per node the score of the pod's best
+    placement there (:func:`place`) on 0..10; 0 where the rule finds no cards (MIG cards, say).
+
+    A node's score is memoised by its card usage and the request, so an unchanged node costs a lookup.
+    """
+    wanted = _request_key(request)
+    asked = None if wanted is None else target.intern(wanted)
+    steer = steering(request)
+    out: dict[str, int] = {}
+    for node in nodes:
+        memo = None if asked is None else (target.node(node).usage, asked)
+        score = None if memo is None else target.remembered(memo)
+        if score is None:
+            found = place(target, node, request, steer=steer)
+            score = found.score if found is not None else -1
+            if memo is not None:
+                target.remember(memo, score)
+        out[node.name] = priority(score) if score >= 0 else 0
+    return out
+
+
+def card_scores(
+    target: Target, cards: Sequence[DeviceState], cordoned: frozenset[str], container: ContainerRequest
+) -> list[int]:
+    """Bind's card order under the ``fragmentation`` GPU policy: per card the score (0..99) of giving
+    it one card of ``container`` (-1 where the card cannot take it), against the cards' current usage."""
+    keys = tuple(card_key(s, cordoned) for s in cards)
+    sums = target.sums(keys)
+    view = NodeView(keys, sums, None, target.frag(sums), -1)
+    walk = _Walk(target, view, None)
+    cores = min(container.cores, 100)
+    out: list[int] = []
+    for j, key in enumerate(keys):
+        need = memory_need(container, key[2])
+        if not key[0] or not accepts(key, need, cores):
+            out.append(-1)
+            continue
+        out.append(gradient(view.frag, walk.after(j, granted(key, need, cores))))
+    return out
+
+
+def card_order(
+    target: Target,
+    cards: Sequence[DeviceState],
+    cordoned: frozenset[str],
+    container: ContainerRequest,
+    numa_bind: bool,
+) -> list[int]:
+    """Positions of ``cards`` sorted so that Fit, walking from the end, tries the best-scored card first
+    (the lowest position on ties); with numa-bind the NUMA groups stay contiguous, the lowest first."""
+    scores = card_scores(target, cards, cordoned, container)
+    if numa_bind:
+        return sorted(range(len(cards)), key=lambda i: (-cards[i].device.numa, scores[i], -i))
+    return sorted(range(len(cards)), key=lambda i: (scores[i], -i))
