@@ -30,6 +30,7 @@ from hami.kube import quotas as kube_quotas
 from hami.kube.client import KubeError, NotFound, load_api_client
 from hami.kube.protocol import KubeApi
 from hami.scheduler.config import load_device_config
+from hami.scheduler.nominations import DEFAULT_SCHEDULER, NominationBook, Nominations
 from hami.scheduler.quotas import QuotaBook
 from hami.scheduler.snapshot import Snapshot
 from hami.scheduler.victims import node_holders, priority_of
@@ -92,15 +93,20 @@ async def explain(
         memory_factor=config.effective_memory_factor,
     )
     # the live view's rules, the allocating horizon included (a leftover unbound allocation is free)
+    # cards held for a nominated pod that outranks this one are taken, as /filter counts them
+    nominations = Nominations(
+        scheduler_name=objects.scheduler_name(pod) or DEFAULT_SCHEDULER, device_config=config, policy=policy
+    )
     snapshot = Snapshot(
         count_resource=config.resources.count,
         quotas=book,
         clock=lambda: datetime.datetime.now(datetime.UTC),
+        nominations=NominationBook(nominations),
     )
     snapshot.replace_nodes(nodes)
     snapshot.replace_quotas(await kube_quotas.list_resource_quotas(api, namespace))
     snapshot.replace_pods(pods)
-    results = explain_all(snapshot, request, policy, (namespace, name))
+    results = explain_all(snapshot, request, priority_of(pod), policy, (namespace, name))
     print_results(results, out)
     if any(r.fits for r in results):
         return 0
@@ -109,7 +115,7 @@ async def explain(
 
 
 def explain_all(
-    snapshot: Snapshot, request: PodRequest, policy: Policy, key: tuple[str, str]
+    snapshot: Snapshot, request: PodRequest, priority: int, policy: Policy, key: tuple[str, str]
 ) -> list[NodeExplanation]:
     now = datetime.datetime.now(datetime.UTC)
     holders: dict[str, dict[str, Any]] = {}
@@ -119,7 +125,7 @@ def explain_all(
     quotas = snapshot.quotas_for(request.namespace, exclude=key)
     results = []
     for entry in sorted(snapshot.entries(), key=lambda e: e.name):
-        state = snapshot.candidate(entry.name, now, exclude=key)
+        state = snapshot.candidate(entry.name, now, exclude=key, priority=priority)
         if isinstance(state, Rejection):
             results.append(NodeExplanation(node=entry.name, rejection=state))
             continue
@@ -139,7 +145,7 @@ def preemption_option(
     names: dict[str, str] = {}
     nodes = []
     for entry in sorted(snapshot.entries(), key=lambda e: e.name):
-        state = snapshot.candidate(entry.name, now, exclude=key)
+        state = snapshot.candidate(entry.name, now, exclude=key, priority=priority)
         if isinstance(state, Rejection):
             continue
         for (ns, pod_name), _, observed in snapshot.holders(entry.name):

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Awaitable, Callable, Hashable, Mapping
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,7 +41,7 @@ from hami import objects
 from hami.annotations import AnnotationError, read_pod_request
 from hami.core.preempt import preempt_node
 from hami.core.rejection import Rejection
-from hami.core.victimsearch import CardMemo
+from hami.core.victimsearch import CardMemo, Holder
 from hami.scheduler.context import Context
 from hami.scheduler.snapshot import local_time
 from hami.scheduler.victims import node_holders, priority_of
@@ -149,11 +149,30 @@ def handle_preempt(ctx: Context, args: ExtenderPreemptionArgs) -> Preempted:
         )
         if found is None or not (proposal.uids or found.added):
             continue
-        answer[node] = [*proposal.uids, *(h.uid for h in found.added)]
+        answer[node] = _most_important_first(proposal, holders.by_uid, found.added)
         pdb[node] += sum(1 for h in found.added if h.violates_pdb)
         proposed += len(proposal.uids)
         added += len(found.added)
     return Preempted(_answer(answer, pdb), len(offered), proposed, added)
+
+
+def _most_important_first(
+    proposal: Proposal, known: Mapping[str, Holder], added: Sequence[Holder]
+) -> list[str]:
+    """The node's victims in kube-scheduler's order (``MoreImportantPod``: higher priority, then older),
+    since it ranks nodes by the first one. A victim of kube-scheduler's that holds no card and came
+    without a priority keeps its place ahead of ours: kube-scheduler already sorted its own list. Ties
+    keep kube-scheduler's victims first, then ours cheapest first (the sort is stable)."""
+
+    def rank(uid: str) -> tuple[int, float]:
+        holder = known.get(uid)
+        if holder is not None:
+            return (-holder.priority, holder.started)
+        if uid in proposal.priorities:
+            return (-proposal.priorities[uid], float("-inf"))
+        return (-(2**63), float("-inf"))
+
+    return sorted([*proposal.uids, *(h.uid for h in added)], key=rank)
 
 
 def _json(payload: Any) -> web.Response:

@@ -219,3 +219,26 @@ async def test_explain_says_when_no_preemption_helps(
     assert code == 1, text
     assert says in text, text
     assert "evicting" not in text
+
+
+async def test_cards_held_for_a_nominated_pod_of_higher_priority_are_not_offered(
+    cluster: kmock.KubernetesEmulator, kubeconfig: Path
+) -> None:
+    # kube-scheduler nominated gpu-b for "boss" (priority 100, 10000 MiB): /filter holds those cards
+    # against lower-priority pods, so explain must not say a 10000 MiB pod of priority 10 fits there.
+    boss = urgent("boss", 100, schedulerName="hami-scheduler")
+    boss["status"] = {"phase": "Pending", "nominatedNodeName": "gpu-b"}
+    await cluster.post("/api/v1/namespaces/default/pods", json=boss)
+    await cluster.post(
+        "/api/v1/namespaces/default/pods", json=urgent("small", 10, schedulerName="hami-scheduler")
+    )
+    code, text = await run_explain("small", kubeconfig)
+    assert code == 1, text
+    assert "3 nodes, 0 fit" in text, text
+    # a pod that outranks the nominee is not held off
+    await cluster.post(
+        "/api/v1/namespaces/default/pods", json=urgent("chief", 200, schedulerName="hami-scheduler")
+    )
+    code, text = await run_explain("chief", kubeconfig)
+    assert code == 0, text
+    assert "3 nodes, 1 fit: gpu-b" in text, text

@@ -85,7 +85,8 @@ async def test_kube_schedulers_own_victims_are_kept_and_the_gpu_victims_added(
     start_extender: StartExtender,
 ) -> None:
     # kube-scheduler evicts the CPU pod for its own reasons (it sees no GPU): it stays in the answer,
-    # with its PDB count, and a is added for the card.
+    # with its PDB count, and a is added for the card (after it: this extender does not know the CPU
+    # pod's priority in this form, and kube-scheduler listed its own victims most important first).
     ext = await start(start_extender)
     body = {
         "Pod": preemptor(),
@@ -106,6 +107,26 @@ async def test_kube_schedulers_own_victims_are_kept_and_the_gpu_victims_added(
     assert answer["NodeNameToMetaVictims"]["n1"]["Pods"] == [{"UID": "uid-c"}, {"UID": "uid-a"}]
 
 
+async def test_victims_are_listed_most_important_first_as_kube_scheduler_ranks_nodes(
+    start_extender: StartExtender,
+) -> None:
+    # kube-scheduler reads Pods[0] as a node's most important victim when it picks among the nodes
+    # (pickOneNodeForPreemption), so the list is ordered as its MoreImportantPod orders victims:
+    # higher priority first, then older. The whole card 0 must go: y (priority 7) before x (1).
+    pods = [
+        holder("x", "n1", 0, 5000, 1),
+        holder("y", "n1", 0, 5000, 7),
+        holder("u", "n1", 1, 5000, 30),
+        holder("v", "n1", 1, 5000, 40),
+    ]
+    ext = await start(start_extender, pods)
+    status, answer = await preempt(
+        ext, {"Pod": preemptor(memory=10000), "NodeNameToMetaVictims": meta(n1=[])}
+    )
+    assert status == 200, answer
+    assert answer["NodeNameToMetaVictims"]["n1"]["Pods"] == [{"UID": "uid-y"}, {"UID": "uid-x"}]
+
+
 async def test_full_victims_form_gives_the_same_answer_by_uid(start_extender: StartExtender) -> None:
     # nodeCacheCapable: false: kube-scheduler sends whole pods; the answer is still by uid.
     ext = await start(start_extender)
@@ -114,7 +135,7 @@ async def test_full_victims_form_gives_the_same_answer_by_uid(start_extender: St
     status, answer = await preempt(ext, body)
     assert status == 200, answer
     assert answer["NodeNameToMetaVictims"] == {
-        "n1": {"Pods": [{"UID": "uid-cpu"}, {"UID": "uid-a"}], "NumPDBViolations": 0}
+        "n1": {"Pods": [{"UID": "uid-a"}, {"UID": "uid-cpu"}], "NumPDBViolations": 0}
     }
     # a victim kube-scheduler names whose own priority is not below the preemptor's drops the node
     important = dict(cpu, spec=dict(cpu["spec"], priority=PREEMPTOR))
