@@ -47,7 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--device-config", default=None, help="HAMi device-config YAML (resource names, defaults)"
     )
-    parser.add_argument("--node-scheduler-policy", default="binpack", choices=("binpack", "spread"))
+    parser.add_argument(
+        "--node-scheduler-policy", default="binpack", choices=("binpack", "spread", "fragmentation")
+    )
     parser.add_argument("--gpu-scheduler-policy", default="spread")
 
 
