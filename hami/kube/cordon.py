@@ -18,11 +18,12 @@ from typing import Any
 from hami import objects
 from hami.annotations import NODE_DEVICE_CORDON, decode_cordon, encode_cordon
 from hami.kube.client import KubeError
-from hami.kube.nodes import get_node, json_patch_node
+from hami.kube.nodes import annotation_cas, get_node, json_patch_node
+from hami.kube.pods import pointer
 from hami.kube.protocol import KubeApi
 
 #: JSON pointer of the cordon annotation (``/`` in the key escaped as ``~1``).
-CORDON_POINTER = "/metadata/annotations/" + NODE_DEVICE_CORDON.replace("~", "~0").replace("/", "~1")
+CORDON_POINTER = pointer("metadata", "annotations", NODE_DEVICE_CORDON)
 #: How many lost compare-and-set races to absorb before giving up.
 CAS_ATTEMPTS = 5
 #: Answers that mean "the object changed under us": retry on a fresh read. Anything else (403, ...) is
@@ -46,27 +47,6 @@ class CordonUpdate:
 def cordon_of(node: Mapping[str, Any]) -> frozenset[str]:
     """The card uuids a Node object's annotation cordons."""
     return decode_cordon(objects.annotations(node).get(NODE_DEVICE_CORDON))
-
-
-def _operations(metadata: Mapping[str, Any], current: str | None, value: str | None) -> list[dict[str, Any]]:
-    """JSON patch setting the annotation to ``value`` (``None`` removes it) only if nothing changed."""
-    if current is not None:
-        change = (
-            {"op": "remove", "path": CORDON_POINTER}
-            if value is None
-            else {"op": "replace", "path": CORDON_POINTER, "value": value}
-        )
-        return [{"op": "test", "path": CORDON_POINTER, "value": current}, change]
-    annotations = metadata.get("annotations")
-    if isinstance(annotations, Mapping):
-        return [
-            {"op": "test", "path": "/metadata/annotations", "value": dict(annotations)},
-            {"op": "add", "path": CORDON_POINTER, "value": value},
-        ]
-    return [
-        {"op": "test", "path": "/metadata", "value": dict(metadata)},
-        {"op": "add", "path": "/metadata/annotations", "value": {NODE_DEVICE_CORDON: value}},
-    ]
 
 
 async def update_device_cordon(
@@ -96,7 +76,7 @@ async def update_device_cordon(
             return CordonUpdate(node=name, before=before, after=after)
         value = encode_cordon(after) if after else None  # current is None only when adding: value set
         try:
-            await json_patch_node(api, name, _operations(metadata, current, value))
+            await json_patch_node(api, name, annotation_cas(metadata, NODE_DEVICE_CORDON, current, value))
         except KubeError as exc:
             if exc.status not in _LOST_RACE:
                 raise

@@ -32,7 +32,6 @@ import datetime
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from hami import objects
 from hami.annotations import (
@@ -47,15 +46,15 @@ from hami.annotations import (
 )
 from hami.annotations.lock import go_duration
 from hami.kube.client import KubeError, NotFound
-from hami.kube.nodes import get_node, json_patch_node
-from hami.kube.pods import get_pod
+from hami.kube.nodes import annotation_cas, get_node, json_patch_node
+from hami.kube.pods import get_pod, pointer
 from hami.kube.protocol import KubeApi
 from hami.objects import RawMeta, RawPod
 
 logger = logging.getLogger(__name__)
 
 #: JSON-pointer of the lock annotation (``/`` in the key escaped as ``~1``).
-LOCK_POINTER = "/metadata/annotations/" + NODE_LOCK.replace("~", "~0").replace("/", "~1")
+LOCK_POINTER = pointer("metadata", "annotations", NODE_LOCK)
 DEFAULT_EXPIRY = datetime.timedelta(minutes=5)
 #: How many lost compare-and-set races to absorb before giving up.
 CAS_ATTEMPTS = 5
@@ -171,34 +170,6 @@ def _lock_value(node: str, metadata: RawMeta) -> str | None:
     raise NodeLockUnreadable(node, text, AnnotationError(NODE_LOCK, text, "not a string"))
 
 
-def _cas_operations(metadata: RawMeta, current: str | None, value: str | None) -> list[dict[str, Any]]:
-    """JSON patch that sets the lock to ``value`` (``None`` removes it) only if nothing changed."""
-    annotations = metadata.get("annotations")
-    if current is not None:
-        change = (
-            {"op": "remove", "path": LOCK_POINTER}
-            if value is None
-            else {"op": "replace", "path": LOCK_POINTER, "value": value}
-        )
-        return [{"op": "test", "path": LOCK_POINTER, "value": current}, change]
-    # JSON patch cannot test that a key is absent: test the enclosing object instead, and the
-    # object's resourceVersion where the server keeps one: a lock write whose answer was lost and that
-    # lands late (after the lock was taken and released again, leaving the annotations as they were)
-    # must not lock the node once more.
-    version = metadata.get("resourceVersion")
-    fresh = [{"op": "test", "path": "/metadata/resourceVersion", "value": version}] if version else []
-    if isinstance(annotations, Mapping):
-        return [
-            *fresh,
-            {"op": "test", "path": "/metadata/annotations", "value": dict(annotations)},
-            {"op": "add", "path": LOCK_POINTER, "value": value},
-        ]
-    return [
-        {"op": "test", "path": "/metadata", "value": dict(metadata)},
-        {"op": "add", "path": "/metadata/annotations", "value": {NODE_LOCK: value}},
-    ]
-
-
 async def _holder(api: KubeApi, namespace: str, name: str) -> RawPod | None:
     try:
         return await get_pod(api, namespace, name)
@@ -251,7 +222,7 @@ async def take_node_lock(
                 if takeover is None:
                     raise NodeLockBusy(node, f"{busy} by {held.namespace}/{held.name}")
         try:
-            await json_patch_node(api, node, _cas_operations(metadata, current, value))
+            await json_patch_node(api, node, annotation_cas(metadata, NODE_LOCK, current, value, fresh=True))
         except NotFound:
             raise
         except KubeError:
@@ -306,7 +277,7 @@ async def release_node_lock(
         if held.namespace is not None and (held.namespace, held.name) != (namespace, pod):
             return False
         try:
-            await json_patch_node(api, node, _cas_operations(metadata, current, None))
+            await json_patch_node(api, node, annotation_cas(metadata, NODE_LOCK, current, None, fresh=True))
         except NotFound:
             return False
         except KubeError:

@@ -1,17 +1,19 @@
 """Node reads and writes as raw JSON dicts.
 
 Owns: get/list Nodes, merge-patch and JSON-patch of a Node (annotations are written with PATCH only, never
-PUT). Imports ``hami.kube.client``, ``hami.kube.protocol`` and ``hami.objects``; must not import
-``hami.scheduler`` or services.
+PUT), and :func:`annotation_cas`, the compare-and-set of one node annotation that the node lock and the
+card cordon list write with. Imports ``hami.kube.client``, ``hami.kube.pods`` (the JSON pointer),
+``hami.kube.protocol`` and ``hami.objects``; must not import ``hami.scheduler`` or services.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import cast
+from typing import Any, cast
 
 from hami import objects
 from hami.kube.client import call_json, core_api
+from hami.kube.pods import pointer
 from hami.kube.protocol import KubeApi
 from hami.objects import RawNode
 
@@ -45,3 +47,37 @@ async def json_patch_node(api: KubeApi, name: str, operations: Sequence[Mapping[
         api, core_api(api).patch_node, name, [dict(op) for op in operations], _content_type=JSON_PATCH
     )
     return node
+
+
+def annotation_cas(
+    metadata: Mapping[str, Any], key: str, current: str | None, value: str | None, *, fresh: bool = False
+) -> list[dict[str, Any]]:
+    """A JSON patch that sets annotation ``key`` to ``value`` (``None`` removes it) only while nothing
+    changed since ``metadata`` (the Node's, as stored) was read with ``current`` as the key's value.
+
+    With a value to compare, a ``test`` op on it. JSON patch cannot test that a key is absent, so
+    without one the enclosing annotations object is tested instead (the whole ``metadata`` when it has
+    none, which is then added); ``fresh`` also tests the object's resourceVersion there, where the
+    server keeps one (a write whose answer was lost that lands after the value came and went again
+    must not apply)."""
+    path = pointer("metadata", "annotations", key)
+    if current is not None:
+        change = (
+            {"op": "remove", "path": path}
+            if value is None
+            else {"op": "replace", "path": path, "value": value}
+        )
+        return [{"op": "test", "path": path, "value": current}, change]
+    version = metadata.get("resourceVersion") if fresh else None
+    tests = [{"op": "test", "path": "/metadata/resourceVersion", "value": version}] if version else []
+    annotations = metadata.get("annotations")
+    if isinstance(annotations, Mapping):
+        return [
+            *tests,
+            {"op": "test", "path": "/metadata/annotations", "value": dict(annotations)},
+            {"op": "add", "path": path, "value": value},
+        ]
+    return [
+        {"op": "test", "path": "/metadata", "value": dict(metadata)},
+        {"op": "add", "path": "/metadata/annotations", "value": {key: value}},
+    ]
