@@ -27,27 +27,20 @@ from __future__ import annotations
 import random
 import statistics
 import time
-from typing import Any, cast
+from typing import Any
 
+from benchmarks.objects import offline_context, registered_node
 from benchmarks.table import Table, ms, summary
 from hami.annotations import (
-    NODE_HANDSHAKE,
-    NODE_REGISTER,
     POD_DEVICES_ALLOCATED,
     POD_VGPU_NODE,
-    HandshakeKind,
-    encode_handshake,
-    encode_node_devices,
     read_pod_request,
 )
 from hami.core.allocate import allocate, fit_node
 from hami.core.fragmentation import Target
-from hami.core.model import Device, NodeState
-from hami.kube.protocol import KubeApi
-from hami.scheduler.config import SchedulerSettings
+from hami.core.model import NodeState
 from hami.scheduler.context import Context
 from hami.scheduler.filter import handle_filter, snapshot_states
-from hami.scheduler.main import build_context
 from hami.scheduler.prioritize import handle_prioritize
 from hami.scheduler.snapshot import local_time
 from hami.scheduler.wire import ExtenderArgs
@@ -58,28 +51,9 @@ MEMORY = 81920
 
 
 def _node(name: str, now_local: Any) -> dict[str, Any]:
-    cards = [
-        Device(
-            uuid=f"GPU-{name}-{i}",
-            index=i,
-            count=10,
-            memory_mib=MEMORY,
-            cores=100,
-            type="NVIDIA A100-SXM4-80GB",
-            numa=i // 4,
-            mode="hami-core",
-            health=True,
-        )
-        for i in range(CARDS)
-    ]
-    annotations = {
-        NODE_REGISTER: encode_node_devices(cards),
-        NODE_HANDSHAKE: encode_handshake(HandshakeKind.REQUESTING, now_local),
-    }
-    return {
-        "metadata": {"name": name, "annotations": annotations},
-        "status": {"allocatable": {"nvidia.com/gpu": str(CARDS * 10)}},
-    }
+    return registered_node(
+        name, now_local, cards=CARDS, memory_mib=MEMORY, card_type="NVIDIA A100-SXM4-80GB", cards_per_numa=4
+    )
 
 
 def _holders(node: str, rng: random.Random) -> list[dict[str, Any]]:
@@ -110,7 +84,7 @@ def _holders(node: str, rng: random.Random) -> list[dict[str, Any]]:
 
 def cluster(nodes: int, seed: int = 7) -> Context:
     rng = random.Random(seed)
-    ctx = build_context(SchedulerSettings(), api=cast("KubeApi", None))
+    ctx = offline_context()
     now_local = local_time(ctx.clock())
     names = [f"node-{n:05d}" for n in range(nodes)]
     ctx.snapshot.replace_nodes([_node(name, now_local) for name in names])

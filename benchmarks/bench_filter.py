@@ -19,53 +19,25 @@ import asyncio
 import json
 import statistics
 import time
-from typing import Any, cast
+from typing import Any
 
 import aiohttp
 from aiohttp.test_utils import TestServer
 
+from benchmarks.objects import offline_context, registered_node
 from benchmarks.table import Table, percentile, summary
 from hami.annotations import (
-    NODE_HANDSHAKE,
-    NODE_REGISTER,
     POD_DEVICES_ALLOCATED,
     POD_VGPU_NODE,
-    HandshakeKind,
-    encode_handshake,
-    encode_node_devices,
 )
-from hami.core.model import Device
-from hami.kube.protocol import KubeApi
 from hami.scheduler.app import create_app
-from hami.scheduler.config import SchedulerSettings
-from hami.scheduler.main import build_context
 from hami.scheduler.snapshot import local_time
 
 CARDS = 8
 
 
 def _node(name: str, now_local: Any) -> dict[str, Any]:
-    cards = [
-        Device(
-            uuid=f"GPU-{name}-{i}",
-            index=i,
-            count=10,
-            memory_mib=32768,
-            cores=100,
-            type="NVIDIA-A100-SXM4-40GB",
-            mode="hami-core",
-            health=True,
-        )
-        for i in range(CARDS)
-    ]
-    annotations = {
-        NODE_REGISTER: encode_node_devices(cards),
-        NODE_HANDSHAKE: encode_handshake(HandshakeKind.REQUESTING, now_local),
-    }
-    return {
-        "metadata": {"name": name, "annotations": annotations},
-        "status": {"allocatable": {"nvidia.com/gpu": str(CARDS * 10)}},
-    }
+    return registered_node(name, now_local, cards=CARDS, memory_mib=32768, card_type="NVIDIA-A100-SXM4-40GB")
 
 
 def _pod(name: str, node: str, memory: int = 16384, cores: int = 50) -> dict[str, Any]:
@@ -101,7 +73,7 @@ REQUEST_POD = {
 
 
 def _context(nodes: int) -> Any:
-    ctx = build_context(SchedulerSettings(), api=cast("KubeApi", None))
+    ctx = offline_context()
     now_local = local_time(ctx.clock())
     ctx.snapshot.replace_nodes([_node(f"node-{i:05d}", now_local) for i in range(nodes)])
     ctx.snapshot.replace_pods([_pod(f"used-{i:05d}", f"node-{i:05d}") for i in range(nodes)])
@@ -173,7 +145,7 @@ def _cold_start(nodes: int, pods_per_node: int) -> tuple[float, float]:
 
     Returns (nodes list applied, pods list applied). Each pod holds one card (4000 MiB, 10 cores).
     """
-    ctx = build_context(SchedulerSettings(), api=cast("KubeApi", None))
+    ctx = offline_context()
     now_local = local_time(ctx.clock())
     node_list = [_node(f"node-{i:05d}", now_local) for i in range(nodes)]
     pod_list = []

@@ -27,27 +27,19 @@ import logging
 import random
 import statistics
 import time
-from typing import Any, cast
+from typing import Any
 
 import aiohttp
 from aiohttp.test_utils import TestServer
 
+from benchmarks.objects import offline_context, registered_node
 from benchmarks.table import Table, ms, summary
 from hami.annotations import (
-    NODE_HANDSHAKE,
-    NODE_REGISTER,
     POD_DEVICES_ALLOCATED,
     POD_VGPU_NODE,
-    HandshakeKind,
-    encode_handshake,
-    encode_node_devices,
 )
-from hami.core.model import Device
-from hami.kube.protocol import KubeApi
 from hami.scheduler.app import create_app
-from hami.scheduler.config import SchedulerSettings
 from hami.scheduler.context import Context
-from hami.scheduler.main import build_context
 from hami.scheduler.snapshot import local_time
 
 CARDS = 8
@@ -65,27 +57,7 @@ PREEMPTOR = {
 
 
 def _node(name: str, now_local: Any) -> dict[str, Any]:
-    cards = [
-        Device(
-            uuid=f"GPU-{name}-{i}",
-            index=i,
-            count=10,
-            memory_mib=MEMORY,
-            cores=100,
-            type="NVIDIA A100-SXM4-80GB",
-            mode="hami-core",
-            health=True,
-        )
-        for i in range(CARDS)
-    ]
-    annotations = {
-        NODE_REGISTER: encode_node_devices(cards),
-        NODE_HANDSHAKE: encode_handshake(HandshakeKind.REQUESTING, now_local),
-    }
-    return {
-        "metadata": {"name": name, "annotations": annotations},
-        "status": {"allocatable": {"nvidia.com/gpu": "80"}},
-    }
+    return registered_node(name, now_local, cards=CARDS, memory_mib=MEMORY, card_type="NVIDIA A100-SXM4-80GB")
 
 
 def _pod(node: str, card: int, k: int, memory: int, priority: int, started: int) -> dict[str, Any]:
@@ -131,7 +103,7 @@ CLUSTERS = (("2 per card", _two_per_card), ("1..9 per card", _shared))
 
 def _context(nodes: int, holders: Any) -> tuple[Context, list[str]]:
     rng = random.Random(11)
-    ctx = build_context(SchedulerSettings(), api=cast("KubeApi", None))
+    ctx = offline_context()
     now_local = local_time(ctx.clock())
     names = [f"node-{i:05d}" for i in range(nodes)]
     ctx.snapshot.replace_nodes([_node(name, now_local) for name in names])
