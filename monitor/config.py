@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -26,7 +25,7 @@ from typing import Any
 import yaml
 
 from hami.core.model import DeviceMode
-from hami.process.flags import Address, env_default, env_name, parse_address
+from hami.process.flags import Address, env_default, env_name, parse_address, parse_number
 from hami.settings import DeviceConfig, from_device_config
 
 
@@ -131,21 +130,12 @@ def parse_agent_config(argv: Sequence[str] | None, environ: Mapping[str, str]) -
         raise ConfigError("--node-name is required (or env NODE_NAME / HAMI_NODE_NAME)")
     if args.backend not in ("auto", "nvml", "sim"):  # an env value bypasses argparse choices
         raise ConfigError(f"HAMI_BACKEND must be auto, nvml or sim, got {args.backend!r}")
-    numbers = {}
-    for name in ("register_interval", "retry_interval", "refresh_interval", "health_interval"):
-        try:
-            numbers[name] = float(getattr(args, name))
-        except ValueError as exc:
-            raise ConfigError(
-                f"--{name.replace('_', '-')} must be a number, got {getattr(args, name)!r}"
-            ) from exc
-        if numbers[name] <= 0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {numbers[name]!r}")
-    try:
-        recovery = float(args.health_recovery)
-    except ValueError as exc:
-        raise ConfigError(f"--health-recovery must be a number, got {args.health_recovery!r}") from exc
-    if not recovery >= 0 or math.isinf(recovery):  # `not >=` also refuses NaN
+    numbers = {
+        name: parse_number(name.replace("_", "-"), getattr(args, name), positive=True, error=ConfigError)
+        for name in ("register_interval", "retry_interval", "refresh_interval", "health_interval")
+    }
+    recovery = parse_number("health-recovery", args.health_recovery, error=ConfigError)
+    if recovery < 0:
         raise ConfigError(f"--health-recovery must be 0 (never) or positive seconds, got {recovery!r}")
     return AgentConfig(
         kubeconfig=args.kubeconfig,

@@ -13,10 +13,9 @@ import argparse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from hami import devicefile
-from hami.process.flags import Address, env_default, env_name, parse_address
+from hami.process.flags import Address, env_default, env_name, parse_address, parse_number, parse_whole
 from hami.settings import DeviceConfig
 
 #: The Kopf handler id: Kopf serves each admission handler at ``/<id>``, so this is the URL path.
@@ -131,16 +130,6 @@ def _env_bool(name: str, text: str) -> bool:
     raise ConfigError(f"{name} must be true or false, got {text!r}")
 
 
-def _number(flag: str, text: str, kind: type[int] | type[float], minimum: float) -> Any:
-    try:
-        value = kind(text)
-    except ValueError:
-        raise ConfigError(f"--{flag} must be a number, got {text!r}") from None
-    if value < minimum:
-        raise ConfigError(f"--{flag} must be at least {minimum}, got {text!r}")
-    return value
-
-
 def load_device_config(path: str | None) -> DeviceConfig:
     """Read HAMi's device-config YAML; errors name the file."""
     try:
@@ -158,7 +147,9 @@ def settings_from_args(args: argparse.Namespace) -> WebhookSettings:
     mutation = MutationSettings(
         scheduler_name=args.scheduler_name,
         force_overwrite_default_scheduler=args.force_overwrite_default_scheduler,
-        max_cards_per_container=_number("max-cards-per-container", args.max_cards_per_container, int, 1),
+        max_cards_per_container=parse_whole(
+            "max-cards-per-container", args.max_cards_per_container, minimum=1, error=ConfigError
+        ),
         device=load_device_config(args.device_config),
     )
     return WebhookSettings(
@@ -172,7 +163,9 @@ def settings_from_args(args: argparse.Namespace) -> WebhookSettings:
         failure_policy=args.failure_policy,
         health_listen=parse_address("health-listen", args.health_listen, ConfigError),
         metrics_listen=parse_address("metrics-listen", args.metrics_listen, ConfigError),
-        cert_check_interval=_number("cert-check-interval", args.cert_check_interval, float, 0.01),
+        cert_check_interval=parse_number(
+            "cert-check-interval", args.cert_check_interval, minimum=0.01, error=ConfigError
+        ),
         log_level=args.log_level.upper(),
         mutation=mutation,
     )

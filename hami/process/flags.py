@@ -1,17 +1,22 @@
-"""The flags every service shares the shape of: ``HAMI_<FLAG>`` env fallbacks and ``HOST:PORT`` listeners.
+"""The flags every service shares the shape of: ``HAMI_<FLAG>`` env fallbacks, ``HOST:PORT`` listeners and
+numbers in a range.
 
 Owns the env variable of a flag (``--node-lock-timeout`` -> ``HAMI_NODE_LOCK_TIMEOUT``; precedence:
 the flag, then that variable, then the default), :class:`Address` and the one ``HOST:PORT`` parser,
-:func:`parse_address`. A listen address is hostile text from a flag or an env variable: only ASCII
-digits make a port (``int`` also reads ``'٨٠'`` and crashes on ``'²'``), an IPv6 host needs its
-brackets (``::1:80`` could be two different addresses), and a host holds only what a host name or an
-address can. ``:PORT`` (Go's form, HAMi's defaults such as ``:9395``) means every IPv4 interface.
+:func:`parse_address`, and the one number parser, :func:`parse_number` (:func:`parse_whole` for whole
+numbers): a finite number (``nan`` and ``inf`` are refused: a NaN deadline never passes, every
+comparison with it being false, and an infinite interval never ends) within the flag's bounds. A
+listen address is hostile text from a flag or an env variable: only ASCII digits make a port
+(``int`` also reads ``'٨٠'`` and crashes on ``'²'``), an IPv6 host needs its brackets (``::1:80``
+could be two different addresses), and a host holds only what a host name or an address can.
+``:PORT`` (Go's form, HAMi's defaults such as ``:9395``) means every IPv4 interface.
 Errors name the flag and the text, raised as the caller's own error class.
 Pure: stdlib only (the environment is passed in; no ``os``).
 """
 
 from __future__ import annotations
 
+import math
 import string
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -67,3 +72,73 @@ def parse_address(flag: str, text: str, error: type[Exception] = ValueError) -> 
     if not set(host) <= _HOST_CHARACTERS:
         raise error(message)
     return Address(host=host, port=int(port))
+
+
+def parse_number(
+    flag: str,
+    text: str,
+    *,
+    unit: str = "",
+    positive: bool = False,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    error: type[Exception] = ValueError,
+) -> float:
+    """The finite number ``--flag`` holds (``unit`` names what it counts in the messages); with
+    ``positive`` above 0, else within ``minimum``..``maximum`` (each optional, inclusive). Anything else
+    raises ``error`` naming the flag and the text."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise error(f"--{flag} must be a number{_of(unit)}, got {text!r}")
+    _check_range(flag, text, value, unit, positive, minimum, maximum, error)
+    return value
+
+
+def parse_whole(
+    flag: str,
+    text: str,
+    *,
+    unit: str = "",
+    minimum: int | None = None,
+    maximum: int | None = None,
+    error: type[Exception] = ValueError,
+) -> int:
+    """:func:`parse_number` for a whole number (decimal digits, an optional sign)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise error(f"--{flag} must be a whole number{_of(unit)}, got {text!r}") from None
+    _check_range(flag, text, value, unit, False, minimum, maximum, error)
+    return value
+
+
+def _of(unit: str) -> str:
+    return f" of {unit}" if unit else ""
+
+
+def _check_range(
+    flag: str,
+    text: str,
+    value: float,
+    unit: str,
+    positive: bool,
+    minimum: float | None,
+    maximum: float | None,
+    error: type[Exception],
+) -> None:
+    unit = f" {unit}" if unit else ""
+    if positive and value <= 0:
+        raise error(f"--{flag} must be positive, got {text!r}")
+    if minimum is not None and maximum is not None and not minimum <= value <= maximum:
+        raise error(f"--{flag} must be between {_shown(minimum)} and {_shown(maximum)}{unit}, got {text!r}")
+    if minimum is not None and value < minimum:
+        raise error(f"--{flag} must be at least {_shown(minimum)}{unit}, got {text!r}")
+    if maximum is not None and value > maximum:
+        raise error(f"--{flag} must be at most {_shown(maximum)}{unit}, got {text!r}")
+
+
+def _shown(bound: float) -> str:
+    return str(int(bound)) if float(bound).is_integer() else str(bound)

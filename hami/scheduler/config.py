@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -22,7 +21,7 @@ from hami import devicefile
 from hami.annotations.lock import parse_go_duration
 from hami.core.allocate import Policy
 from hami.core.fragmentation import TargetClass
-from hami.process.flags import Address, env_default, parse_address
+from hami.process.flags import Address, env_default, parse_address, parse_number, parse_whole
 from hami.scheduler.workload import DEFAULT_FALLBACK, DEFAULT_HALF_LIFE, DEFAULT_MIN_PODS, parse_fallback
 from hami.settings import DeviceConfig
 
@@ -153,16 +152,6 @@ class SettingsError(ValueError):
     """A flag or env value is invalid; the message names the flag and the value."""
 
 
-def _seconds(name: str, text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise SettingsError(f"--{name} must be a number of seconds, got {text!r}") from None
-    if value <= 0:
-        raise SettingsError(f"--{name} must be positive, got {text!r}")
-    return value
-
-
 def _lock_timeout(args: argparse.Namespace) -> datetime.timedelta:
     """``--node-lock-timeout`` (seconds, or a Go duration like HAMi's flag), else HAMi's
     ``HAMI_NODELOCK_EXPIRE`` (a Go duration, as HAMi's node-lock library reads it), else 5 minutes."""
@@ -192,37 +181,6 @@ def _lock_timeout(args: argparse.Namespace) -> datetime.timedelta:
     return value
 
 
-def _wait(name: str, text: str) -> float:
-    """A lock wait: 0..28 s, so a bind answers within kube-scheduler's 30 s extender timeout."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise SettingsError(f"--{name} must be a number of seconds, got {text!r}") from None
-    if not 0 <= value <= 28:
-        raise SettingsError(f"--{name} must be between 0 and 28 seconds, got {text!r}")
-    return value
-
-
-def _half_life(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 1 <= value <= 10**9:  # NaN and infinity fail too
-        raise SettingsError(f"--fragmentation-half-life must be 1..1e9 seconds, got {text!r}")
-    return value
-
-
-def _count_of(name: str, text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise SettingsError(f"--{name} must be a number, got {text!r}") from None
-    if not 0 <= value <= 1e9:
-        raise SettingsError(f"--{name} must be between 0 and 1e9, got {text!r}")
-    return value
-
-
 def _fallback(text: str) -> tuple[TargetClass, ...]:
     try:
         return parse_fallback(text)
@@ -230,14 +188,13 @@ def _fallback(text: str) -> tuple[TargetClass, ...]:
         raise SettingsError(f"--fragmentation-fallback: {exc}") from None
 
 
-def _bytes(name: str, text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise SettingsError(f"--{name} must be a whole number of bytes, got {text!r}") from None
-    if not 1024 <= value <= 1024**3:
-        raise SettingsError(f"--{name} must be between 1024 and {1024**3} bytes, got {text!r}")
-    return value
+def _seconds(name: str, text: str) -> float:
+    return parse_number(name, text, unit="seconds", positive=True, error=SettingsError)
+
+
+def _wait(name: str, text: str) -> float:
+    """A lock wait: 0..28 s, so a bind answers within kube-scheduler's 30 s extender timeout."""
+    return parse_number(name, text, unit="seconds", minimum=0, maximum=28, error=SettingsError)
 
 
 def load_device_config(path: str | None) -> DeviceConfig:
@@ -277,14 +234,34 @@ def from_args(args: argparse.Namespace) -> SchedulerSettings:
         port=listen.port,
         metrics_host=metrics.host,
         metrics_port=metrics.port,
-        max_body_bytes=_bytes("max-body-bytes", args.max_body_bytes),
+        max_body_bytes=parse_whole(
+            "max-body-bytes",
+            args.max_body_bytes,
+            unit="bytes",
+            minimum=1024,
+            maximum=1024**3,
+            error=SettingsError,
+        ),
         tls_cert=args.tls_cert or None,
         tls_key=args.tls_key or None,
         scheduler_name=args.scheduler_name,
         node_policy=args.node_scheduler_policy,
         gpu_policy=args.gpu_scheduler_policy,
-        fragmentation_half_life=_half_life(args.fragmentation_half_life),
-        fragmentation_min_pods=_count_of("fragmentation-min-pods", args.fragmentation_min_pods),
+        fragmentation_half_life=parse_number(
+            "fragmentation-half-life",
+            args.fragmentation_half_life,
+            unit="seconds",
+            minimum=1,
+            maximum=10**9,
+            error=SettingsError,
+        ),
+        fragmentation_min_pods=parse_number(
+            "fragmentation-min-pods",
+            args.fragmentation_min_pods,
+            minimum=0,
+            maximum=10**9,
+            error=SettingsError,
+        ),
         fragmentation_fallback=_fallback(args.fragmentation_fallback),
         node_lock_timeout=_lock_timeout(args),
         node_lock_wait=_wait("node-lock-wait", args.node_lock_wait),

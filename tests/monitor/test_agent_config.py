@@ -48,6 +48,17 @@ def test_health_recovery_defaults_to_300_and_0_means_never() -> None:
         ([], {}, "--node-name is required"),
         ([], {"NODE_NAME": "n", "HAMI_BACKEND": "gpu"}, "HAMI_BACKEND must be auto, nvml or sim, got 'gpu'"),
         (["--register-interval", "0"], {"NODE_NAME": "n"}, "--register-interval must be positive"),
+        # not finite: the loop would sleep(NaN) (an error) or forever
+        (
+            ["--register-interval", "nan"],
+            {"NODE_NAME": "n"},
+            "--register-interval must be a number, got 'nan'",
+        ),
+        (
+            [],
+            {"NODE_NAME": "n", "HAMI_HEALTH_INTERVAL": "inf"},
+            "--health-interval must be a number, got 'inf'",
+        ),
         (
             [],
             {"NODE_NAME": "n", "HAMI_RETRY_INTERVAL": "soon"},
@@ -62,7 +73,7 @@ def test_health_recovery_defaults_to_300_and_0_means_never() -> None:
         (
             [],
             {"NODE_NAME": "n", "HAMI_HEALTH_RECOVERY": "nan"},
-            "--health-recovery must be 0 .never. or positive",
+            "--health-recovery must be a number, got 'nan'",
         ),
         (
             [],

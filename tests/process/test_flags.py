@@ -1,10 +1,12 @@
-"""The one HOST:PORT parser and the HAMI_<FLAG> env fallback every service uses."""
+"""The one HOST:PORT parser, the one number parser and the HAMI_<FLAG> env fallback every service uses."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from hami.process.flags import Address, env_default, env_name, parse_address
+from hami.process.flags import Address, env_default, env_name, parse_address, parse_number, parse_whole
 
 
 class FlagError(ValueError):
@@ -74,3 +76,38 @@ def test_env_fallback() -> None:
     assert env_default("node-lock-timeout", "300", {"HAMI_NODE_LOCK_TIMEOUT": "60"}) == "60"
     assert env_default("node-lock-timeout", "300", {"NODE_LOCK_TIMEOUT": "60"}) == "300"
     assert env_default("kubeconfig", None, {}) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "bounds", "message"),
+    [
+        ("soon", {"unit": "seconds"}, "--f must be a number of seconds, got 'soon'"),
+        ("nan", {}, "--f must be a number, got 'nan'"),  # a NaN deadline never passes
+        ("inf", {"positive": True}, "--f must be a number, got 'inf'"),  # an infinite wait never ends
+        ("-inf", {}, "--f must be a number, got '-inf'"),
+        ("0", {"positive": True}, "--f must be positive, got '0'"),
+        (
+            "29",
+            {"minimum": 0, "maximum": 28, "unit": "seconds"},
+            "--f must be between 0 and 28 seconds, got '29'",
+        ),
+        ("0.001", {"minimum": 0.01}, "--f must be at least 0.01, got '0.001'"),
+        ("2e9", {"maximum": 10**9}, "--f must be at most 1000000000, got '2e9'"),
+    ],
+)
+def test_a_number_flag_is_finite_and_within_its_bounds(
+    text: str, bounds: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(FlagError) as caught:
+        parse_number("f", text, error=FlagError, **bounds)
+    assert str(caught.value) == message
+
+
+def test_numbers_in_bounds_are_read() -> None:
+    assert parse_number("f", "28", minimum=0, maximum=28) == 28.0
+    assert parse_number("f", " 1.5e1 ", positive=True) == 15.0
+    assert parse_whole("f", "1024", unit="bytes", minimum=1024) == 1024
+    with pytest.raises(ValueError, match=r"^--f must be a whole number of bytes, got '1KiB'$"):
+        parse_whole("f", "1KiB", unit="bytes")
+    with pytest.raises(ValueError, match=r"^--f must be between 1 and 3, got '4'$"):
+        parse_whole("f", "4", minimum=1, maximum=3)

@@ -81,9 +81,27 @@ def test_device_config_and_resource_overrides(tmp_path: Path) -> None:
             "--node-lock-retry-timeout must be a number of seconds, got '28s'",
         ),
         (["--tls-cert", "c.pem"], "--tls-cert and --tls-key must be given together"),
-        (["--fragmentation-half-life", "nan"], "--fragmentation-half-life must be 1..1e9 seconds, got 'nan'"),
-        (["--fragmentation-half-life", "inf"], "--fragmentation-half-life must be 1..1e9 seconds, got 'inf'"),
-        (["--fragmentation-min-pods", "-1"], "--fragmentation-min-pods must be between 0 and 1e9, got '-1'"),
+        # not finite: a NaN deadline never passes (every comparison with it is false), an infinite one
+        # never ends
+        (["--bind-timeout", "nan"], "--bind-timeout must be a number of seconds, got 'nan'"),
+        (["--api-timeout", "inf"], "--api-timeout must be a number of seconds, got 'inf'"),
+        (["--node-lock-wait", "nan"], "--node-lock-wait must be a number of seconds, got 'nan'"),
+        (
+            ["--fragmentation-half-life", "nan"],
+            "--fragmentation-half-life must be a number of seconds, got 'nan'",
+        ),
+        (
+            ["--fragmentation-half-life", "inf"],
+            "--fragmentation-half-life must be a number of seconds, got 'inf'",
+        ),
+        (
+            ["--fragmentation-half-life", "0.5"],
+            "--fragmentation-half-life must be between 1 and 1000000000 seconds, got '0.5'",
+        ),
+        (
+            ["--fragmentation-min-pods", "-1"],
+            "--fragmentation-min-pods must be between 0 and 1000000000, got '-1'",
+        ),
         (
             ["--fragmentation-fallback", "1:50%"],
             "--fragmentation-fallback: '1:50%': expected CARDS:MEMORY:CORES",

@@ -76,6 +76,12 @@ def test_device_config_file(tmp_path: Path) -> None:
         (["--failure-policy", "Never"], {}, "--failure-policy must be Fail or Ignore, got 'Never'"),
         (["--max-cards-per-container", "0"], {}, "--max-cards-per-container must be at least 1, got '0'"),
         (["--cert-check-interval", "soon"], {}, "--cert-check-interval must be a number, got 'soon'"),
+        (["--cert-check-interval", "nan"], {}, "--cert-check-interval must be a number, got 'nan'"),
+        (
+            ["--max-cards-per-container", "two"],
+            {},
+            "--max-cards-per-container must be a whole number, got 'two'",
+        ),
         ([], {"HAMI_MANAGE_CONFIG": "maybe"}, "HAMI_MANAGE_CONFIG must be true or false, got 'maybe'"),
         (["--log-level", "loud"], {}, "--log-level must be DEBUG, INFO, WARNING or ERROR, got 'loud'"),
     ],
