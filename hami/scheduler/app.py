@@ -1,12 +1,12 @@
 """The aiohttp applications of ``hami scheduler``: the extender verbs and the probes, on two listeners.
 
 Owns the two listeners and their routes: the verbs kube-scheduler calls over loopback in the same pod
-(``POST /filter``, ``/prioritize``, ``/bind``; ``--listen``, 127.0.0.1 by default) and, on a separate
-listener, what the kubelet's probes and Prometheus read (``GET /healthz``, ``/readyz``, ``/metrics``;
-``--metrics-listen``, the shared listener of :mod:`hami.process.http`); neither serves the other's
-routes. Request bodies are capped (``--max-body-bytes``, HAMi's 1 MiB): a declared larger body is
-answered 413 before it is read, an undeclared (chunked) one as soon as it passes the cap, and the
-connection is closed. Also the HTTP status rules (spec-scheduler §15: an empty body is HTTP 400
+(``POST /filter``, ``/prioritize``, ``/bind``, ``/preempt``; ``--listen``, 127.0.0.1 by default)
+and, on a separate listener, what the kubelet's probes and Prometheus read (``GET /healthz``,
+``/readyz``, ``/metrics``; ``--metrics-listen``, the shared listener of :mod:`hami.process.http`);
+neither serves the other's routes. Request bodies are capped (``--max-body-bytes``, HAMi's 1 MiB): a
+declared larger body is answered 413 before it is read, an undeclared (chunked) one as soon as it
+passes the cap, and the connection is closed. Also the HTTP status rules (spec-scheduler §15: an empty body is HTTP 400
 ``Please send a request body``; unreadable JSON and every other failure are HTTP 200 with ``Error``
 set) and the ``FilteringFailed`` Events (through the aggregating, bounded
 :class:`~hami.kube.events.EventRecorder`, only about a pod the API server has that names our scheduler
@@ -33,7 +33,7 @@ from hami.process.http import Handler, alive, listening, metrics_app
 from hami.scheduler.bind import handle_bind
 from hami.scheduler.context import Context
 from hami.scheduler.filter import FILTERING_FAILED, handle_filter
-from hami.scheduler.preempt import preempt_view
+from hami.scheduler.preempt import PreemptError, handle_preempt
 from hami.scheduler.prioritize import handle_prioritize
 from hami.scheduler.snapshot import Snapshot
 from hami.scheduler.wire import (
@@ -42,6 +42,7 @@ from hami.scheduler.wire import (
     filter_result,
     parse_binding_args,
     parse_extender_args,
+    parse_preemption_args,
 )
 
 CONTEXT: web.AppKey[Context] = web.AppKey("context", Context)
@@ -150,6 +151,19 @@ async def bind_view(_request: web.Request, ctx: Context, body: bytes) -> tuple[w
     return _json(result), not result["Error"]
 
 
+@_verb("preempt")
+async def preempt_view(_request: web.Request, ctx: Context, body: bytes) -> tuple[web.Response, bool]:
+    try:
+        outcome = handle_preempt(ctx, parse_preemption_args(body))
+    except WireError as exc:
+        return web.Response(status=400, text=str(exc)), False
+    except PreemptError as exc:
+        return web.Response(status=exc.status, text=str(exc)), False
+    preempted = len(outcome.result["NodeNameToMetaVictims"])
+    ctx.metrics.preempted(outcome.offered, preempted, outcome.proposed, outcome.added)
+    return _json(outcome.result), True
+
+
 def _readiness(snapshot: Snapshot) -> Handler:
     async def readyz(_request: web.Request) -> web.Response:
         if snapshot.ready:
@@ -171,7 +185,7 @@ def create_app(ctx: Context, *, recorder: EventRecorder | None = None) -> web.Ap
     app.router.add_post("/filter", filter_view)
     app.router.add_post("/prioritize", prioritize_view)
     app.router.add_post("/bind", bind_view)
-    app.router.add_post("/preempt", preempt_view(ctx))
+    app.router.add_post("/preempt", preempt_view)
     app.on_cleanup.append(_flush_events)
     return app
 

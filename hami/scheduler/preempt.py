@@ -1,8 +1,8 @@
 """``POST /preempt`` (the extender's ``preemptVerb``): kube-scheduler's preemption, made device-aware.
 
-Owns :func:`handle_preempt` and the view :func:`preempt_view` (the only aiohttp here; the app
-registers it). In: ``ExtenderPreemptionArgs`` — the pod and, per candidate node, the victims
-kube-scheduler's own plugins chose (by uid with ``nodeCacheCapable: true``, full pods without). Out:
+Owns :func:`handle_preempt` (its view is :mod:`hami.scheduler.app`'s, like every verb's). In:
+``ExtenderPreemptionArgs`` — the pod and, per candidate node, the victims kube-scheduler's own
+plugins chose (by uid with ``nodeCacheCapable: true``, full pods without). Out:
 ``ExtenderPreemptionResult`` — the nodes kept, each with its victims by uid (both forms).
 
 kube-scheduler ignores the GPU resources (``ignoredByScheduler``), so its victims are what *its*
@@ -23,19 +23,14 @@ victims: PodDisruptionBudgets are not read here, so added victims count none (do
 A pod without a GPU request gets its input back unchanged (as uids); one with
 ``preemptionPolicy: Never`` gets no node. The answer type has no error field, so errors are HTTP
 statuses (kube-scheduler reports any non-200 as the extender's error): 400 for an empty or
-unreadable body or a missing pod, 503 before the snapshot is synced. Must not import the
-Kubernetes client.
+unreadable body or a missing pod, 503 before the snapshot is synced (:class:`PreemptError`). Must not
+import the Kubernetes client, ``hami.kube`` or aiohttp.
 """
 
 from __future__ import annotations
 
-import json
-import time
-from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
-
-from aiohttp import web
 
 from hami import objects
 from hami.annotations import AnnotationError, read_pod_request
@@ -50,12 +45,8 @@ from hami.scheduler.wire import (
     ExtenderPreemptionResult,
     MetaPod,
     MetaVictims,
-    WireError,
-    parse_preemption_args,
 )
 
-VERB = "preempt"
-NO_BODY = "Please send a request body"  # HAMi's text for every verb (spec-scheduler §15)
 MISSING_POD = "extender args missing pod"
 NOT_SYNCED = "scheduler cache not synced yet"
 
@@ -173,34 +164,3 @@ def _most_important_first(
         return (-(2**63), float("-inf"))
 
     return sorted([*proposal.uids, *(h.uid for h in added)], key=rank)
-
-
-def _json(payload: Any) -> web.Response:
-    return web.Response(
-        body=json.dumps(payload, separators=(",", ":")).encode(), content_type="application/json"
-    )
-
-
-def preempt_view(ctx: Context) -> Callable[[web.Request], Awaitable[web.Response]]:
-    """The ``POST /preempt`` handler of the verbs app."""
-
-    async def view(request: web.Request) -> web.Response:
-        started = time.perf_counter()
-        body = await request.read()
-        try:
-            if not body:
-                raise PreemptError(400, NO_BODY)
-            try:
-                outcome = handle_preempt(ctx, parse_preemption_args(body))
-            except WireError as exc:
-                raise PreemptError(400, str(exc)) from None
-        except PreemptError as exc:
-            ctx.metrics.observe(VERB, "error", time.perf_counter() - started)
-            return web.Response(status=exc.status, text=str(exc))
-        ctx.metrics.preempted(
-            outcome.offered, len(outcome.result["NodeNameToMetaVictims"]), outcome.proposed, outcome.added
-        )
-        ctx.metrics.observe(VERB, "ok", time.perf_counter() - started)
-        return _json(outcome.result)
-
-    return view
