@@ -1,17 +1,17 @@
 """The aiohttp applications of ``hami scheduler``: the extender verbs and the probes, on two listeners.
 
 Owns the two listeners and their routes: the verbs kube-scheduler calls over loopback in the same pod
-(``POST /filter``, ``/prioritize``, ``/bind``, ``/preempt``; ``--listen``, 127.0.0.1 by default)
-and, on a separate listener, what the kubelet's probes and Prometheus read (``GET /healthz``,
-``/readyz``, ``/metrics``; ``--metrics-listen``, the shared listener of :mod:`hami.process.http`);
-neither serves the other's routes. Request bodies are capped (``--max-body-bytes``, HAMi's 1 MiB): a
-declared larger body is answered 413 before it is read, an undeclared (chunked) one as soon as it
-passes the cap, and the connection is closed. Also the HTTP status rules (spec-scheduler §15: an empty body is HTTP 400
-``Please send a request body``; unreadable JSON and every other failure are HTTP 200 with ``Error``
-set) and the ``FilteringFailed`` Events (through the aggregating, bounded
-:class:`~hami.kube.events.EventRecorder`, only about a pod the API server has that names our scheduler
-and is not bound), flushed when the verbs app stops. The service is wired and run by
-:mod:`hami.scheduler.main`. Must not import the Kubernetes client (only ``hami.kube``).
+(``POST /filter``, ``/prioritize``, ``/bind``, ``/preempt``; ``--listen``, 127.0.0.1 by default) and, on
+a separate listener, what the kubelet's probes and Prometheus read (``GET /healthz``, ``/readyz``,
+``/metrics``; ``--metrics-listen``, the shared listener of :mod:`hami.process.http`); neither serves the
+other's routes. Request bodies are capped (``--max-body-bytes``, HAMi's 1 MiB): a declared larger body
+is answered 413 before it is read, an undeclared (chunked) one as soon as it passes the cap, and the
+connection is closed. Also the HTTP status rules (spec-scheduler §15: an empty body is HTTP 400 ``Please
+send a request body``; unreadable JSON and every other failure are HTTP 200 with ``Error`` set) and the
+``FilteringFailed`` Events (through the aggregating, bounded :class:`~hami.kube.events.EventRecorder`,
+only about a pod the API server has that names our scheduler and is not bound), flushed when the verbs
+app stops. The service is wired and run by :mod:`hami.scheduler.main`. Must not import the Kubernetes
+client (only ``hami.kube``).
 """
 
 from __future__ import annotations
