@@ -83,12 +83,29 @@ def fit_node(
     outcome = _place(request, node, gpu, quota, target)
     if isinstance(outcome, Allocation):
         return outcome
-    reasons, total = outcome
+    return _rejection(request, node, gpu, quota, target, outcome, precheck.plan(request, gpu, quota))
+
+
+def _rejection(
+    request: PodRequest,
+    node: NodeState,
+    gpu: GpuPolicy,
+    quota: NamespaceQuota | None,
+    target: fragmentation.Target | None,
+    failure: _Failure,
+    plan: precheck.Plan | None,
+) -> Rejection:
+    """The failure as a Rejection; resolvable when the pod would fit the node with nothing used
+    (``plan``: the precheck's for this pod and quota, which judges the idle node when it covers it)."""
+    reasons, total = failure
     resolvable = False
     if all(reason.per_card for reason in reasons):  # node-level ones (too few cards, type) never resolve
-        empty = replace(node, devices=tuple(DeviceState(device=s.device) for s in node.devices))
-        idle_quota = replace(quota, memory_used=0, cores_used=0) if quota is not None else None
-        resolvable = isinstance(_place(request, empty, gpu, idle_quota, target), Allocation)
+        idle = None if plan is None else precheck.idle_verdict(plan, node)
+        if idle is None:
+            empty = replace(node, devices=tuple(DeviceState(device=s.device) for s in node.devices))
+            idle_quota = replace(quota, memory_used=0, cores_used=0) if quota is not None else None
+            idle = isinstance(_place(request, empty, gpu, idle_quota, target), Allocation)
+        resolvable = idle
     return Rejection(node=node.name, reasons=reasons, total=total, resolvable=resolvable)
 
 
@@ -102,7 +119,12 @@ def _place(
     gpu: GpuPolicy,
     quota: NamespaceQuota | None,
     target: fragmentation.Target | None = None,
+    *,
+    ordered: bool = True,
 ) -> Allocation | _Failure:
+    """Fit the containers in turn (§7 step 4). ``ordered=False`` walks the cards in registration
+    order, skipping the card scores: only for a failure whose reason counts do not depend on the order
+    (see :meth:`Decisions.__getitem__`)."""
     steer = Steering.of(request, gpu, node.cordoned, node.pair_scores)
     gated = quota if quota is not None and quota.limited else None
     vendor = [i for i, s in enumerate(node.devices) if is_vendor_card(s.device)]
@@ -120,7 +142,9 @@ def _place(
             return {Reason.DEVICE_TYPE_NOT_FOUND: 1}, 0
         is_init = position < request.init_count
         cards = [(fresh if is_init else shared)[i] for i in vendor]
-        if target is not None:
+        if not ordered:
+            order: list[int] | range = range(len(cards))
+        elif target is not None:
             order = fragplacement.card_order(target, cards, node.cordoned, container, request.numa_bind)
         else:
             scores = [card_score(c, container, request.weights) for c in cards]
@@ -164,7 +188,7 @@ def _place(
 class Decisions:
     """The decision for every candidate node; full Allocations/Rejections are computed on demand."""
 
-    __slots__ = ("_cache", "_fits", "_gpu", "_nodes", "_policy", "_quotas", "_request")
+    __slots__ = ("_cache", "_fits", "_gpu", "_nodes", "_plan", "_policy", "_quotas", "_request")
 
     def __init__(
         self,
@@ -181,7 +205,7 @@ class Decisions:
         self._cache: dict[str, Decision] = {}
         self._gpu = parse_gpu_policy(request.gpu_policy or policy.gpu_policy)
         quota = (quotas or {}).get(request.namespace)
-        plan = precheck.plan(request, self._gpu, quota)
+        plan = self._plan = precheck.plan(request, self._gpu, quota)
         for node in nodes:
             self._nodes[node.name] = node
             fits = precheck.verdict(plan, node.summary) if plan is not None else None
@@ -195,9 +219,28 @@ class Decisions:
         decision = self._cache.get(name)
         if decision is None:
             node = self._nodes[name]
-            decision = fit_node(self._request, node, self._policy, quotas=self._quotas)
+            decision = self._rejected(node) if self._fits.get(name) is False else None
+            if decision is None:
+                decision = fit_node(self._request, node, self._policy, quotas=self._quotas)
             self._cache[name] = decision
         return decision
+
+    def _rejected(self, node: NodeState) -> Rejection | None:
+        """The rejection of a node the precheck failed, without the card scores and order.
+
+        Without numa-bind, a pod the precheck covers fails the same way in any card order: each
+        container meets the node's own usage (init containers a fresh copy, the one app container
+        the unchanged node) and, with no MIG card and no quota, checks 1..15 judge each card alone, so
+        each card's reason and the count of passing cards are the same. None: use the full Fit."""
+        plan = self._plan
+        if plan is None or plan.numa_bind or node.summary.has_mig:
+            return None
+        quota = (self._quotas or {}).get(self._request.namespace)
+        outcome = _place(self._request, node, self._gpu, quota, ordered=False)
+        if isinstance(outcome, Allocation):
+            return None  # never, the precheck being exact; the full Fit decides
+        target = self._policy.target if self._gpu.fragmentation else None
+        return _rejection(self._request, node, self._gpu, quota, target, outcome, plan)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._nodes)

@@ -116,8 +116,21 @@ def is_vendor_card(device: Device, request_type: str = NVIDIA) -> bool:
     return request_type.lower() in device.type.lower()
 
 
-#: ``(free_mem, free_cores, used, total_cores, total_mem, uuid, type lower-cased, mode)``.
-OpenCard = tuple[int, int, int, int, int, str, str, str]
+_VENDOR = NVIDIA.lower()
+
+#: ``(free_mem, free_cores, used, total_cores, total_mem, uuid, type lower-cased, mode, numa)``.
+OpenCard = tuple[int, int, int, int, int, str, str, str, int]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CardGroup:
+    """The open cards of one node sharing a lower-cased card type, a mode and a NUMA node, free memory
+    descending: a type/mode filter (check 3) is decided once per group, not once per card."""
+
+    type: str
+    mode: str
+    numa: int
+    cards: tuple[OpenCard, ...]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -126,9 +139,11 @@ class NodeSummary:
 
     They let :func:`hami.core.allocate.allocate` decide most nodes without running Fit:
     ``open_cards`` lists ``(free_mem, free_cores, used, total_cores, total_mem, uuid, lower-cased
-    type, mode)`` of every card a
-    plain request could use (healthy, not cordoned, NVIDIA-typed, not MIG, a free slot), sorted by
-    free memory descending; ``score`` is the HAMi node score of the usage (§11).
+    type, mode, numa)`` of every card a plain request could use (healthy, not cordoned, NVIDIA-typed,
+    not MIG, a free slot), sorted by free memory descending (registration order on ties); ``groups``
+    splits them by (type, mode, NUMA node) (``kinds``: the distinct (type, mode)), ``by_numa`` by
+    NUMA node (NUMA ascending, each free memory descending); ``uuids`` are their uuids; ``score`` is
+    the HAMi node score of the usage (§11).
     """
 
     score: float
@@ -136,6 +151,10 @@ class NodeSummary:
     has_mig: bool  # some vendor card is in MIG mode: plain fast checks do not apply
     open_cards: tuple[OpenCard, ...]
     max_free_cores: int
+    groups: tuple[CardGroup, ...] = ()
+    kinds: tuple[tuple[str, str], ...] = ()  # the groups' distinct (type, mode), first seen first
+    by_numa: tuple[tuple[OpenCard, ...], ...] = ()
+    uuids: frozenset[str] = frozenset()
 
 
 def summarize(devices: tuple[DeviceState, ...], cordoned: frozenset[str]) -> NodeSummary:
@@ -150,31 +169,33 @@ def summarize(devices: tuple[DeviceState, ...], cordoned: frozenset[str]) -> Nod
     open_cards: list[OpenCard] = []
     for state in devices:
         dev = state.device
-        used += state.used
+        slots, memory, cores = state.used, state.used_mem, state.used_cores
+        used += slots
         count += dev.count
-        ucores += state.used_cores
+        ucores += cores
         tcores += dev.cores
-        umem += state.used_mem
+        umem += memory
         tmem += dev.memory_mib
-        if not is_vendor_card(dev):
+        card_type = dev.type.lower()
+        if _VENDOR not in card_type:  # is_vendor_card, the type lower-cased once
             continue
         vendor += 1
         if dev.mode == DeviceMode.MIG:
             has_mig = True
-        elif state.healthy and dev.uuid not in cordoned and state.used < dev.count:
+        elif dev.health and not state.inconsistencies and slots < dev.count and dev.uuid not in cordoned:
             open_cards.append(
                 (
-                    state.free_mem,
-                    state.free_cores,
-                    state.used,
+                    dev.memory_mib - memory,
+                    dev.cores - cores,
+                    slots,
                     dev.cores,
                     dev.memory_mib,
                     dev.uuid,
-                    dev.type.lower(),
+                    card_type,
                     dev.mode,
+                    dev.numa,
                 )
             )
-    open_cards.sort(key=lambda c: -c[0])
     score = 0.0
     if count and tcores and tmem:
         # Go: float32(used)/float32(total) per dimension, summed, times the weight 10 (all float32).
@@ -184,13 +205,44 @@ def summarize(devices: tuple[DeviceState, ...], cordoned: frozenset[str]) -> Nod
             f32(f32(umem) / f32(tmem)),
         )
         score = f32(10 * f32(f32(terms[0] + terms[1]) + terms[2]))
+    return _summary(score, vendor, has_mig, open_cards)
+
+
+def _free_mem_descending(card: OpenCard) -> int:
+    return -card[0]
+
+
+def _summary(score: float, vendor: int, has_mig: bool, open_cards: list[OpenCard]) -> NodeSummary:
+    open_cards.sort(key=_free_mem_descending)  # stable: registration order on ties
+    grouped: dict[tuple[str, str, int], list[OpenCard]] = {}
+    per_numa: dict[int, list[OpenCard]] = {}
+    kinds: dict[tuple[str, str], None] = {}
+    for card in open_cards:
+        grouped.setdefault((card[6], card[7], card[8]), []).append(card)
+        per_numa.setdefault(card[8], []).append(card)
+        kinds[card[6], card[7]] = None
+    ordered = tuple(open_cards)
+    by_numa: tuple[tuple[OpenCard, ...], ...] = (ordered,)
+    if len(per_numa) != 1:
+        by_numa = tuple(tuple(per_numa[numa]) for numa in sorted(per_numa))
     return NodeSummary(
         score=score,
         vendor_cards=vendor,
         has_mig=has_mig,
-        open_cards=tuple(open_cards),
-        max_free_cores=max((c[1] for c in open_cards), default=-1),
+        open_cards=ordered,
+        max_free_cores=max((c[1] for c in ordered), default=-1),
+        groups=tuple(
+            CardGroup(type=key[0], mode=key[1], numa=key[2], cards=tuple(cards))
+            for key, cards in sorted(grouped.items(), key=_numa_of_group)
+        ),
+        kinds=tuple(kinds),
+        by_numa=by_numa,
+        uuids=frozenset(c[5] for c in ordered),
     )
+
+
+def _numa_of_group(item: tuple[tuple[str, str, int], list[OpenCard]]) -> int:
+    return item[0][2]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -153,7 +153,8 @@ def test_precheck_table() -> None:
 
 def test_precheck_declines_steered_pods_and_mig_nodes() -> None:
     spread = parse_gpu_policy("spread")
-    assert precheck.plan(make_request(make_container(mem=1), numa_bind=True), spread, None) is None
+    topology = parse_gpu_policy("topology-aware")
+    assert precheck.plan(make_request(make_container(mem=1), numa_bind=True), topology, None) is None
     assert precheck.plan(make_request(make_container(mem=1), make_container(mem=1)), spread, None) is None
     assert precheck.plan(make_request(make_container(mem=1)), spread, NamespaceQuota(cores_limit=1)) is None
     plan = precheck.plan(make_request(make_container(mem=1)), spread, NamespaceQuota())
