@@ -60,7 +60,7 @@ async def start_extender(
             await apiserver.post(f"/api/v1/namespaces/{namespace}/resourcequotas", json=quota)
         for pod in pods:
             await apiserver.post(f"/api/v1/namespaces/{pod['metadata']['namespace']}/pods", json=pod)
-        settings = replace(SchedulerSettings(api_timeout=5.0), **overrides)
+        settings = replace(SchedulerSettings(), **overrides)  # the production API timeout (30 s)
         config = kubeconfig
         if api_url is not None:  # e.g. a fault proxy in front of the embedded API server
             config = write_kubeconfig(kubeconfig.with_name(f"kubeconfig-{len(running)}"), api_url)
