@@ -31,9 +31,10 @@ from hami.kube.client import KubeError, NotFound, load_api_client
 from hami.kube.protocol import KubeApi
 from hami.scheduler.config import load_device_config
 from hami.scheduler.nominations import DEFAULT_SCHEDULER, NominationBook, Nominations
+from hami.scheduler.podrecords import priority_of
 from hami.scheduler.quotas import QuotaBook
 from hami.scheduler.snapshot import Snapshot
-from hami.scheduler.victims import node_holders, priority_of
+from hami.scheduler.victims import node_holders
 from hami.settings import DeviceConfig
 
 

@@ -73,8 +73,8 @@ from hami.scheduler.attempt import (
 )
 from hami.scheduler.bindlock import acquire, after, count_grant, lock_wait, locks_node
 from hami.scheduler.context import Context
+from hami.scheduler.podrecords import priority_of
 from hami.scheduler.snapshot import PodRecord, local_time
-from hami.scheduler.victims import priority_of
 from hami.scheduler.wire import ExtenderBindingArgs, ExtenderBindingResult
 
 logger = logging.getLogger(__name__)

@@ -34,9 +34,9 @@ from hami.core.model import NodeState, PodRequest
 from hami.core.rejection import Rejection
 from hami.objects import pod_key
 from hami.scheduler.context import Context
+from hami.scheduler.podrecords import priority_of
 from hami.scheduler.reasons import advice, registration_rejection, rejection_words
 from hami.scheduler.snapshot import local_time
-from hami.scheduler.victims import priority_of
 from hami.scheduler.wire import ExtenderArgs, ExtenderFilterResult, NodeListWire, filter_result
 
 MISSING_POD = "extender args missing pod"

@@ -33,8 +33,7 @@ from hami.annotations import AnnotationError, read_pod_request
 from hami.core.allocate import Policy
 from hami.core.model import NodeState
 from hami.core.reservations import Nominee, Occupant, Reservation, reserve
-from hami.scheduler.podrecords import PodKey
-from hami.scheduler.victims import priority_of
+from hami.scheduler.podrecords import PodKey, priority_of
 from hami.settings import DeviceConfig
 
 logger = logging.getLogger(__name__)

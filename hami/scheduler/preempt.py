@@ -38,8 +38,9 @@ from hami.core.preempt import preempt_node
 from hami.core.rejection import Rejection
 from hami.core.victimsearch import CardMemo, Holder
 from hami.scheduler.context import Context
+from hami.scheduler.podrecords import priority_of
 from hami.scheduler.snapshot import local_time
-from hami.scheduler.victims import node_holders, priority_of
+from hami.scheduler.victims import node_holders
 from hami.scheduler.wire import (
     ExtenderPreemptionArgs,
     ExtenderPreemptionResult,
