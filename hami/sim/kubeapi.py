@@ -15,8 +15,6 @@ from typing import Any
 
 import aiohttp
 
-from hami import objects
-
 JsonDict = dict[str, Any]
 
 MERGE_PATCH = "application/merge-patch+json"
@@ -130,8 +128,3 @@ class SimApi:
             except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError):
                 pass  # the stream broke: reconnect and start again from the full state
             await asyncio.sleep(0.2)  # do not spin when the server is going away
-
-
-def key_of(obj: Mapping[str, Any]) -> tuple[str, str]:
-    """``(namespace, name)`` of an object."""
-    return objects.namespace(obj), objects.name(obj)

@@ -33,7 +33,7 @@ import aiohttp
 from hami import objects
 from hami.annotations import NODE_HANDSHAKE, NODE_LOCK
 from hami.sim.events import pod_event
-from hami.sim.kubeapi import ApiError, JsonDict, SimApi, key_of, nodes_path, pods_path
+from hami.sim.kubeapi import ApiError, JsonDict, SimApi, nodes_path, pods_path
 from hami.sim.preemption_rules import priority
 from hami.sim.preemption_standin import Nominated, NotNominated, PreemptionError, PreemptionStandIn
 
@@ -159,7 +159,7 @@ class SchedulerStandIn:
     # ------------------------------------------------------------------------------- one pod
 
     async def schedule_one(self, pod: JsonDict) -> Attempt:
-        namespace, name = key_of(pod)
+        namespace, name = objects.pod_key(pod)
         loop = asyncio.get_running_loop()
         generation = self.generation
         previous = self.attempt(pod)
@@ -287,7 +287,7 @@ class SchedulerStandIn:
         )
         self.attempts[_ident(pod)] = attempt
         if previous is None or previous.message != message or nominated:
-            namespace, name = key_of(pod)
+            namespace, name = objects.pod_key(pod)
             logger.info("%s/%s: unschedulable: %s", namespace, name, message)
             condition = {
                 "type": "PodScheduled",
@@ -350,7 +350,7 @@ class SchedulerStandIn:
 
     async def _watch_pods(self) -> None:
         async for kind, pod in self._api.watch(pods_path()):
-            key = key_of(pod)
+            key = objects.pod_key(pod)
             old = self.pods.get(key)
             if kind == "DELETED":
                 self.pods.pop(key, None)
