@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from operator import itemgetter
 
 from hami.core.gocompat import f32
 from hami.core.rejection import Reason as Reason
@@ -140,10 +141,10 @@ class NodeSummary:
     They let :func:`hami.core.allocate.allocate` decide most nodes without running Fit:
     ``open_cards`` lists ``(free_mem, free_cores, used, total_cores, total_mem, uuid, lower-cased
     type, mode, numa)`` of every card a plain request could use (healthy, not cordoned, NVIDIA-typed,
-    not MIG, a free slot), sorted by free memory descending (registration order on ties); ``groups``
-    splits them by (type, mode, NUMA node) (``kinds``: the distinct (type, mode)), ``by_numa`` by
-    NUMA node (NUMA ascending, each free memory descending); ``uuids`` are their uuids; ``score`` is
-    the HAMi node score of the usage (§11).
+    not MIG, a free slot), sorted by free memory descending (registration order on ties); ``kinds``
+    are their distinct (type, mode), first seen first; ``groups`` splits them by (type, mode, NUMA
+    node) when there is more than one kind; ``by_numa`` by NUMA node (NUMA ascending, each free memory
+    descending); ``uuids`` are their uuids; ``score`` is the HAMi node score of the usage (§11).
     """
 
     score: float
@@ -151,8 +152,8 @@ class NodeSummary:
     has_mig: bool  # some vendor card is in MIG mode: plain fast checks do not apply
     open_cards: tuple[OpenCard, ...]
     max_free_cores: int
-    groups: tuple[CardGroup, ...] = ()
-    kinds: tuple[tuple[str, str], ...] = ()  # the groups' distinct (type, mode), first seen first
+    groups: tuple[CardGroup, ...] = ()  # empty with fewer than two kinds
+    kinds: tuple[tuple[str, str], ...] = ()
     by_numa: tuple[tuple[OpenCard, ...], ...] = ()
     uuids: frozenset[str] = frozenset()
 
@@ -208,41 +209,41 @@ def summarize(devices: tuple[DeviceState, ...], cordoned: frozenset[str]) -> Nod
     return _summary(score, vendor, has_mig, open_cards)
 
 
-def _free_mem_descending(card: OpenCard) -> int:
-    return -card[0]
-
-
 def _summary(score: float, vendor: int, has_mig: bool, open_cards: list[OpenCard]) -> NodeSummary:
-    open_cards.sort(key=_free_mem_descending)  # stable: registration order on ties
-    grouped: dict[tuple[str, str, int], list[OpenCard]] = {}
-    per_numa: dict[int, list[OpenCard]] = {}
-    kinds: dict[tuple[str, str], None] = {}
-    for card in open_cards:
-        grouped.setdefault((card[6], card[7], card[8]), []).append(card)
-        per_numa.setdefault(card[8], []).append(card)
-        kinds[card[6], card[7]] = None
+    open_cards.sort(key=_FREE_MEM, reverse=True)  # stable: registration order on ties
     ordered = tuple(open_cards)
+    numas = {card[8] for card in ordered}
     by_numa: tuple[tuple[OpenCard, ...], ...] = (ordered,)
-    if len(per_numa) != 1:
-        by_numa = tuple(tuple(per_numa[numa]) for numa in sorted(per_numa))
+    if len(numas) > 1:
+        by_numa = tuple(tuple(c for c in ordered if c[8] == numa) for numa in sorted(numas))
+    kinds = tuple(dict.fromkeys([(card[6], card[7]) for card in ordered]))
+    groups: tuple[CardGroup, ...] = ()
+    if len(kinds) > 1:  # with one kind a type filter keeps all or nothing: no groups needed
+        grouped: dict[tuple[int, str, str], list[OpenCard]] = {}
+        for card in ordered:
+            grouped.setdefault((card[8], card[6], card[7]), []).append(card)
+        groups = tuple(
+            CardGroup(type=card_type, mode=mode, numa=numa, cards=tuple(cards))
+            for (numa, card_type, mode), cards in sorted(grouped.items(), key=_group_numa)
+        )
     return NodeSummary(
         score=score,
         vendor_cards=vendor,
         has_mig=has_mig,
         open_cards=ordered,
-        max_free_cores=max((c[1] for c in ordered), default=-1),
-        groups=tuple(
-            CardGroup(type=key[0], mode=key[1], numa=key[2], cards=tuple(cards))
-            for key, cards in sorted(grouped.items(), key=_numa_of_group)
-        ),
-        kinds=tuple(kinds),
-        by_numa=by_numa,
-        uuids=frozenset(c[5] for c in ordered),
+        max_free_cores=max([c[1] for c in ordered], default=-1),
+        groups=groups,
+        kinds=kinds,
+        by_numa=by_numa if ordered else (),
+        uuids=frozenset([c[5] for c in ordered]),
     )
 
 
-def _numa_of_group(item: tuple[tuple[str, str, int], list[OpenCard]]) -> int:
-    return item[0][2]
+_FREE_MEM = itemgetter(0)
+
+
+def _group_numa(item: tuple[tuple[int, str, str], list[OpenCard]]) -> int:
+    return item[0][0]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -203,23 +203,31 @@ def _steered_pools(p: Plan, summary: NodeSummary) -> tuple[Pool, ...]:
     if not passing or (use and summary.uuids.isdisjoint(use)):
         return ()
     keep_all = not use and (not nouse or summary.uuids.isdisjoint(nouse))
-    if keep_all and passing == len(summary.kinds):
-        return summary.by_numa if p.numa_bind else (summary.open_cards,)
-    pools: dict[int, list[OpenCard]] = {}
+    if passing == len(summary.kinds):
+        pools = summary.by_numa if p.numa_bind else (summary.open_cards,)
+        if keep_all:
+            return pools
+        return tuple(_named(pool, use, nouse) for pool in pools)
+    by_numa: dict[int, list[OpenCard]] = {}  # some kinds pass, some not: the groups of those that do
     merged = False
     for group in summary.groups:
         if not known[group.type, group.mode]:
             continue
         cards = group.cards
         if not keep_all:
-            cards = tuple(c for c in cards if (not use or c[5] in use) and c[5] not in nouse)
-        pool = pools.setdefault(group.numa if p.numa_bind else 0, [])
+            cards = _named(cards, use, nouse)
+        pool = by_numa.setdefault(group.numa if p.numa_bind else 0, [])
         merged = merged or bool(pool)
         pool.extend(cards)
     if merged:
-        for pool in pools.values():
+        for pool in by_numa.values():
             pool.sort(key=_minus_free_mem)  # free memory descending again
-    return tuple(tuple(pool) for pool in pools.values())
+    return tuple(tuple(pool) for pool in by_numa.values())
+
+
+def _named(cards: Pool, use: frozenset[str], nouse: frozenset[str]) -> Pool:
+    """``cards`` passing check 5: named by ``use`` (when given), not named by ``nouse``."""
+    return tuple(c for c in cards if (not use or c[5] in use) and c[5] not in nouse)
 
 
 def _minus_free_mem(card: OpenCard) -> int:
