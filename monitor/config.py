@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from hami.core.model import DeviceMode
-from hami.process.flags import Address, env_default, env_name, parse_address, parse_number
+from hami.process.flags import Address, env_default, env_name, parse_address, parse_bool, parse_number
 from hami.settings import DeviceConfig, from_device_config
 
 
@@ -146,9 +146,9 @@ def parse_agent_config(argv: Sequence[str] | None, environ: Mapping[str, str]) -
         config=_path(args.config),
         device_config=_path(args.device_config),
         hook_path=_path(args.hook_path),
-        topology_score=_flag_bool("topology-score", args.topology_score),
+        topology_score=parse_bool("--topology-score", str(args.topology_score), ConfigError),
         metrics_listen=parse_address("metrics-listen", args.metrics_listen, ConfigError),
-        legacy_metrics=_flag_bool("legacy-metrics", args.legacy_metrics),
+        legacy_metrics=parse_bool("--legacy-metrics", str(args.legacy_metrics), ConfigError),
         scheduler_name=_scheduler_name(args.scheduler_name),
         log_level=str(args.log_level).upper(),
         health_recovery=recovery,
@@ -165,15 +165,6 @@ def _scheduler_name(value: Any) -> str:
 
 def _path(value: Any) -> Path | None:
     return Path(value) if value not in (None, "") else None
-
-
-def _flag_bool(flag: str, value: str) -> bool:
-    text = str(value).strip().lower()
-    if text in ("true", "1", "yes"):
-        return True
-    if text in ("false", "0", "no", ""):
-        return False
-    raise ConfigError(f"--{flag} must be true or false, got {value!r}")
 
 
 # ------------------------------------------------------------------------------------- config files

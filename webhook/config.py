@@ -15,7 +15,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hami import devicefile
-from hami.process.flags import Address, env_default, env_name, parse_address, parse_number, parse_whole
+from hami.process.flags import (
+    Address,
+    env_default,
+    env_name,
+    parse_address,
+    parse_bool,
+    parse_number,
+    parse_whole,
+)
 from hami.settings import DeviceConfig
 
 #: The Kopf handler id: Kopf serves each admission handler at ``/<id>``, so this is the URL path.
@@ -112,22 +120,13 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> No
         parser.add_argument(f"--{flag}", default=default, help=f"{help_text} [env {name}]")
     for flag, (default_bool, help_text) in _BOOL_FLAGS.items():
         name = env_name(flag)
-        value = _env_bool(name, env[name]) if name in env else default_bool
+        value = parse_bool(name, env[name], ConfigError) if name in env else default_bool
         parser.add_argument(
             f"--{flag}",
             action=argparse.BooleanOptionalAction,
             default=value,
             help=f"{help_text} [env {name}]",
         )
-
-
-def _env_bool(name: str, text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off", ""):
-        return False
-    raise ConfigError(f"{name} must be true or false, got {text!r}")
 
 
 def load_device_config(path: str | None) -> DeviceConfig:

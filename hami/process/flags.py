@@ -1,17 +1,17 @@
-"""The flags every service shares the shape of: ``HAMI_<FLAG>`` env fallbacks, ``HOST:PORT`` listeners and
-numbers in a range.
+"""The flags every service shares the shape of: ``HAMI_<FLAG>`` env fallbacks, ``HOST:PORT`` listeners,
+switches and numbers in a range.
 
-Owns the env variable of a flag (``--node-lock-timeout`` -> ``HAMI_NODE_LOCK_TIMEOUT``; precedence:
-the flag, then that variable, then the default), :class:`Address` and the one ``HOST:PORT`` parser,
-:func:`parse_address`, and the one number parser, :func:`parse_number` (:func:`parse_whole` for whole
-numbers): a finite number (``nan`` and ``inf`` are refused: a NaN deadline never passes, every
-comparison with it being false, and an infinite interval never ends) within the flag's bounds. A
-listen address is hostile text from a flag or an env variable: only ASCII digits make a port
-(``int`` also reads ``'٨٠'`` and crashes on ``'²'``), an IPv6 host needs its brackets (``::1:80``
-could be two different addresses), and a host holds only what a host name or an address can.
-``:PORT`` (Go's form, HAMi's defaults such as ``:9395``) means every IPv4 interface.
-Errors name the flag and the text, raised as the caller's own error class.
-Pure: stdlib only (the environment is passed in; no ``os``).
+Owns the env variable of a flag (``--node-lock-timeout`` -> ``HAMI_NODE_LOCK_TIMEOUT``; precedence: the
+flag, then that variable, then the default), :class:`Address` and the one ``HOST:PORT`` parser,
+:func:`parse_address`, the one switch parser, :func:`parse_bool`, and the one number parser,
+:func:`parse_number` (:func:`parse_whole` for whole numbers): a finite number (``nan`` and ``inf`` are
+refused: a NaN deadline never passes, every comparison with it being false, and an infinite interval
+never ends) within the flag's bounds. A listen address is hostile text from a flag or an env variable:
+only ASCII digits make a port (``int`` also reads ``'٨٠'`` and crashes on ``'²'``), an IPv6 host needs
+its brackets (``::1:80`` could be two different addresses), and a host holds only what a host name or an
+address can. ``:PORT`` (Go's form, HAMi's defaults such as ``:9395``) means every IPv4 interface. Errors
+name the flag and the text, raised as the caller's own error class. Pure: stdlib only (the environment
+is passed in; no ``os``).
 """
 
 from __future__ import annotations
@@ -142,3 +142,19 @@ def _check_range(
 
 def _shown(bound: float) -> str:
     return str(int(bound)) if float(bound).is_integer() else str(bound)
+
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off", ""})
+
+
+def parse_bool(label: str, text: str, error: type[Exception] = ValueError) -> bool:
+    """A switch given as text (a flag's value, an env variable): ``1 true yes on`` or ``0 false no off``
+    and empty, any case, blanks around ignored; anything else raises ``error`` naming ``label`` (the
+    ``--flag`` or the variable) and the text."""
+    lowered = text.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise error(f"{label} must be true or false, got {text!r}")

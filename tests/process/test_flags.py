@@ -6,7 +6,15 @@ from typing import Any
 
 import pytest
 
-from hami.process.flags import Address, env_default, env_name, parse_address, parse_number, parse_whole
+from hami.process.flags import (
+    Address,
+    env_default,
+    env_name,
+    parse_address,
+    parse_bool,
+    parse_number,
+    parse_whole,
+)
 
 
 class FlagError(ValueError):
@@ -111,3 +119,22 @@ def test_numbers_in_bounds_are_read() -> None:
         parse_whole("f", "1KiB", unit="bytes")
     with pytest.raises(ValueError, match=r"^--f must be between 1 and 3, got '4'$"):
         parse_whole("f", "4", minimum=1, maximum=3)
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        *[("1", True), ("true", True), (" TRUE ", True), ("yes", True), ("On", True)],
+        *[("0", False), ("false", False), ("No", False), ("off", False), ("", False)],
+    ],
+)
+def test_one_switch_rule_for_every_service(text: str, value: bool) -> None:
+    """The webhook's env switches and the agent's true/false flags read alike (the agent refused "on")."""
+    assert parse_bool("--f", text, FlagError) is value
+
+
+@pytest.mark.parametrize("text", ["maybe", "2", "t", "enabled"])
+def test_anything_else_is_not_a_switch(text: str) -> None:
+    with pytest.raises(FlagError) as caught:
+        parse_bool("HAMI_F", text, FlagError)
+    assert str(caught.value) == f"HAMI_F must be true or false, got {text!r}"
