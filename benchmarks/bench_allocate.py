@@ -11,8 +11,10 @@ column is what the scheduler's call costs on top of the placement decision.
 Cluster: N nodes x 8 cards (80 GiB, 100 cores, 10 slots), each card shared by 0..9 running pods holding
 a random part of its memory and cores (fixed seed; about half of every capacity used). Pod: one
 container, 1 card, 4000 MiB, 30 % cores. Target: 500 nodes <= 1 ms median for the core on one core.
-Further rows: the same pod with ``nvidia.com/use-gputype`` (a per-card filter in the precheck) and with
-``nvidia.com/numa-bind`` (order-dependent: the full Fit runs on every node).
+Further rows: the same pod with ``nvidia.com/use-gputype`` and with ``nvidia.com/numa-bind`` (both
+judged from the node summaries too: one type decision per card type, one count per NUMA node), and with
+``nvidia.com/use-gputype: V100``, which no node has: every node is rejected, so the call builds every
+node's reasons (``8/8 CardTypeMismatch``) and whether it could ever resolve.
 
 Second table, the ``fragmentation`` policy (node and card), each against the same call for the same pod
 under the defaults (binpack nodes, spread cards) as the baseline: ``/filter`` (it only filters: the
@@ -145,8 +147,9 @@ def run() -> list[Table]:
         names = [f"node-{n:05d}" for n in range(nodes_count)]
         for label, steering, reps in (
             ("plain", {}, repetitions),
-            ("use-gputype A100", {"nvidia.com/use-gputype": "A100"}, max(3, repetitions // 5)),
-            ("numa-bind (full Fit)", {"nvidia.com/numa-bind": "true"}, max(3, repetitions // 20)),
+            ("use-gputype A100", {"nvidia.com/use-gputype": "A100"}, repetitions),
+            ("numa-bind", {"nvidia.com/numa-bind": "true"}, repetitions),
+            ("use-gputype V100 (none fits)", {"nvidia.com/use-gputype": "V100"}, max(3, repetitions // 10)),
         ):
             args = ExtenderArgs(Pod=pod(steering), Nodes=None, NodeNames=names)
             samples, core, fitting = measure(ctx, args, reps)
