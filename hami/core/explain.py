@@ -132,39 +132,26 @@ def _container_hints(
 ) -> list[_Hint]:
     hints: list[_Hint] = []
     label = f"container #{position}" if len(request.containers) > 1 else "the container"
-    # memory: absolute MiB, or a percentage of each card
+    # (what it asks, the least it may ask, the resource's name, the container asking another amount) for
+    # each amount it asks; memory in MiB, else a percentage of each card
+    asked: list[tuple[int, int, str, Callable[[int], ContainerRequest]]] = []
     if container.memory_mib > 0:
-        best = _largest(
-            1,
-            container.memory_mib - 1,
-            lambda m: fits(_with(request, position, replace(container, memory_mib=m))),
-        )
-        if best is not None:
-            text = f"fits if {label} asks {memory_name} <= {best}"
-            hints.append((_given_up(container.memory_mib, best), text))
+        asked.append((container.memory_mib, 1, memory_name, lambda v: replace(container, memory_mib=v)))
     elif container.percentage != PERCENT_NOT_GIVEN:
-        best = _largest(
-            1,
-            container.percentage - 1,
-            lambda p: fits(_with(request, position, replace(container, percentage=p))),
-        )
-        if best is not None:
-            text = f"fits if {label} asks {memory_name}-percentage <= {best}"
-            hints.append((_given_up(container.percentage, best), text))
+        percentage = f"{memory_name}-percentage"
+        asked.append((container.percentage, 1, percentage, lambda v: replace(container, percentage=v)))
     if container.cores > 0:
-        best = _largest(
-            0, container.cores - 1, lambda c: fits(_with(request, position, replace(container, cores=c)))
-        )
-        if best is not None:
-            text = f"fits if {label} asks {cores_name} <= {best}"
-            hints.append((_given_up(container.cores, best), text))
+        asked.append((container.cores, 0, cores_name, lambda v: replace(container, cores=v)))
     if container.nums > 1:
-        best = _largest(
-            1, container.nums - 1, lambda n: fits(_with(request, position, replace(container, nums=n)))
-        )
+        asked.append((container.nums, 1, count_name, lambda v: replace(container, nums=v)))
+    for amount, least, resource, asking in asked:
+
+        def fits_asking(value: int, asking: Callable[[int], ContainerRequest] = asking) -> bool:
+            return fits(_with(request, position, asking(value)))
+
+        best = _largest(least, amount - 1, fits_asking)
         if best is not None:
-            text = f"fits if {label} asks {count_name} <= {best}"
-            hints.append((_given_up(container.nums, best), text))
+            hints.append((_given_up(amount, best), f"fits if {label} asks {resource} <= {best}"))
     return hints
 
 
