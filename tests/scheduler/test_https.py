@@ -1,7 +1,7 @@
 """``hami scheduler --tls-cert/--tls-key``: the verbs over HTTPS, as HAMi serves its extender (§15).
 
 Runs the real command as a process (the TLS set-up is part of start-up) against this test's embedded
-API server, with a certificate for 127.0.0.1 signed by a CA made here with ``cryptography``. The
+API server, with a certificate for 127.0.0.1 signed by a CA made here by ``webhook.certs``. The
 probes and metrics stay plain HTTP on their own listener.
 """
 
@@ -9,89 +9,30 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import ipaddress
 import ssl
 from pathlib import Path
 
 import aiohttp
 import kmock
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from hami.sim.processes import ChildFailed, Supervisor, free_port, python_argv
 from tests.builders import make_node, make_pod
 from tests.eventually import eventually, time_scale
+from webhook import certs
 
 pytestmark = pytest.mark.timeout(120)
 #: bound on the child's start-up (imports, first lists), stretched by the machine's load; polled, not slept
 START_WITHIN = 60.0
 
 
-def _pem(cert: x509.Certificate) -> bytes:
-    return cert.public_bytes(serialization.Encoding.PEM)
-
-
 def issue(directory: Path) -> tuple[Path, Path, Path]:
-    """A CA and a serving certificate for 127.0.0.1 signed by it: (ca.pem, tls.crt, tls.key)."""
-    now = datetime.datetime.now(datetime.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test CA")])
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "hami-scheduler")]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False
-        )
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
+    """A CA and a serving certificate for 127.0.0.1 signed by it (the webhook's own issuer, which the
+    chart's certgen Jobs run): (ca.pem, tls.crt, tls.key)."""
+    bundle = certs.generate(["127.0.0.1"], now=datetime.datetime.now(datetime.UTC))
     paths = directory / "ca.pem", directory / "tls.crt", directory / "tls.key"
-    paths[0].write_bytes(_pem(ca))
-    paths[1].write_bytes(_pem(cert))
-    paths[2].write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-    )
+    for path, pem in zip(paths, (bundle.ca_cert, bundle.cert, bundle.key), strict=True):
+        path.write_bytes(pem)
     return paths
 
 
