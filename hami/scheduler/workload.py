@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
+from hami import objects
 from hami.annotations import AnnotationError, read_pod_request
 from hami.core.allocate import Policy
 from hami.core.fragmentation import Target, TargetClass
@@ -119,8 +120,7 @@ class Workload:
 
     def observe(self, pod: Mapping[str, Any]) -> None:
         """Count ``pod`` (a raw Pod) if it asks for cards and was not counted before."""
-        metadata = pod.get("metadata") or {}
-        uid = str(metadata.get("uid") or "/".join(pod_key(pod)))
+        uid = objects.uid(pod) or "/".join(pod_key(pod))
         if uid in self._seen:
             return
         self._seen[uid] = None  # counted or not, it is read once

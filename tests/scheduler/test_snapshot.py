@@ -325,3 +325,15 @@ def test_a_node_of_a_hostile_shape_is_excluded_and_the_others_work() -> None:
     assert len(reports) == 3  # each named node reported once; the nameless one has no name to report
     snapshot.node_event("MODIFIED", make_node("int-register"))  # repaired: usable again
     assert snapshot.exclusion("int-register", LOCAL_NOW) is None
+
+
+def test_a_pod_of_a_hostile_shape_is_read_not_raised_on() -> None:
+    """A pod whose metadata, spec or status is not an object (kube-apiserver never stores one) holds no
+    card and breaks nothing: the fragmentation workload and the holding rule read it as absent fields."""
+    snapshot = _snapshot(make_node("n1"))
+    for field in ("metadata", "spec", "status"):
+        pod = _gpu_pod("p", "n1", "GPU-n1-0,NVIDIA,1000,30:;")
+        pod[field] = "not an object"
+        snapshot.pod_event("ADDED", pod)
+    assert set(snapshot.tracked()) == {("default", "p")}  # spec or status odd: its grant still counts
+    assert _used(snapshot, "n1") == [(1, 1000, 30), (0, 0, 0)]
