@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from hami.core.fit import Steering, memory_need
 from hami.core.fragmentation import MILLI, CardKey, NodeView, Target, accepts, card_key, granted
-from hami.core.model import ContainerRequest, DeviceState, NodeState, PodRequest
+from hami.core.model import NVIDIA, ContainerRequest, DeviceState, NodeState, PodRequest
 from hami.core.score import FRAGMENTATION, MAX_PRIORITY, parse_gpu_policy
 
 
@@ -49,7 +49,8 @@ class Placement:
 
 
 class _Walk:
-    """A node's sums while picks are applied one at a time (one :func:`place` call)."""
+    """A node's sums while picks are applied one at a time (one :func:`place` call), with each GPU
+    class's term ``p_m fits_m R_m`` of ``F`` at the walk's CPU."""
 
     def __init__(self, target: Target, view: NodeView, cpu: int | None) -> None:
         self.t = target
@@ -58,26 +59,23 @@ class _Walk:
         self.n = list(view.sums.n)
         self.keys = list(view.keys)
         self.cpu = cpu
+        self.terms = [self._term(m, self.r[m], self.n[m]) for m in range(len(target.p))]
+        self.total = sum(self.terms)
+
+    def _term(self, m: int, r: int, n: int) -> float:
+        t = self.t
+        return t.p[m] * r if n >= t.k[m] and (self.cpu is None or self.cpu >= t.cpu[m]) else 0.0
 
     def after(self, j: int, new: CardKey) -> float:
-        """``F`` if card ``j`` had usage ``new`` (the picks so far applied)."""
-        t = self.t
-        old, now = t.card(self.keys[j]), t.card(new)
-        changed = old.mask | now.mask
-        usable = 0.0
-        cpu, r, n, k, need = self.cpu, self.r, self.n, t.k, t.cpu
-        for m, p in enumerate(t.p):
-            rm, nm = r[m], n[m]
-            if changed >> m & 1:
-                if old.mask >> m & 1:
-                    rm -= old.milli
-                    nm -= 1
-                if now.mask >> m & 1:
-                    rm += now.milli
-                    nm += 1
-            if nm >= k[m] and (cpu is None or cpu >= need[m]):
-                usable += p * rm
-        return self.g - old.milli + now.milli - usable
+        """``F`` if card ``j`` had usage ``new`` (the picks so far applied). More usage never makes a
+        card usable to more classes, so only the classes that could use it before change."""
+        old, now = self.t.card(self.keys[j]), self.t.card(new)
+        total = self.total
+        r, n, terms = self.r, self.n, self.terms
+        for m in old.usable:
+            inside = now.mask >> m & 1
+            total += self._term(m, r[m] - old.milli + now.milli * inside, n[m] - 1 + inside) - terms[m]
+        return self.g - old.milli + now.milli - total
 
     def apply(self, j: int, new: CardKey) -> None:
         old, now = self.t.card(self.keys[j]), self.t.card(new)
@@ -88,10 +86,23 @@ class _Walk:
         for m in now.usable:
             self.r[m] += now.milli
             self.n[m] += 1
+        for m in old.usable:
+            self.terms[m] = self._term(m, self.r[m], self.n[m])
+        self.total = sum(self.terms)
         self.keys[j] = new
 
     def frag(self) -> float:
-        return self.t.frag_of(self.g, self.r, self.n, self.cpu)
+        return self.g - self.total
+
+
+def _steered(request: PodRequest) -> bool:
+    return bool(
+        request.use_types
+        or request.nouse_types
+        or request.use_uuids
+        or request.nouse_uuids
+        or request.vgpu_mode is not None
+    )
 
 
 def place(
@@ -116,7 +127,9 @@ def place(
     walk = _Walk(target, view, None if cpu_free is None else cpu_free - cpu_milli)
     if steer is None:
         steer = steering(request)
+    steered = _steered(request)
     chosen: list[tuple[int, ...]] = []
+    pending: tuple[int, CardKey, float] | None = None  # the last pick, applied when another follows
     for container in request.containers[request.init_count :]:
         if container is None or container.nums <= 0:
             chosen.append(())
@@ -125,29 +138,37 @@ def place(
         allowed = [
             j
             for j, s in enumerate(node.devices)
-            if view.keys[j][0] and steer.type_ok(container, s) and steer.uuid_ok(s.device.uuid)
+            if view.keys[j][0]
+            and (
+                steer.type_ok(container, s) and steer.uuid_ok(s.device.uuid)
+                if steered
+                else container.type == NVIDIA
+            )
         ]
         picks: list[int] = []
         for _ in range(container.nums):
-            best: tuple[int, int, CardKey] | None = None
-            seen: dict[CardKey, int] = {}
+            if pending is not None:
+                walk.apply(pending[0], pending[1])
+            best: tuple[int, int, CardKey, float] | None = None
+            seen: dict[CardKey, tuple[int, float]] = {}
             for j in allowed:
                 key = walk.keys[j]
                 need = memory_need(container, key[2])
                 if j in picks or not accepts(key, need, cores):
                     continue
                 new = granted(key, need, cores)
-                score = seen.get(key)
-                if score is None:
-                    score = seen[key] = gradient(view.frag, walk.after(j, new))
-                if best is None or score > best[1]:
-                    best = (j, score, new)
+                known = seen.get(key)
+                if known is None:
+                    after = walk.after(j, new)
+                    known = seen[key] = (gradient(view.frag, after), after)
+                if best is None or known[0] > best[1]:
+                    best = (j, known[0], new, known[1])
             if best is None:
                 return None
-            walk.apply(best[0], best[2])
+            pending = (best[0], best[2], best[3])
             picks.append(best[0])
         chosen.append(tuple(picks))
-    after = walk.frag()
+    after = walk.frag() if pending is None else pending[2]
     return Placement(score=gradient(view.frag, after), before=view.frag, after=after, cards=tuple(chosen))
 
 
