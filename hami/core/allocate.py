@@ -29,14 +29,12 @@ from hami.core.model import (
     NVIDIA,
     Allocation,
     Decision,
-    DeviceMode,
     DeviceState,
     Grant,
     MigAllocation,
     NamespaceQuota,
     NodeState,
     PodRequest,
-    is_vendor_card,
 )
 from hami.core.quota import Entries, QuotaGate
 from hami.core.rejection import Reason, Rejection
@@ -127,7 +125,7 @@ def _place(
     (see :meth:`Decisions.__getitem__`)."""
     steer = Steering.of(request, gpu, node.cordoned, node.pair_scores)
     gated = quota if quota is not None and quota.limited else None
-    vendor = [i for i, s in enumerate(node.devices) if is_vendor_card(s.device)]
+    vendor = node.summary.vendor  # positions of the cards passing the §7 type pre-filter
     fresh = node.devices
     shared = list(node.devices)
     grants: list[tuple[Grant, ...]] = []
@@ -149,9 +147,7 @@ def _place(
         else:
             scores = [card_score(c, container, request.weights) for c in cards]
             order = order_cards(cards, scores, gpu, request.numa_bind)
-        mig_exempt = (request.vgpu_mode is None or "mig" in request.vgpu_mode) and any(
-            c.device.mode == DeviceMode.MIG for c in cards
-        )
+        mig_exempt = (request.vgpu_mode is None or "mig" in request.vgpu_mode) and node.summary.has_mig
         if container.nums > len(cards) and not mig_exempt:
             return {Reason.NODE_INSUFFICIENT_DEVICE: 1}, 0
         gate = None

@@ -13,7 +13,7 @@ Pure: stdlib only; must not import a Kubernetes client, aiohttp, kopf, grpc, pyn
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hami.core import mig, topology
 from hami.core.model import (
@@ -43,6 +43,8 @@ class Steering:
     policy: GpuPolicy
     cordoned: frozenset[str]
     pair_scores: Mapping[str, Mapping[str, int]]
+    #: check 3's answer per (card type, mode) met so far: decided once per kind of card, not per card.
+    _types: dict[tuple[str, str], bool] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(
@@ -68,12 +70,19 @@ class Steering:
         """Check 3: request type, use/nouse-gputype (case-insensitive substrings), vgpu-mode."""
         if request.type != NVIDIA:
             return False
-        card_type = state.device.type.lower()
+        key = (state.device.type, state.device.mode)
+        ok = self._types.get(key)
+        if ok is None:
+            ok = self._types[key] = self._kind_ok(*key)
+        return ok
+
+    def _kind_ok(self, card_type: str, mode: str) -> bool:
+        card_type = card_type.lower()
         if self.use_types and not any(t in card_type for t in self.use_types):
             return False
         if any(t in card_type for t in self.nouse_types):
             return False
-        return self.vgpu_mode is None or state.device.mode in self.vgpu_mode
+        return self.vgpu_mode is None or mode in self.vgpu_mode
 
     def uuid_ok(self, uuid: str) -> bool:
         """Check 5: use-gpuuuid must list the uuid exactly, nouse-gpuuuid must not."""

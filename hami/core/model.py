@@ -149,6 +149,7 @@ class NodeSummary:
 
     score: float
     vendor_cards: int  # cards passing the NVIDIA type pre-filter (NodeInsufficientDevice)
+    vendor: tuple[int, ...] = ()  # their positions in the node's devices
     has_mig: bool  # some vendor card is in MIG mode: plain fast checks do not apply
     open_cards: tuple[OpenCard, ...]
     max_free_cores: int
@@ -165,10 +166,10 @@ def summarize(devices: tuple[DeviceState, ...], cordoned: frozenset[str]) -> Nod
     task of 30 cores and 200 MiB -> 10 x (1/20 + 30/200 + 200/2000) = 10 x 0.3 = 3.0.
     """
     used = count = ucores = tcores = umem = tmem = 0
-    vendor = 0
+    vendor: list[int] = []
     has_mig = False
     open_cards: list[OpenCard] = []
-    for state in devices:
+    for position, state in enumerate(devices):
         dev = state.device
         slots, memory, cores = state.used, state.used_mem, state.used_cores
         used += slots
@@ -180,7 +181,7 @@ def summarize(devices: tuple[DeviceState, ...], cordoned: frozenset[str]) -> Nod
         card_type = dev.type.lower()
         if _VENDOR not in card_type:  # is_vendor_card, the type lower-cased once
             continue
-        vendor += 1
+        vendor.append(position)
         if dev.mode == DeviceMode.MIG:
             has_mig = True
         elif dev.health and not state.inconsistencies and slots < dev.count and dev.uuid not in cordoned:
@@ -209,7 +210,7 @@ def summarize(devices: tuple[DeviceState, ...], cordoned: frozenset[str]) -> Nod
     return _summary(score, vendor, has_mig, open_cards)
 
 
-def _summary(score: float, vendor: int, has_mig: bool, open_cards: list[OpenCard]) -> NodeSummary:
+def _summary(score: float, vendor: list[int], has_mig: bool, open_cards: list[OpenCard]) -> NodeSummary:
     open_cards.sort(key=_FREE_MEM, reverse=True)  # stable: registration order on ties
     ordered = tuple(open_cards)
     numas = {card[8] for card in ordered}
@@ -228,7 +229,8 @@ def _summary(score: float, vendor: int, has_mig: bool, open_cards: list[OpenCard
         )
     return NodeSummary(
         score=score,
-        vendor_cards=vendor,
+        vendor_cards=len(vendor),
+        vendor=tuple(vendor),
         has_mig=has_mig,
         open_cards=ordered,
         max_free_cores=max([c[1] for c in ordered], default=-1),
