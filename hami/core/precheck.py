@@ -1,7 +1,8 @@
 """The cheap, exact per-node verdict (what makes ``allocate`` ~1 µs per node), steered pods included.
 
-Owns :func:`plan` (built once per pod) and :func:`verdict` (per node, from the node's precomputed
-:class:`~hami.core.model.NodeSummary`). The precheck covers pods with only NVIDIA requests, no namespace
+Owns :func:`plan` (built once per pod), :func:`verdict` (per node, from the node's precomputed
+:class:`~hami.core.model.NodeSummary`) and :func:`idle_verdict` (the same pod on the node with nothing
+used: a rejection's ``resolvable``). The precheck covers pods with only NVIDIA requests, no namespace
 quota, and at most one app container with a request; type/uuid steering (``use-gputype``,
 ``nouse-gputype``, ``use-gpuuuid``, ``nouse-gpuuuid``, ``vgpu-mode``) and ``numa-bind`` included, except
 numa-bind under topology-aware card choice. Init containers run on fresh copies (§7), so each container
@@ -9,8 +10,9 @@ is judged on its own. For such a pod and a node without MIG cards, whether Fit s
 on the card order, because no check 5..15 looks at the cards picked before:
 
 - without numa-bind, it succeeds iff at least ``nums`` cards pass checks 1..15 independently;
-- with numa-bind, the order keeps each NUMA node's cards together (NUMA is the primary sort key; under
-  the single ``mutex`` policy the idle cards, the only ones that can pass, come first sorted by NUMA)
+- with numa-bind, the order keeps each NUMA node's cards together (NUMA is the primary sort key of
+  every card order, the ``fragmentation`` one included; under the single ``mutex`` policy the idle
+  cards, the only ones that can pass, come first sorted by NUMA)
   and Fit restarts its picks at each change of NUMA node, so it succeeds iff one NUMA node has
   ``nums`` such cards. (With topology-aware choice Fit keeps only the last NUMA group's picks: declined.)
 
