@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from hami.core import precheck
 from hami.core.allocate import Policy, allocate, fit_node
+from hami.core.fragmentation import Target, TargetClass
 from hami.core.model import (
     Allocation,
     ContainerRequest,
@@ -186,6 +187,13 @@ STEERING = st.fixed_dictionaries(
 )
 
 
+#: The cluster policy of the property tests: its target workload orders the cards of the pods asking for
+#: the ``fragmentation`` GPU policy (hami.core.fragplacement), the other policies ignore it.
+CLUSTER = Policy(
+    target=Target(
+        [TargetClass(nums=1, percentage=50, cores=50), TargetClass(nums=2, memory_mib=1000, weight=0.5)]
+    )
+)
 POLICIES = st.sampled_from(
     ["spread", "binpack", "mutex", "numa", "topology-aware", "numa,binpack", "binpack,mutex", "fragmentation"]
 )
@@ -209,7 +217,7 @@ def test_steered_and_numa_verdicts_equal_fit(
     assert (plan is None) == declined, (apps, request.numa_bind, gpu_policy)
     if plan is None:
         return
-    full = fit_node(request, node, Policy())
+    full = fit_node(request, node, CLUSTER)
     assert precheck.verdict(plan, node.summary) == isinstance(full, Allocation), full
 
 
@@ -223,8 +231,8 @@ def test_rejections_equal_the_full_fit(
     steering: dict[str, object],
 ) -> None:
     request = make_request(*items, init_count=min(init_count, len(items)), gpu_policy=gpu_policy, **steering)  # type: ignore[arg-type]
-    decisions = allocate(request, [node], Policy())
-    full = fit_node(request, node, Policy())
+    decisions = allocate(request, [node], CLUSTER)
+    full = fit_node(request, node, CLUSTER)
     assert decisions.fits(node.name) == isinstance(full, Allocation)
     if isinstance(full, Allocation):
         return
@@ -238,5 +246,5 @@ def test_rejections_equal_the_full_fit(
         pair_scores=node.pair_scores,
     )
     per_card = all(reason.per_card for reason in full.reasons)
-    expected = per_card and isinstance(fit_node(request, idle, Policy()), Allocation)
+    expected = per_card and isinstance(fit_node(request, idle, CLUSTER), Allocation)
     assert got.resolvable == expected == full.resolvable
