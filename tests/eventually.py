@@ -75,10 +75,10 @@ async def eventually(
     alive: Callable[[], None] | None = None,
     interval: float = 0.01,
 ) -> object:
-    """Call ``condition`` (plain or async) until it returns something other than None or False, and
-    return that; ``what`` names what is awaited in the failure. Fails with AssertionError once
-    ``within`` seconds (scaled by :func:`time_scale`) pass without ``progress()`` changing; an
-    exception from ``condition`` or ``alive`` goes through at once."""
+    """Call ``condition`` (plain or async) until it returns something truthy, and return that (a
+    condition whose answer may be falsy, such as 0, wraps it); ``what`` names what is awaited in the
+    failure. Fails with AssertionError once ``within`` seconds (scaled by :func:`time_scale`) pass
+    without ``progress()`` changing; an exception from ``condition`` or ``alive`` goes through at once."""
     started = last_move = time.monotonic()
     moved: Hashable = progress() if progress is not None else _UNSET
     result: object = None
@@ -88,7 +88,7 @@ async def eventually(
         result = condition()
         if inspect.isawaitable(result):
             result = await result
-        if result is not None and result is not False:
+        if result:
             return result
         now = time.monotonic()
         if progress is not None and (current := progress()) != moved:

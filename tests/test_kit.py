@@ -95,13 +95,13 @@ def idle(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("os.getloadavg", lambda: (0.0, 0.0, 0.0))
 
 
-async def test_returns_the_first_answer_that_is_not_none_or_false() -> None:
-    answers = iter([None, False, 0, 7])
+async def test_returns_the_first_truthy_answer() -> None:
+    answers = iter([None, False, 0, [], 7])
 
-    async def probe() -> int | bool | None:
+    async def probe() -> int | bool | list[int] | None:
         return next(answers)
 
-    assert await eventually(probe, "an answer") == 0  # 0 is an answer; only None and False are not
+    assert await eventually(probe, "an answer") == 7
     assert await eventually(lambda: "done", "a plain condition") == "done"
 
 
