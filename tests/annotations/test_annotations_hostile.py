@@ -298,14 +298,14 @@ def test_values_longer_than_the_bound_are_refused(decode: Callable[[str], Any]) 
 
 
 def test_a_huge_number_is_refused_quickly_naming_the_field() -> None:
-    started = time.perf_counter()
+    started = time.process_time()  # CPU time: a parallel test run on the same cores does not count
     with pytest.raises(AnnotationError, match="devmem"):
         decode_node_devices_legacy(f"GPU-0,10,{'9' * 200_000},100,NVIDIA,0,true:")
     with pytest.raises(AnnotationError, match="does not fit"):
         decode_node_devices('[{"id":"GPU-0","devmem":' + "9" * 5000 + "}]")
     with pytest.raises(AnnotationError, match="memory"):
         decode_pod_devices(f"GPU-0,NVIDIA,{'1' * 200_000},30:;")
-    assert time.perf_counter() - started < 1.0
+    assert time.process_time() - started < 1.0
 
 
 def test_zero_padding_is_still_read_like_go() -> None:

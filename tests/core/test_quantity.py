@@ -143,10 +143,10 @@ def test_binary_suffixes_are_plain_integers(number: int, suffix: str) -> None:
     ],
 )
 def test_out_of_range_quantities_are_refused_before_any_arithmetic(text: str, why: str) -> None:
-    started = time.perf_counter()
+    started = time.process_time()  # CPU time: a parallel test run on the same cores does not count
     with pytest.raises(QuantityError, match=why):
         parse_quantity(text)
-    assert time.perf_counter() - started < 0.5
+    assert time.process_time() - started < 0.5
 
 
 @pytest.mark.parametrize(
