@@ -71,6 +71,7 @@ class Plan:
     use_uuids: frozenset[str] = frozenset()
     nouse_uuids: frozenset[str] = frozenset()
     vgpu_mode: str | None = None
+    uuids: bool = False  # use_uuids or nouse_uuids given
     #: type_ok per (lower-cased type, mode) seen so far: one decision per distinct card type per pod.
     _types: dict[tuple[str, str], bool] = field(default_factory=dict, compare=False, repr=False)
 
@@ -138,6 +139,7 @@ def plan(request: PodRequest, policy: GpuPolicy, quota: NamespaceQuota | None) -
         use_uuids=frozenset(request.use_uuids),
         nouse_uuids=frozenset(request.nouse_uuids),
         vgpu_mode=request.vgpu_mode,
+        uuids=bool(request.use_uuids or request.nouse_uuids),
     )
 
 
@@ -145,8 +147,14 @@ def verdict(p: Plan, summary: NodeSummary) -> bool | None:
     """Does the pod fit a node with this summary? None when the node has MIG cards."""
     if summary.has_mig:
         return None
+    kinds = summary.kinds
     if not p.steered:
         pools = summary.by_numa if p.numa_bind else (summary.open_cards,)
+    elif len(kinds) == 1 and not p.uuids:  # the common steered node: one kind of card, no uuid list
+        ok = p._types.get(kinds[0])
+        if ok is None:
+            ok = p._types[kinds[0]] = p.type_ok(*kinds[0])
+        pools = (summary.by_numa if p.numa_bind else (summary.open_cards,)) if ok else ()
     else:
         pools = _steered_pools(p, summary)
     mutex = p.mutex
