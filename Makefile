@@ -22,7 +22,7 @@ typecheck: $(STAMP)
 imports: $(STAMP)
 	$(BIN)/lint-imports
 
-# in parallel (pytest-xdist): one worker per core, PYTEST_WORKERS=N to choose; groups and order: tests/conftest.py
+# in parallel (pytest-xdist, a test module per unit: --dist loadscope in pyproject.toml); PYTEST_WORKERS=N to choose
 PYTEST_WORKERS ?= auto
 pytest: $(STAMP)
 	$(BIN)/pytest -q -n $(PYTEST_WORKERS)
