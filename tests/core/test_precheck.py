@@ -114,6 +114,28 @@ def test_type_steered_pods_are_judged_per_card_type() -> None:
         assert fits(request, node) is expected, steering
 
 
+def test_rejections_keep_hamis_words_and_counts() -> None:
+    # The node fails the precheck; its rejection is built by the unordered walk, counted per card.
+    node = make_node(
+        cards=(
+            make_card("GPU-0", index=0, type="NVIDIA T4"),
+            make_card("GPU-1", index=1, type="NVIDIA A100", used=1, used_mem=900),
+            make_card("GPU-2", index=2, type="NVIDIA A100"),
+        )
+    )
+    request = make_request(make_container(2, mem=500), use_types=("A100",))
+    rejection = allocate(request, [node], Policy())["node1"]
+    assert isinstance(rejection, Rejection)
+    assert rejection.message == (
+        "1/3 AllocatedCardsInsufficientRequest, 1/3 CardInsufficientMemory, 1/3 CardTypeMismatch"
+    )
+    assert rejection.resolvable  # both A100s hold 500 MiB once the other pod is gone
+    whole = make_request(make_container(2, mem=2000), use_types=("A100",))
+    too_big = allocate(whole, [node], Policy())["node1"]
+    assert isinstance(too_big, Rejection) and not too_big.resolvable
+    assert too_big.message == "1/3 CardTypeMismatch, 2/3 CardInsufficientMemory"
+
+
 def test_topology_aware_numa_bind_and_quota_pods_run_the_full_fit() -> None:
     # With topology-aware card choice and numa-bind, only the last NUMA group Fit walks counts.
     numa = make_request(make_container(mem=1), numa_bind=True)
