@@ -122,7 +122,7 @@ def _place(
 ) -> Allocation | _Failure:
     """Fit the containers in turn (§7 step 4). ``ordered=False`` walks the cards in registration
     order, skipping the card scores: only for a failure whose reason counts do not depend on the order
-    (see :meth:`Decisions.__getitem__`)."""
+    (see :meth:`Decisions._rejected`)."""
     steer = Steering.of(request, gpu, node.cordoned, node.pair_scores)
     gated = quota if quota is not None and quota.limited else None
     vendor = node.summary.vendor  # positions of the cards passing the §7 type pre-filter
