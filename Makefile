@@ -22,8 +22,9 @@ typecheck: $(STAMP)
 imports: $(STAMP)
 	$(BIN)/lint-imports
 
-# in parallel (pytest-xdist, a test module per unit: --dist loadscope in pyproject.toml); PYTEST_WORKERS=N to choose
-PYTEST_WORKERS ?= auto
+# in parallel (pytest-xdist, a test module per unit: --dist loadscope in pyproject.toml), one worker more
+# than cores (many tests wait on processes and sockets); PYTEST_WORKERS=N to choose
+PYTEST_WORKERS ?= $(shell expr $$(nproc) + 1)
 pytest: $(STAMP)
 	$(BIN)/pytest -q -n $(PYTEST_WORKERS)
 

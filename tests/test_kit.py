@@ -4,6 +4,7 @@ bounded wait's bound, progress, liveness and failure message."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
 import kmock
 import pytest
@@ -96,7 +97,7 @@ def idle(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 async def test_returns_the_first_truthy_answer() -> None:
-    answers = iter([None, False, 0, [], 7])
+    answers: Iterator[int | bool | list[int] | None] = iter([None, False, 0, [], 7])
 
     async def probe() -> int | bool | list[int] | None:
         return next(answers)

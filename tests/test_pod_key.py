@@ -24,5 +24,7 @@ from monitor import allocate_call, mig, pairing
 )
 def test_every_component_names_a_pod_the_same_way(pod: dict[str, Any], key: tuple[str, str]) -> None:
     assert pod_key(pod) == key
-    assert scheduler_filter.pod_key is pairing.pod_key is allocate_call.pod_key is mig.pod_key is pod_key
+    assert all(
+        vars(module)["pod_key"] is pod_key for module in (scheduler_filter, pairing, allocate_call, mig)
+    )
     assert doctor_key(pod) == f"{key[0]}/{key[1]}"
