@@ -140,6 +140,11 @@ def core_api(api: KubeApi) -> Any:
     return client.CoreV1Api(api)
 
 
+def policy_api(api: KubeApi) -> Any:
+    """policy/v1 (PodDisruptionBudgets)."""
+    return client.PolicyV1Api(api)
+
+
 def error_from(exc: BaseException) -> KubeError:
     """Map a client exception to our hierarchy, keeping the API's Status reason and message."""
     if isinstance(exc, KubeError):

@@ -1,4 +1,5 @@
-"""List + watch of Nodes, Pods or ResourceQuotas (all namespaces) in a thread that feeds an asyncio loop.
+"""List + watch of Nodes, Pods, ResourceQuotas or PodDisruptionBudgets (all namespaces) in a thread
+that feeds an asyncio loop.
 
 Owns the informer-like loop: list (raw JSON) and hand it to the loop, then watch from the list's
 resourceVersion and hand every event over; when a watch ends (server timeout, client read
@@ -35,12 +36,12 @@ from typing import Any, Literal
 import urllib3
 
 from hami import objects
-from hami.kube.client import Gone, KubeError, core_api, error_from, timeout_of
+from hami.kube.client import Gone, KubeError, core_api, error_from, policy_api, timeout_of
 from hami.kube.protocol import KubeApi
 
 logger = logging.getLogger(__name__)
 
-Kind = Literal["nodes", "pods", "resourcequotas"]
+Kind = Literal["nodes", "pods", "resourcequotas", "poddisruptionbudgets"]
 ListCallback = Callable[[list[dict[str, Any]]], None]
 EventCallback = Callable[[str, dict[str, Any]], None]
 ErrorCallback = Callable[[KubeError], None]
@@ -54,14 +55,21 @@ GONE = "gone_410"
 ERROR = "error"
 RESTART_CAUSES = (ENDED, DROPPED, GONE, ERROR)
 
-#: The ``CoreV1Api`` method that lists (and, with ``watch=True``, watches) each kind cluster-wide.
-METHODS: dict[str, str] = {
-    "nodes": "list_node",
-    "pods": "list_pod_for_all_namespaces",
-    "resourcequotas": "list_resource_quota_for_all_namespaces",
+#: The API (``CoreV1Api``, ``PolicyV1Api``) and its method that lists (and, with ``watch=True``,
+#: watches) each kind cluster-wide.
+METHODS: dict[str, tuple[Callable[[KubeApi], Any], str]] = {
+    "nodes": (core_api, "list_node"),
+    "pods": (core_api, "list_pod_for_all_namespaces"),
+    "resourcequotas": (core_api, "list_resource_quota_for_all_namespaces"),
+    "poddisruptionbudgets": (policy_api, "list_pod_disruption_budget_for_all_namespaces"),
 }
 #: The object kind of each resource (list items and watch objects may carry none), for logs and Events.
-OBJECT_KINDS: dict[str, str] = {"nodes": "Node", "pods": "Pod", "resourcequotas": "ResourceQuota"}
+OBJECT_KINDS: dict[str, str] = {
+    "nodes": "Node",
+    "pods": "Pod",
+    "resourcequotas": "ResourceQuota",
+    "poddisruptionbudgets": "PodDisruptionBudget",
+}
 ADDED = "ADDED"
 #: Longest error text put in a log line or handed to ``on_skip`` callers' messages.
 MAX_REASON = 500
@@ -183,7 +191,8 @@ class ListWatcher:
             self._deliver(self._on_restart, cause)
 
     def _method(self) -> Any:
-        return getattr(core_api(self._api), METHODS[self._kind])
+        group_api, method = METHODS[self._kind]
+        return getattr(group_api(self._api), method)
 
     def _run(self) -> None:
         while not self._stopping.is_set():

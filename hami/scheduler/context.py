@@ -1,6 +1,7 @@
 """What every handler needs, built once in :func:`hami.scheduler.main.build_context` and passed down.
 
-Owns :class:`Context` (settings, API client, snapshot, wall clock, monotonic ``ticker`` for bind
+Owns :class:`Context` (settings, API client, snapshot, ``disruptions``: the PodDisruptionBudgets
+/preempt reads, wall clock, monotonic ``ticker`` for bind
 deadlines, metrics, the registration writes, and ``background``: the service's one
 :class:`~hami.process.tasks.TaskSet` of fire-and-forget tasks, Events and handshakes, that must not
 delay an extender answer and are drained on shutdown), and the in-process coordination of
@@ -25,6 +26,7 @@ from hami.kube.protocol import KubeApi
 from hami.objects import RawPod
 from hami.process.tasks import TaskSet
 from hami.scheduler.config import SchedulerSettings
+from hami.scheduler.disruption import DisruptionBook
 from hami.scheduler.metrics import Metrics
 from hami.scheduler.registration import Registration
 from hami.scheduler.snapshot import Snapshot
@@ -61,6 +63,7 @@ class Context:
     node_queue: NodeQueues = field(default_factory=NodeQueues)
     lock_line: NodeQueues = field(default_factory=NodeQueues)
     binding: set[tuple[str, str]] = field(default_factory=set)  # pods with a bind in progress
+    disruptions: DisruptionBook = field(default_factory=DisruptionBook)  # PDBs, for /preempt
     # (node, namespace, pod) -> the time of the last node lock this process wrote for that pod there
     lock_stamps: dict[tuple[str, str, str], datetime.datetime] = field(default_factory=dict)
 

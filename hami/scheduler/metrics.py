@@ -49,8 +49,8 @@ BIND_RESULTS = (
 #: the scheduler lists and watches, every kind of watch event.
 VERBS = ("filter", "prioritize", "bind", "preempt")
 OUTCOMES = ("ok", "error")
-WATCHED = ("nodes", "pods", "resourcequotas")
-EVENT_KINDS = ("node", "pod", "quota")
+WATCHED = ("nodes", "pods", "resourcequotas", "poddisruptionbudgets")
+EVENT_KINDS = ("node", "pod", "quota", "pdb")
 
 
 class NodeSource(Protocol):

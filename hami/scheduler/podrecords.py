@@ -46,6 +46,7 @@ class PodMeta:
     started: float = 0.0  # Unix seconds: status.startTime, else metadata.creationTimestamp
     bound: str = ""  # spec.nodeName
     deleting: bool = False
+    labels: tuple[tuple[str, str], ...] = ()  # metadata.labels (PodDisruptionBudget selectors read them)
 
 
 def priority_of(pod: Mapping[str, Any]) -> int:
@@ -80,6 +81,7 @@ def pod_meta(pod: Mapping[str, Any]) -> PodMeta:
         started=started or 0.0,
         bound=objects.node_name(pod),
         deleting=bool(metadata.get("deletionTimestamp")),
+        labels=tuple(sorted(objects.labels(pod).items())),
     )
 
 

@@ -17,14 +17,16 @@ there. A node is dropped (left out of the answer) when the snapshot cannot take 
 when no set works, when a victim kube-scheduler named has a priority not below the pod's (as
 far as this extender knows it), or when the answer would name no victim (the pod fits already;
 an empty list would fail kube-scheduler). Victims the snapshot does not know (pods without GPU
-grants) pass through unchanged. ``NumPDBViolations`` is kube-scheduler's count for its own
-victims: PodDisruptionBudgets are not read here, so added victims count none (docs/scheduler.md).
+grants) pass through unchanged. Among equally few and unimportant sets the one violating the fewest
+PodDisruptionBudgets wins (``ctx.disruptions``, kube-scheduler's rule: :mod:`hami.core.disruption`), and
+``NumPDBViolations`` is kube-scheduler's count for its own victims plus the added victims that violate
+one (docs/scheduler.md).
 
 A pod without a GPU request gets its input back unchanged (as uids); one with
 ``preemptionPolicy: Never`` gets no node. The answer type has no error field, so errors are HTTP
 statuses (kube-scheduler reports any non-200 as the extender's error): 400 for an empty or
-unreadable body or a missing pod, 503 before the snapshot is synced (:class:`PreemptError`). Must not
-import the Kubernetes client, ``hami.kube`` or aiohttp.
+unreadable body or a missing pod, 503 before the snapshot and the budgets are synced
+(:class:`PreemptError`). Must not import the Kubernetes client, ``hami.kube`` or aiohttp.
 """
 
 from __future__ import annotations
@@ -118,7 +120,7 @@ def handle_preempt(ctx: Context, args: ExtenderPreemptionArgs) -> Preempted:
         return Preempted(_answer(kept, pdb), len(offered), sum(len(u) for u in kept.values()))
     if objects.spec(pod).get("preemptionPolicy") == "Never":
         return Preempted(_answer({}, pdb), len(offered))
-    if not ctx.snapshot.ready:
+    if not (ctx.snapshot.ready and ctx.disruptions.synced):
         raise PreemptError(503, NOT_SYNCED)
     priority = priority_of(pod)
     key = (request.namespace, request.name)
@@ -133,7 +135,7 @@ def handle_preempt(ctx: Context, args: ExtenderPreemptionArgs) -> Preempted:
         state = ctx.snapshot.candidate(node, local_now, exclude=key, priority=priority)
         if isinstance(state, Rejection):
             continue
-        holders = node_holders(ctx.snapshot, node, exclude=key)
+        holders = node_holders(ctx.snapshot, node, exclude=key, budgets=ctx.disruptions)
         required = [holders.by_uid[u] for u in proposal.uids if u in holders.by_uid]
         pool = [h for uid, h in holders.by_uid.items() if uid in holders.evictable]
         found = preempt_node(

@@ -2,7 +2,9 @@
 
 Owns :func:`node_holders` (the pods the snapshot counts on a node, with the
 :class:`~hami.scheduler.podrecords.PodMeta` the watch showed -> the core's
-:class:`~hami.core.preempt.Holder` values, each with whether the extender may *add* it as a victim).
+:class:`~hami.core.preempt.Holder` values, each with whether the extender may *add* it as a victim and,
+given the PodDisruptionBudgets (:class:`~hami.scheduler.disruption.DisruptionBook`), whether evicting it
+violates one).
 kube-scheduler looks every victim up by uid among the pods it has on that node and fails the whole
 preemption when one is missing, so only a pod bound to that node (``spec.nodeName``), with a uid,
 counted as the watch shows it (no bind of ours in flight for it) may be added; the others still count as
@@ -15,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hami.core.preempt import Holder
+from hami.scheduler.disruption import DisruptionBook
 from hami.scheduler.snapshot import Snapshot
 
 
@@ -26,8 +29,14 @@ class NodeHolders:
     evictable: frozenset[str]
 
 
-def node_holders(snapshot: Snapshot, node: str, exclude: tuple[str, str] | None = None) -> NodeHolders:
-    """The pods counted on ``node`` (``exclude``, the preemptor, left out) as core holders."""
+def node_holders(
+    snapshot: Snapshot,
+    node: str,
+    exclude: tuple[str, str] | None = None,
+    budgets: DisruptionBook | None = None,
+) -> NodeHolders:
+    """The pods counted on ``node`` (``exclude``, the preemptor, left out) as core holders, each marked
+    ``violates_pdb`` when one of ``budgets`` protects it."""
     by_uid: dict[str, Holder] = {}
     evictable: set[str] = set()
     for key, counted, observed in snapshot.holders(node):
@@ -39,6 +48,7 @@ def node_holders(snapshot: Snapshot, node: str, exclude: tuple[str, str] | None 
             namespace=key[0],
             priority=meta.priority,
             started=meta.started,
+            violates_pdb=budgets is not None and budgets.violates(key[0], key[1], dict(meta.labels)),
             usage=counted.usage,
         )
         same = observed is not None and (observed.node, observed.allocated) == (

@@ -1,11 +1,13 @@
-"""The scheduler's live feeds: list+watch of Nodes, Pods and ResourceQuotas into the snapshot.
+"""The scheduler's live feeds: list+watch of Nodes, Pods and ResourceQuotas into the snapshot, and of
+PodDisruptionBudgets into ``ctx.disruptions`` (/preempt's).
 
-Owns the three :class:`~hami.kube.watch.ListWatcher` s (threads feeding the event loop) and their
+Owns the four :class:`~hami.kube.watch.ListWatcher` s (threads feeding the event loop) and their
 callbacks: the snapshot's list and event handlers, the ``hami_scheduler_watch_events_total`` and
 restart counters, and ``SkippedByGPUScheduler``, a Warning Event on an object the watch skipped
 because handling it failed (once per object and reason); :func:`follow`, one watcher as an asyncio
 task (started with it, stopped when it is cancelled); and :func:`start_sync`, the service's sync
-loops as named tasks: ``watch-nodes``, ``watch-pods``, ``watch-resourcequotas`` and
+loops as named tasks: ``watch-nodes``, ``watch-pods``, ``watch-resourcequotas``,
+``watch-poddisruptionbudgets`` and
 ``registration-resync`` (:mod:`hami.scheduler.registration`), or :func:`keep_synced`, the same in a
 task group of their own. Must not import the Kubernetes client
 (only ``hami.kube``) or aiohttp.
@@ -23,6 +25,8 @@ from hami.scheduler.context import Context
 
 #: The Event reason on an object the watch skipped because handling it failed.
 SKIPPED_OBJECT = "SkippedByGPUScheduler"
+#: The apiVersion of the kinds watched outside the core group (for the Event's involvedObject).
+API_VERSIONS = {"PodDisruptionBudget": "policy/v1"}
 
 
 def _skip_reporter(ctx: Context) -> SkipCallback:
@@ -31,7 +35,11 @@ def _skip_reporter(ctx: Context) -> SkipCallback:
     def report(kind: str, obj: dict[str, Any], error: Exception) -> None:
         event = record_event(
             ctx.api,
-            involved={"apiVersion": "v1", "kind": kind, "metadata": objects.meta(obj)},
+            involved={
+                "apiVersion": API_VERSIONS.get(kind, "v1"),
+                "kind": kind,
+                "metadata": objects.meta(obj),
+            },
             reason=SKIPPED_OBJECT,
             message=f"{ctx.settings.scheduler_name} could not handle this {kind} and skipped it (one "
             f"skipped while listing is left out of GPU scheduling): {type(error).__name__}: {error}",
@@ -54,12 +62,13 @@ def _counted(ctx: Context, kind: str, handler: EventCallback) -> EventCallback:
 
 
 def watchers(ctx: Context, loop: asyncio.AbstractEventLoop) -> dict[Kind, ListWatcher]:
-    """The three list+watch feeds of the snapshot by resource (not started)."""
+    """The four list+watch feeds by resource (not started)."""
     snapshot = ctx.snapshot
     feeds: tuple[tuple[Kind, str, ListCallback, EventCallback], ...] = (
         ("nodes", "node", snapshot.nodes_listed, snapshot.node_event),
         ("pods", "pod", snapshot.pods_listed, snapshot.pod_event),
         ("resourcequotas", "quota", snapshot.quotas_listed, snapshot.quota_event),
+        ("poddisruptionbudgets", "pdb", ctx.disruptions.listed, ctx.disruptions.event),
     )
     on_skip = _skip_reporter(ctx)
     return {

@@ -51,6 +51,8 @@ SCHEDULER = {
     Grant("", "pods/binding", "create"),
     Grant("", "resourcequotas", "list"),
     Grant("", "resourcequotas", "watch"),
+    Grant("policy", "poddisruptionbudgets", "list"),  # /preempt's budgets
+    Grant("policy", "poddisruptionbudgets", "watch"),
     Grant("", "events", "create"),
     Grant("", "events", "patch"),  # a repeated FilteringFailed raises the Event's count
 }

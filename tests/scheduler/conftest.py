@@ -79,7 +79,10 @@ async def start_extender(
         running.append((client, api))
         running.append((probes, None))
         syncing.append(asyncio.create_task(keep_synced(ctx), name="sync"))
-        await eventually(lambda: ctx.snapshot.ready, "the first list of nodes, pods and quotas")
+        await eventually(
+            lambda: ctx.snapshot.ready and ctx.disruptions.synced,
+            "the first list of nodes, pods, quotas and PodDisruptionBudgets",
+        )
         return Extender(ctx=ctx, client=client, apiserver=apiserver, probes=probes, recorder=recorder)
 
     yield start

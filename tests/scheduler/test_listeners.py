@@ -73,12 +73,14 @@ async def test_every_loop_is_a_named_task(running: Listeners) -> None:
         "watch-nodes",
         "watch-pods",
         "watch-resourcequotas",
+        "watch-poddisruptionbudgets",
         "registration-resync",
     } <= names
     assert {t.name for t in threading.enumerate() if t.name.startswith("hami-watch-")} == {
         "hami-watch-nodes",
         "hami-watch-pods",
         "hami-watch-resourcequotas",
+        "hami-watch-poddisruptionbudgets",
     }
 
 

@@ -272,7 +272,8 @@ async def test_watch_restarts_are_counted(
     await eventually(lambda: len(apiserver[kmock.action.WATCH, NODES]) >= 2, "the node watch to be reopened")
     found = await counted()
     assert {k: v for k, v in found.items() if v} == {("pods", "ended"): 1, ("nodes", "gone_410"): 1}
-    assert len(found) == 12  # nodes, pods, resourcequotas x ended, dropped, gone_410, error, from the start
+    # nodes, pods, resourcequotas, poddisruptionbudgets x ended, dropped, gone_410, error, from the start
+    assert len(found) == 16
 
 
 # --------------------------------------------------------------------------------- vocabulary
@@ -340,8 +341,8 @@ async def test_every_labelled_series_exists_from_start_up(start_extender: StartE
     after = await series()
     assert after - before == set()
     kinds = {dict(labels)["kind"] for name, labels in before if name == "hami_scheduler_watch_events_total"}
-    assert kinds == {"node", "pod", "quota"}
+    assert kinds == {"node", "pod", "quota", "pdb"}
     restarts = {
         dict(labels)["resource"] for name, labels in before if name == "hami_scheduler_watch_restarts_total"
     }
-    assert restarts == {"nodes", "pods", "resourcequotas"}
+    assert restarts == {"nodes", "pods", "resourcequotas", "poddisruptionbudgets"}

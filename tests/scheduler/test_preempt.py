@@ -19,6 +19,7 @@ from hami.scheduler.config import SchedulerSettings
 from hami.scheduler.main import build_context
 from hami.scheduler.wire import MAX_PREEMPT_NODES, MAX_UID
 from tests.builders import NO_API, NOW, make_node, make_pod, placed
+from tests.eventually import eventually
 
 from .kit import Extender, StartExtender
 
@@ -310,3 +311,56 @@ async def test_metrics_count_attempts_nodes_and_victims(start_extender: StartExt
     assert samples[("hami_scheduler_preemption_victims_total", (("source", "gpu"),))] == 1
     assert samples[("hami_scheduler_requests_total", (("outcome", "ok"), ("verb", "preempt")))] == 1
     assert samples[("hami_scheduler_requests_total", (("outcome", "error"), ("verb", "preempt")))] == 1
+
+
+# ------------------------------------------------------------------------ PodDisruptionBudgets
+
+
+def budget(name: str, allowed: int, selector: dict[str, Any], **status: Any) -> dict[str, Any]:
+    """A policy/v1 PodDisruptionBudget in ``default`` with ``status.disruptionsAllowed`` = ``allowed``."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"selector": selector, "minAvailable": 1},
+        "status": {"disruptionsAllowed": allowed, **status},
+    }
+
+
+PDB_PATH = "/apis/policy/v1/namespaces/default/poddisruptionbudgets"
+
+
+async def test_equally_cheap_victims_prefer_the_one_no_budget_protects(
+    start_extender: StartExtender, apiserver: Any
+) -> None:
+    # p and q each fill 6000 MiB of one card: evicting either lets the 7000 MiB preemptor fit, same
+    # priority, same age, so without budgets the smaller uid (p) goes. A PDB covering p with no
+    # disruption left makes q the cheaper set (kube-scheduler's filterPodsWithPDBViolation order).
+    p = holder("p", "n1", 0, 6000, 1)
+    q = holder("q", "n1", 1, 6000, 1)
+    p["metadata"]["labels"] = {"app": "guarded"}
+    q["metadata"]["labels"] = {"app": "free"}
+    await apiserver.post(PDB_PATH, json=budget("guard", 0, {"matchLabels": {"app": "guarded"}}))
+    # budgets that must not count: another namespace's, an empty selector, disruptions left, and
+    # one where q is already among the disrupted pods
+    other = budget("elsewhere", 0, {"matchLabels": {"app": "free"}})
+    other["metadata"]["namespace"] = "other"
+    await apiserver.post("/apis/policy/v1/namespaces/other/poddisruptionbudgets", json=other)
+    await apiserver.post(PDB_PATH, json=budget("everything", 0, {}))
+    await apiserver.post(PDB_PATH, json=budget("roomy", 1, {"matchLabels": {"app": "free"}}))
+    gone = budget("gone", 0, {"matchExpressions": [{"key": "app", "operator": "NotIn", "values": ["x"]}]})
+    gone["status"]["disruptedPods"] = {"q": "2026-05-01T09:00:00Z", "p": "2026-05-01T09:00:00Z"}
+    await apiserver.post(PDB_PATH, json=gone)
+    ext = await start(start_extender, [p, q])
+    body = {"Pod": preemptor(), "NodeNameToMetaVictims": meta(n1=[])}
+    status, answer = await preempt(ext, body)
+    assert status == 200, answer
+    assert answer == {"NodeNameToMetaVictims": {"n1": {"Pods": [{"UID": "uid-q"}], "NumPDBViolations": 0}}}
+
+    # both protected: the cheapest set violates anyway, and the count says so
+    both = {"matchExpressions": [{"key": "app", "operator": "In", "values": ["guarded", "free"]}]}
+    await apiserver.post(PDB_PATH, json=budget("both", 0, both))
+
+    await eventually(lambda: ("default", "both") in ext.ctx.disruptions, "the new budget")
+    status, answer = await preempt(ext, body)
+    assert answer == {"NodeNameToMetaVictims": {"n1": {"Pods": [{"UID": "uid-p"}], "NumPDBViolations": 1}}}
