@@ -16,12 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_helpers import make_allocator, plugin_stub
 
 from hami.kube.client import load_api_client
 from monitor.allocate_call import Allocator
 from monitor.config import NodeSettings
 from monitor.inventory import Inventory
+
+from .agent_helpers import make_allocator, plugin_stub
 
 
 @functools.cache

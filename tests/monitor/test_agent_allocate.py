@@ -13,7 +13,12 @@ from typing import Any
 import grpc
 import kmock
 import pytest
-from agent_helpers import (
+
+from hami.annotations import POD_BIND_PHASE, POD_DEVICES_ALLOCATED, POD_DEVICES_TO_ALLOCATE, decode_node_lock
+from hami.kubeletapi import api_pb2
+from monitor.config import NodeSettings
+
+from .agent_helpers import (
     POD,
     allocate_request,
     annotations_of,
@@ -30,10 +35,6 @@ from agent_helpers import (
     sim_inventory,
     take_lock,
 )
-
-from hami.annotations import POD_BIND_PHASE, POD_DEVICES_ALLOCATED, POD_DEVICES_TO_ALLOCATE, decode_node_lock
-from hami.kubeletapi import api_pb2
-from monitor.config import NodeSettings
 
 
 async def beside_a_lock_holder(k: kmock.KubernetesEmulator, api: Any) -> None:

@@ -11,13 +11,14 @@ from typing import Any
 
 import pynvml
 import pytest
-from agent_helpers import card, write_cards
 
 from monitor.backends import open_backend
 from monitor.backends.base import BackendError, BackendUnavailable
 from monitor.backends.nvml import NvmlBackend
 from monitor.backends.sim import SimBackend, parse_sim_devices
 from monitor.inventory import Inventory
+
+from .agent_helpers import card, write_cards
 
 
 # ------------------------------------------------------------------------------------------------- sim

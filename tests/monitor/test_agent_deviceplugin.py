@@ -11,7 +11,6 @@ from typing import Any
 
 import grpc
 import pytest
-from agent_helpers import card, write_cards
 
 from hami.kubeletapi import api_pb2, api_pb2_grpc
 from monitor.allocate_call import Allocator
@@ -22,6 +21,8 @@ from monitor.deviceplugin.server import DevicePluginService, physical_uuid, pref
 from monitor.inventory import Inventory
 from tests.builders import NO_API
 from tests.eventually import eventually
+
+from .agent_helpers import card, write_cards
 
 
 class FakeKubelet(api_pb2_grpc.RegistrationServicer):  # type: ignore[misc]

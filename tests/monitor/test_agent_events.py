@@ -11,7 +11,15 @@ from typing import Any
 
 import kmock
 import pytest
-from agent_helpers import (
+from kmock._internal.rendering import Response
+
+from hami.annotations import POD_BIND_PHASE
+from hami.core.model import PodDevices
+from monitor.allocate_call import Allocator
+from monitor.allocate_rules import AllocationError
+from monitor.inventory import Inventory
+
+from .agent_helpers import (
     EVENTS,
     POD,
     annotations_of,
@@ -23,13 +31,6 @@ from agent_helpers import (
     placed,
     sim_inventory,
 )
-from kmock._internal.rendering import Response
-
-from hami.annotations import POD_BIND_PHASE
-from hami.core.model import PodDevices
-from monitor.allocate_call import Allocator
-from monitor.allocate_rules import AllocationError
-from monitor.inventory import Inventory
 
 
 async def bound(k: kmock.KubernetesEmulator, api: Any, devices: PodDevices, names: list[str]) -> None:

@@ -16,20 +16,6 @@ from typing import Any
 import grpc
 import kmock
 import pytest
-from agent_helpers import (
-    POD,
-    allocate_request,
-    annotations_of,
-    card,
-    create_node,
-    events,
-    g,
-    gpu,
-    node_lock,
-    placed,
-    refused,
-    sim_inventory,
-)
 
 from hami.annotations import (
     POD_BIND_PHASE,
@@ -43,6 +29,21 @@ from hami.core.model import MigAllocation, MigPlacement, PodDevices
 from monitor.allocate_call import Allocator
 from monitor.config import NodeSettings
 from monitor.inventory import Inventory
+
+from .agent_helpers import (
+    POD,
+    allocate_request,
+    annotations_of,
+    card,
+    create_node,
+    events,
+    g,
+    gpu,
+    node_lock,
+    placed,
+    refused,
+    sim_inventory,
+)
 
 
 @pytest.fixture

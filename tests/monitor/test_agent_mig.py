@@ -14,21 +14,6 @@ from typing import Any
 
 import kmock
 import pytest
-from agent_helpers import (
-    POD,
-    allocate_request,
-    annotations_of,
-    card,
-    create_node,
-    create_pod,
-    make_allocator,
-    node_lock,
-    placed,
-    plugin_stub,
-    refused,
-    sim_inventory,
-    visible,
-)
 
 from hami.annotations import (
     POD_BIND_PHASE,
@@ -43,6 +28,22 @@ from hami.settings import DeviceConfig
 from monitor.backends.base import MigInstance
 from monitor.backends.sim import SimBackend
 from monitor.config import NodeSettings
+
+from .agent_helpers import (
+    POD,
+    allocate_request,
+    annotations_of,
+    card,
+    create_node,
+    create_pod,
+    make_allocator,
+    node_lock,
+    placed,
+    plugin_stub,
+    refused,
+    sim_inventory,
+    visible,
+)
 
 MIG_UUID = re.compile(r"^MIG-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 #: NVIDIA A100-SXM4-40GB GPU-instance profiles (placements in memory slices, 8 per card).

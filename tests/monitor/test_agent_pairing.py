@@ -14,7 +14,20 @@ from typing import Any
 
 import kmock
 import pytest
-from agent_helpers import (
+
+from hami.annotations import (
+    POD_BIND_PHASE,
+    POD_DEVICES_TO_ALLOCATE,
+    BindPhase,
+    decode_node_lock,
+    encode_pod_devices,
+)
+from hami.core.model import Grant
+from hami.kubeletapi import api_pb2
+from monitor.allocate_call import Allocator
+from monitor.inventory import Inventory
+
+from .agent_helpers import (
     NOW,
     POD,
     annotations_of,
@@ -31,18 +44,6 @@ from agent_helpers import (
     sim_inventory,
     visible,
 )
-
-from hami.annotations import (
-    POD_BIND_PHASE,
-    POD_DEVICES_TO_ALLOCATE,
-    BindPhase,
-    decode_node_lock,
-    encode_pod_devices,
-)
-from hami.core.model import Grant
-from hami.kubeletapi import api_pb2
-from monitor.allocate_call import Allocator
-from monitor.inventory import Inventory
 
 
 async def init_only(k: kmock.KubernetesEmulator, api: Any, cards: tuple[Grant, ...]) -> None:

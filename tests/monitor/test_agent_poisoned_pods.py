@@ -11,11 +11,12 @@ from typing import Any
 
 import kmock
 import pytest
-from exporter_helpers import NODE, create_gpu_pod, grant
 
 from hami.annotations import POD_DEVICES_ALLOCATED, POD_MIG_ALLOCATIONS
 from monitor.grants import GrantBook
 from tests.eventually import eventually
+
+from .exporter_helpers import NODE, create_gpu_pod, grant
 
 HUGE = "9" * 5000
 DEEP = "[" * 50_000 + "]" * 50_000

@@ -10,7 +10,6 @@ from typing import Any
 
 import kmock
 import pytest
-from agent_helpers import annotations_of, card, create_node, write_cards
 
 from hami.annotations import (
     NODE_LOCK,
@@ -25,6 +24,8 @@ from monitor.backends.sim import SimBackend
 from monitor.config import NodeSettings
 from monitor.inventory import Inventory
 from monitor.registrar import Registrar, build_registration, card_type
+
+from .agent_helpers import annotations_of, card, create_node, write_cards
 
 NODES = kmock.resource("v1/nodes")
 

@@ -13,20 +13,6 @@ from typing import Any
 
 import aiohttp
 import kmock
-from agent_helpers import card, write_cards
-from exporter_helpers import (
-    MIB,
-    NODE,
-    Samples,
-    container_id,
-    create_gpu_pod,
-    grant,
-    pod_uid,
-    scrape,
-    value,
-    values,
-    write_cgroup,
-)
 from prometheus_client import CollectorRegistry
 
 from hami.annotations import POD_DEVICES_ALLOCATED, POD_VGPU_NODE
@@ -39,6 +25,21 @@ from monitor.exporter import NodeCollector
 from monitor.grants import GrantBook
 from monitor.inventory import Inventory
 from tests.eventually import eventually
+
+from .agent_helpers import card, write_cards
+from .exporter_helpers import (
+    MIB,
+    NODE,
+    Samples,
+    container_id,
+    create_gpu_pod,
+    grant,
+    pod_uid,
+    scrape,
+    value,
+    values,
+    write_cgroup,
+)
 
 POD = "/api/v1/namespaces/default/pods/"
 

@@ -13,8 +13,6 @@ import kmock
 import pynvml
 import pytest
 import yaml
-from agent_helpers import card, create_node, write_cards
-from exporter_helpers import MIB, NODE, Samples, create_gpu_pod, grant, scrape, value, values
 
 from hami.process.flags import Address
 from monitor.__main__ import main, run
@@ -28,6 +26,9 @@ from monitor.grants import GrantBook
 from monitor.inventory import Inventory
 from tests.builders import NO_API
 from tests.eventually import eventually
+
+from .agent_helpers import card, create_node, write_cards
+from .exporter_helpers import MIB, NODE, Samples, create_gpu_pod, grant, scrape, value, values
 
 UID = "8c6f1c3e-0d0a-4c8e-9a55-2b0f4f1e6a71"
 CID = "4f" * 32

@@ -15,7 +15,10 @@ from typing import Any
 import aiohttp
 import kmock
 import pytest
-from webhook_harness import (
+
+from hami.sim.apiserver import embedded_apiserver, write_kubeconfig
+
+from .webhook_harness import (
     WAIT,
     Cluster,
     LoopThread,
@@ -25,8 +28,6 @@ from webhook_harness import (
     running_operator,
     scoped_mwc,
 )
-
-from hami.sim.apiserver import embedded_apiserver, write_kubeconfig
 
 
 @pytest.fixture(scope="module")

@@ -17,11 +17,12 @@ import jsonpatch
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
-from webhook_cases import CORES, GPU, MEM, PCT, PRIO, REFUSALS, ctr, make_pod
-from webhook_harness import Operator, Webhook, api_get, scoped_mwc, served_certificate
 
 from hami.annotations import INTERNAL_POD_ANNOTATIONS
 from webhook import certs
+
+from .webhook_cases import CORES, GPU, MEM, PCT, PRIO, REFUSALS, ctr, make_pod
+from .webhook_harness import Operator, Webhook, api_get, scoped_mwc, served_certificate
 
 
 def ops_of(response: dict[str, Any]) -> list[dict[str, Any]]:

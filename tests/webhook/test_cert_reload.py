@@ -21,8 +21,12 @@ from typing import Any
 import aiohttp
 import pytest
 from cryptography import x509
-from webhook_cases import GPU, ctr, make_pod
-from webhook_harness import (
+
+from webhook import certs
+from webhook.config import WebhookSettings
+
+from .webhook_cases import GPU, ctr, make_pod
+from .webhook_harness import (
     Cluster,
     listening,
     operator_settings,
@@ -31,9 +35,6 @@ from webhook_harness import (
     running_operator,
     served_certificate,
 )
-
-from webhook import certs
-from webhook.config import WebhookSettings
 
 
 @dataclass

@@ -18,6 +18,7 @@ import kmock
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
+from kmock._internal.rendering import Response  # (kmock.Response, not in its __all__)
 
 from webhook import certs
 from webhook.certgen import main
@@ -305,7 +306,7 @@ async def test_losing_a_creation_race_keeps_the_winner_and_publishes_its_ca(
             "data": encoded,
         }
         status = {"apiVersion": "v1", "kind": "Status", "reason": "AlreadyExists", "code": 409}
-        return kmock.Response(status=409, payload=status)
+        return Response(status=409, payload=status)
 
     apiserver["post", SECRETS] << someone_else_first
     assert await make_secret(kubeconfig, extra=f"--webhook-config={MWC}") == 0

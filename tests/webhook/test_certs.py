@@ -13,11 +13,12 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 from cryptography.x509.verification import PolicyBuilder, Store
-from webhook_harness import poll
 
 from webhook import certs
 from webhook.config import WebhookSettings, service_hostnames
 from webhook.handlers import renew_forever
+
+from .webhook_harness import poll
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 NAMES = service_hostnames("hami-webhook", "hami-system")

@@ -17,10 +17,11 @@ from typing import Any
 import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from webhook_cases import GPU, MEM, ctr, make_pod
-from webhook_harness import Operator, Webhook, listening, poll, review
 
 from webhook.mutation import REFUSAL_REASONS
+
+from .webhook_cases import GPU, MEM, ctr, make_pod
+from .webhook_harness import Operator, Webhook, listening, poll, review
 
 
 @pytest.fixture(scope="module")

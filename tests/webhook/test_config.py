@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from hami.process.flags import Address
 from webhook.__main__ import main
-from webhook.config import Address, ConfigError, WebhookSettings, parse_settings
+from webhook.config import ConfigError, WebhookSettings, parse_settings
 
 
 def test_defaults() -> None:

@@ -7,7 +7,15 @@ from pathlib import PurePosixPath
 from typing import Any
 
 import pytest
-from webhook_cases import (
+
+from hami.annotations import INTERNAL_POD_ANNOTATIONS
+from hami.core.quota import QuotaAsk
+from hami.settings import DeviceConfig, ResourceNames
+from monitor.allocate_rules import hook_mounts
+from webhook.config import MutationSettings
+from webhook.mutation import REFUSAL_REASONS, Admit, Refuse, apply, plan
+
+from .webhook_cases import (
     CORES,
     DEFAULT,
     GPU,
@@ -27,13 +35,6 @@ from webhook_cases import (
     visible_in_gpu_container,
     visible_without_gpu,
 )
-
-from hami.annotations import INTERNAL_POD_ANNOTATIONS
-from hami.core.quota import QuotaAsk
-from hami.settings import DeviceConfig, ResourceNames
-from monitor.allocate_rules import hook_mounts
-from webhook.config import MutationSettings
-from webhook.mutation import REFUSAL_REASONS, Admit, Refuse, apply, plan
 
 
 def admitted(pod: dict[str, Any], settings: MutationSettings = DEFAULT) -> dict[str, Any]:
@@ -183,7 +184,8 @@ def test_init_containers_are_mutated_and_route_the_pod() -> None:
 
 @pytest.mark.parametrize("scheduler", ["", "default-scheduler", "hami-scheduler"])
 def test_our_pods_get_our_scheduler(scheduler: str) -> None:
-    pod = make_pod(ctr(limits={GPU: "1", MEM: "1"}), **({"schedulerName": scheduler} if scheduler else {}))
+    spec: dict[str, Any] = {"schedulerName": scheduler} if scheduler else {}
+    pod = make_pod(ctr(limits={GPU: "1", MEM: "1"}), **spec)
     assert admitted(pod)["spec"]["schedulerName"] == "hami-scheduler"
 
 

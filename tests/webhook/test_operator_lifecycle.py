@@ -20,8 +20,15 @@ import aiohttp
 import jsonpatch
 import pytest
 from cryptography import x509
-from webhook_cases import GPU, MEM, ctr, make_pod
-from webhook_harness import (
+from cryptography.hazmat.primitives import serialization
+
+from hami.process.flags import Address
+from hami.settings import DeviceConfig
+from webhook import certs
+from webhook.config import MutationSettings
+
+from .webhook_cases import GPU, MEM, ctr, make_pod
+from .webhook_harness import (
     MWC_PATH,
     Cluster,
     Operator,
@@ -33,10 +40,6 @@ from webhook_harness import (
     scoped_mwc,
     served_certificate,
 )
-
-from hami.settings import DeviceConfig
-from webhook import certs
-from webhook.config import Address, MutationSettings
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +93,7 @@ async def test_rotation_is_picked_up_without_restart(operator: Operator, webhook
     mwc = await scoped_mwc(operator, ca=fresh.ca_cert)
     url = mwc["webhooks"][0]["clientConfig"]["url"]
     served = await served_certificate(url, fresh.ca_cert)
-    assert served == x509.load_pem_x509_certificate(fresh.cert).public_bytes(certs.serialization.Encoding.DER)
+    assert served == x509.load_pem_x509_certificate(fresh.cert).public_bytes(serialization.Encoding.DER)
     assert served != old_der
     with pytest.raises(ssl.SSLCertVerificationError):
         await served_certificate(url, webhook.ca)  # the old CA no longer verifies it

@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from webhook_cases import CORES, GPU, MEM, PCT, ctr, make_pod
-from webhook_harness import Operator, Webhook, api_get, api_post, poll
+
+from .webhook_cases import CORES, GPU, MEM, PCT, ctr, make_pod
+from .webhook_harness import Operator, Webhook, api_get, api_post, poll
 
 MEM_KEY, CORES_KEY = f"limits.{MEM}", f"limits.{CORES}"
 

@@ -11,8 +11,9 @@ from typing import Any
 
 import kmock
 import pytest
-from webhook_cases import GPU, MEM, ctr, make_pod
-from webhook_harness import Cluster, Operator, Webhook, api_post, poll
+
+from .webhook_cases import GPU, MEM, ctr, make_pod
+from .webhook_harness import Cluster, Operator, Webhook, api_post, poll
 
 QUOTAS = kmock.resource("v1/resourcequotas")
 #: While True the API server answers every ResourceQuota list with 403.

@@ -6,11 +6,12 @@ from typing import Any
 
 import cel
 import pytest
-from webhook_cases import CORES, GPU, MEM, PCT, ctr, make_pod
 
 from hami.settings import DeviceConfig, ResourceNames
 from webhook.config import MutationSettings, WebhookSettings
 from webhook.registration import desired_webhook, match_expression, up_to_date
+
+from .webhook_cases import CORES, GPU, MEM, PCT, ctr, make_pod
 
 EXPRESSION = match_expression(ResourceNames(), "hami-scheduler")
 IGNORE = {"hami.io/webhook": "ignore"}

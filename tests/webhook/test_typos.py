@@ -8,13 +8,14 @@ from typing import Any
 
 import cel
 import pytest
-from webhook_cases import CORES, GPU, MEM, PCT, ctr, make_pod
 
 from hami.settings import DeviceConfig, ResourceNames
 from webhook.config import MutationSettings
 from webhook.mutation import REFUSAL_REASONS, Admit, Refuse, plan
 from webhook.registration import match_expression
 from webhook.typos import did_you_mean
+
+from .webhook_cases import CORES, GPU, MEM, PCT, ctr, make_pod
 
 DEFAULT = MutationSettings()
 

@@ -25,7 +25,8 @@ import aiohttp
 import kmock
 
 from hami.kube.admissionreview import pod_create_review
-from webhook.config import Address, WebhookSettings
+from hami.process.flags import Address
+from webhook.config import WebhookSettings
 from webhook.handlers import run
 
 MWC_PATH = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"

@@ -1,0 +1,1 @@
+"""Tests of the annotation codec (hami.annotations)."""
