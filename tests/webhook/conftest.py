@@ -17,6 +17,7 @@ import kmock
 import pytest
 
 from hami.sim.apiserver import embedded_apiserver, write_kubeconfig
+from tests.eventually import time_scale
 
 from .webhook_harness import (
     WAIT,
@@ -44,7 +45,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
     thread = LoopThread("kmock", serve)
     thread.start()
-    ready.wait(WAIT)
+    ready.wait(WAIT * time_scale())
     assert "emulator" in found, thread.error
     emulator = found["emulator"]
     path = write_kubeconfig(tmp_path_factory.mktemp("kube") / "kubeconfig", str(emulator.url))

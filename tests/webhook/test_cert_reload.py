@@ -22,6 +22,7 @@ import aiohttp
 import pytest
 from cryptography import x509
 
+from tests.eventually import eventually
 from webhook import certs
 from webhook.config import WebhookSettings
 
@@ -30,7 +31,6 @@ from .webhook_harness import (
     Cluster,
     listening,
     operator_settings,
-    poll,
     review,
     running_operator,
     served_certificate,
@@ -78,7 +78,7 @@ async def counted_session(
 ) -> AsyncIterator[tuple[aiohttp.ClientSession, list[int]]]:
     """One keep-alive session trusting the first CA; the list counts the TCP connections it opened."""
     settings = chart_webhook.settings
-    await poll(lambda: listening(settings.listen.host, settings.listen.port), "the webhook's port")
+    await eventually(lambda: listening(settings.listen.host, settings.listen.port), "the webhook's port")
     opened: list[int] = []
 
     async def on_connection(_session: Any, _context: SimpleNamespace, _params: Any) -> None:
@@ -115,7 +115,7 @@ async def test_a_rotated_certificate_is_served_without_dropping_a_connection(
     async def new_certificate() -> bool:
         return serial(await served_certificate(url, second.ca_cert)) == pem_serial(second.cert)
 
-    await poll(new_certificate, "the webhook to serve the rotated certificate")
+    await eventually(new_certificate, "the webhook to serve the rotated certificate")
     # the connection opened before the rotation is still served: the listener was never restarted
     assert (await admit(session, url))["response"]["allowed"] is True
     assert opened == [1]
@@ -139,7 +139,7 @@ async def test_a_broken_pair_is_never_loaded(
     async def refused() -> bool:
         return any("kept serving the previous certificate" in r.getMessage() for r in caplog.records)
 
-    await poll(refused, "the webhook to notice the broken pair")
+    await eventually(refused, "the webhook to notice the broken pair")
     assert serial(await served_certificate(url, chart_webhook.first.ca_cert)) == pem_serial(
         chart_webhook.first.cert
     )
@@ -153,4 +153,4 @@ async def test_a_broken_pair_is_never_loaded(
         trusted = third.ca_cert + chart_webhook.first.ca_cert
         return serial(await served_certificate(url, trusted)) == pem_serial(third.cert)
 
-    await poll(third_served, "the webhook to serve the next good pair")
+    await eventually(third_served, "the webhook to serve the next good pair")

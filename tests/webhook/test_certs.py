@@ -14,11 +14,10 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 from cryptography.x509.verification import PolicyBuilder, Store
 
+from tests.eventually import eventually
 from webhook import certs
 from webhook.config import WebhookSettings, service_hostnames
 from webhook.handlers import renew_forever
-
-from .webhook_harness import poll
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 NAMES = service_hostnames("hami-webhook", "hami-system")
@@ -163,7 +162,7 @@ async def test_renewal_task_reissues_an_expiring_certificate(tmp_path: Path) -> 
         return bundle if bundle is not None and bundle.cert != before.cert else None
 
     try:
-        after = await poll(renewed, "the renewed certificate")
+        after = await eventually(renewed, "the renewed certificate")
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):

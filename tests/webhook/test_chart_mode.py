@@ -18,10 +18,11 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.eventually import eventually
 from webhook.mutation import REFUSAL_REASONS
 
 from .webhook_cases import GPU, MEM, ctr, make_pod
-from .webhook_harness import Operator, Webhook, listening, poll, review
+from .webhook_harness import Operator, Webhook, listening, review
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +35,7 @@ async def direct(operator: Operator) -> AsyncIterator[Webhook]:
     settings = operator.settings
     # Kopf reports ready before its webhook server listens (--manage-config tests wait for the
     # published configuration instead)
-    await poll(lambda: listening(settings.listen.host, settings.listen.port), "the webhook's port")
+    await eventually(lambda: listening(settings.listen.host, settings.listen.port), "the webhook's port")
     ca = (settings.tls_dir / "ca.crt").read_bytes()
     context = ssl.create_default_context(cadata=ca.decode())
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context)) as session:
@@ -144,7 +145,7 @@ async def test_the_chart_mode_webhook_reads_only_resource_quotas(operator: Opera
     async def quotas_watched() -> bool:
         return any(r.url.path == QUOTAS and r.params.get("watch") in ("true", "1") for r in list(emulator))
 
-    await poll(quotas_watched, "the webhook's ResourceQuota list + watch")
+    await eventually(quotas_watched, "the webhook's ResourceQuota list + watch")
     before = len(list(emulator))
     response = await direct.admit(make_pod(ctr(limits={GPU: "1"})))
     assert response["allowed"] is True

@@ -24,6 +24,7 @@ from cryptography.hazmat.primitives import serialization
 
 from hami.process.flags import Address
 from hami.settings import DeviceConfig
+from tests.eventually import eventually
 from webhook import certs
 from webhook.config import MutationSettings
 
@@ -35,7 +36,6 @@ from .webhook_harness import (
     Webhook,
     api_get,
     operator_settings,
-    poll,
     running_operator,
     scoped_mwc,
     served_certificate,
@@ -113,7 +113,7 @@ async def test_shutdown_removes_the_webhook(cluster: Cluster, tmp_path: Path) ->
     with running_operator(settings):
         await scoped_mwc(Operator(settings=settings, cluster=cluster))
     # Kopf empties its managed webhooks on a graceful exit; our scoping handler must not put them back.
-    mwc = await poll(lambda: api_get(cluster, path), "the configuration")
+    mwc = await eventually(lambda: api_get(cluster, path), "the configuration")
     assert mwc["webhooks"] == []
 
 

@@ -18,8 +18,10 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.eventually import eventually
+
 from .webhook_cases import CORES, GPU, MEM, PCT, ctr, make_pod
-from .webhook_harness import Operator, Webhook, api_get, api_post, poll
+from .webhook_harness import Operator, Webhook, api_get, api_post
 
 MEM_KEY, CORES_KEY = f"limits.{MEM}", f"limits.{CORES}"
 
@@ -51,7 +53,7 @@ async def add_quota(
     async def refused() -> bool:
         return not (await webhook.admit(pod, namespace=namespace))["allowed"]
 
-    await poll(refused, f"the webhook to see resourcequota {namespace}/{name}")
+    await eventually(refused, f"the webhook to see resourcequota {namespace}/{name}")
 
 
 async def refusals_over_quota(operator: Operator, webhook: Webhook) -> float:
@@ -169,7 +171,7 @@ async def test_every_quota_over_its_limit_is_named(operator: Operator, webhook: 
     async def admitted() -> bool:
         return bool((await webhook.admit(cores_only, namespace="quota-two"))["allowed"])
 
-    await poll(admitted, "the deleted quota to stop counting")
+    await eventually(admitted, "the deleted quota to stop counting")
 
 
 async def test_other_refusals_come_first_and_unrouted_pods_are_not_checked(

@@ -12,8 +12,10 @@ from typing import Any
 import kmock
 import pytest
 
+from tests.eventually import eventually
+
 from .webhook_cases import GPU, MEM, ctr, make_pod
-from .webhook_harness import Cluster, Operator, Webhook, api_post, poll
+from .webhook_harness import Cluster, Operator, Webhook, api_post
 
 QUOTAS = kmock.resource("v1/resourcequotas")
 #: While True the API server answers every ResourceQuota list with 403.
@@ -48,4 +50,4 @@ async def test_gpu_pods_are_admitted_until_the_quotas_can_be_listed(
     async def refused() -> bool:
         return not (await webhook.admit(pod, namespace="team"))["allowed"]
 
-    await poll(refused, "the pre-check to be on once the quotas are listed")
+    await eventually(refused, "the pre-check to be on once the quotas are listed")

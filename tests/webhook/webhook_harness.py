@@ -26,11 +26,12 @@ import kmock
 
 from hami.kube.admissionreview import pod_create_review
 from hami.process.flags import Address
+from tests.eventually import eventually, time_scale
 from webhook.config import WebhookSettings
 from webhook.handlers import run
 
 MWC_PATH = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
-WAIT = 15.0  # seconds: upper bound of every poll
+WAIT = 15.0  # seconds the operator may take to start on an idle machine (stretched by the load)
 
 
 def free_port() -> int:
@@ -111,7 +112,7 @@ def running_operator(settings: WebhookSettings) -> Iterator[None]:
 
     thread = LoopThread("kopf", operate)
     thread.start()
-    deadline = time.monotonic() + WAIT
+    deadline = time.monotonic() + WAIT * time_scale()
     while not ready.wait(0.05):
         assert thread.error is None, thread.error
         assert time.monotonic() < deadline, "the operator did not become ready"
@@ -152,17 +153,6 @@ async def listening(host: str, port: int) -> bool:
     return True
 
 
-async def poll(check: Callable[[], Awaitable[Any]], what: str, limit: float = WAIT) -> Any:
-    """Call ``check`` until it returns something truthy; fail after ``limit`` seconds."""
-    deadline = time.monotonic() + limit
-    while True:
-        result = await check()
-        if result:
-            return result
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
-
-
 async def scoped_mwc(operator: Operator, *, ca: bytes | None = None) -> dict[str, Any]:
     """The operator's MutatingWebhookConfiguration once it is scoped (and carries ``ca`` when given)."""
 
@@ -175,7 +165,7 @@ async def scoped_mwc(operator: Operator, *, ca: bytes | None = None) -> dict[str
             return None
         return mwc
 
-    result: dict[str, Any] = await poll(check, "the scoped MutatingWebhookConfiguration")
+    result: dict[str, Any] = await eventually(check, "the scoped MutatingWebhookConfiguration")
     return result
 
 
