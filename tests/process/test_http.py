@@ -16,6 +16,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from hami.process.flags import Address
 from hami.process.http import listening, metrics_app, serve_retrying
+from tests.eventually import eventually
 
 LOOPBACK = Address(host="127.0.0.1", port=0)
 
@@ -80,15 +81,16 @@ async def test_serve_retrying_waits_for_a_taken_address(caplog: pytest.LogCaptur
     with caplog.at_level(logging.INFO, logger="hami.process.http"):
         fresh = lambda: metrics_app(CollectorRegistry())  # noqa: E731
         server = asyncio.create_task(serve_retrying(fresh, taken, retry=0.01))
+
+        def running() -> None:
+            assert not server.done(), server
+
         try:
-            async with asyncio.timeout(10):  # a bound for a failing test, not a synchronisation
-                while "cannot serve /metrics on" not in caplog.text:
-                    assert not server.done()
-                    await asyncio.sleep(0.005)
-                await holder.__aexit__(None, None, None)  # the address comes free: the next try serves
-                while f"serving /metrics on {taken}" not in caplog.text:
-                    assert not server.done()
-                    await asyncio.sleep(0.005)
+            await eventually(
+                lambda: "cannot serve /metrics on" in caplog.text, "a refused try", alive=running
+            )
+            await holder.__aexit__(None, None, None)  # the address comes free: the next try serves
+            await eventually(lambda: f"serving /metrics on {taken}" in caplog.text, "serving", alive=running)
             async with aiohttp.ClientSession() as session, session.get(f"http://{taken}/metrics") as got:
                 assert got.status == 200
         finally:
