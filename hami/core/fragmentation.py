@@ -5,15 +5,15 @@ Owns :class:`TargetClass`, :class:`Target` (a workload, with the memos that keep
 incremental), :class:`CardInfo`, :class:`NodeFrag`, :class:`NodeView`, and the per-card rules
 :func:`card_key`, :func:`accepts`, :func:`granted`.
 
-The measure (Weng et al., "Beware of Fragmentation", USENIX ATC '23): a card's free share ``l`` is its
-free memory in milli of the card (``1000 x free / total``; cards that can take no pod at all — unhealthy,
-cordoned, another vendor, MIG — count 0). For a class m of the target workload (``k_m`` cards of
-``memory_m``/``cores_m`` each, maybe limited to some card types and, in the simulator, needing
-``cpu_m`` of the node's CPU) a card is *usable* when one of the class's containers could take it by the
-Fit rules that depend on the card alone (a free slot, memory, cores, exclusive use: checks 6, 9, 10, 13,
-14). The node's free GPU ``G = Σ l`` is all fragment to a class that cannot use the node (no card asked,
-fewer than ``k_m`` usable cards, too little CPU), else only the cards it cannot use:
-``frag_m = G - R_m`` with ``R_m = Σ l`` over usable cards. ``F(n) = Σ_m p_m frag_m = G - Σ_m p_m fits_m
+The measure (Weng et al., "Beware of Fragmentation", USENIX ATC '23): a card's free share ``l`` is its free
+memory in milli of the card (``1000 x free / total``; cards that can take no pod at all — unhealthy, cordoned,
+another vendor, MIG — count 0). For a class m of the target workload (``k_m`` cards of
+``memory_m``/``cores_m`` each, maybe limited to some card types and, in the simulator, needing ``cpu_m`` of
+the node's CPU and maybe ``mem_m`` of its host memory) a card is *usable* when one of the class's containers
+could take it by the Fit rules that depend on the card alone (a free slot, memory, cores, exclusive use:
+checks 6, 9, 10, 13, 14). The node's free GPU ``G = Σ l`` is all fragment to a class that cannot use the node
+(no card asked, fewer than ``k_m`` usable cards, too little CPU or host memory), else only the cards it cannot
+use: ``frag_m = G - R_m`` with ``R_m = Σ l`` over usable cards. ``F(n) = Σ_m p_m frag_m = G - Σ_m p_m fits_m
 R_m``.
 
 Incremental: a card's (``l``, usable classes) is memoised by its usage, a node's sums by the identity of
@@ -44,6 +44,9 @@ MILLI = 1000
 #: Memo sizes: beyond them a memo starts again empty (template nodes in requests are not bounded).
 MEMO_LIMIT = 65536
 
+#: What a node has free besides its cards, or what a pod asks of it: (milli-CPU, host memory MiB).
+Host = tuple[int, int]
+
 #: A card's usage as the measure sees it: (takes pods at all, type, memory, cores, slots, used slots,
 #: used memory, used cores).
 CardKey = tuple[bool, str, int, int, int, int, int, int]
@@ -58,6 +61,7 @@ class TargetClass:
     percentage: int = PERCENT_NOT_GIVEN
     cores: int = 0
     cpu_milli: int = 0  # CPU it needs on the node (the simulator; the scheduler does not see CPU)
+    host_memory_mib: int = 0  # host memory it needs on the node (likewise)
     types: tuple[str, ...] = ()  # card types it may use (lower-case substrings); () = any
     weight: float = 1.0
 
@@ -95,11 +99,11 @@ def accepts(key: CardKey, need: int, cores: int) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class NodeView:
-    """A node as the measure sees it: its card usages, their sums, and ``F`` at ``cpu``."""
+    """A node as the measure sees it: its card usages, their sums, and ``F`` with ``host`` free."""
 
     keys: tuple[CardKey, ...]
     sums: NodeFrag
-    cpu: int | None
+    host: Host | None
     frag: float
     usage: int  # the card usages interned: equal for nodes whose cards are used alike
 
@@ -120,7 +124,7 @@ class Target:
         self.gpu = tuple(c for c in kept if c.nums > 0)
         self.p = tuple(c.weight / total for c in self.gpu)
         self.k = tuple(c.nums for c in self.gpu)
-        self.cpu = tuple(c.cpu_milli for c in self.gpu)
+        self.host = tuple((c.cpu_milli, c.host_memory_mib) for c in self.gpu)
         self._requests = tuple(
             ContainerRequest(
                 nums=1, memory_mib=c.memory_mib, percentage=c.percentage, cores=min(c.cores, 100)
@@ -158,15 +162,23 @@ class Target:
             self._cards[key] = info
         return info
 
-    def frag(self, sums: NodeFrag, cpu: int | None = None) -> float:
-        """``F = G - Σ_m p_m fits_m R_m`` (``cpu`` None: CPU is not part of the measure)."""
-        return self.frag_of(sums.g, sums.r, sums.n, cpu)
+    def frag(self, sums: NodeFrag, host: Host | None = None) -> float:
+        """``F = G - Σ_m p_m fits_m R_m`` (``host`` None: CPU and memory are not part of the measure)."""
+        return self.frag_of(sums.g, sums.r, sums.n, host)
 
-    def frag_of(self, g: int, r: Sequence[int], n: Sequence[int], cpu: int | None) -> float:
+    def fits(self, m: int, n: int, host: Host | None) -> bool:
+        """Whether GPU class ``m`` can use a node with ``n`` usable cards and ``host`` free."""
+        if n < self.k[m]:
+            return False
+        if host is None:
+            return True
+        need = self.host[m]
+        return host[0] >= need[0] and host[1] >= need[1]
+
+    def frag_of(self, g: int, r: Sequence[int], n: Sequence[int], host: Host | None) -> float:
         usable = 0.0
-        k, need = self.k, self.cpu
         for m, p in enumerate(self.p):
-            if n[m] >= k[m] and (cpu is None or cpu >= need[m]):
+            if self.fits(m, n[m], host):
                 usable += p * r[m]
         return g - usable
 
@@ -183,19 +195,19 @@ class Target:
                 n[m] += 1
         return NodeFrag(g, tuple(r), tuple(n))
 
-    def node(self, node: NodeState, cpu: int | None = None) -> NodeView:
+    def node(self, node: NodeState, host: Host | None = None) -> NodeView:
         """A node's view, memoised per node name until its state object changes (a grant changed);
-        a change of ``cpu`` alone recomputes only ``F``."""
+        a change of ``host`` alone recomputes only ``F``."""
         entry = self._nodes.get(node.name)
         if entry is not None and entry[0] is node:
             view = entry[1]
-            if view.cpu == cpu:
+            if view.host == host:
                 return view
-            view = NodeView(view.keys, view.sums, cpu, self.frag(view.sums, cpu), view.usage)
+            view = NodeView(view.keys, view.sums, host, self.frag(view.sums, host), view.usage)
         else:
             keys = card_keys(node)
             sums = self.sums(keys)
-            view = NodeView(keys, sums, cpu, self.frag(sums, cpu), self.intern(keys))
+            view = NodeView(keys, sums, host, self.frag(sums, host), self.intern(keys))
             if len(self._nodes) >= self._limit:
                 self._nodes.clear()
         self._nodes[node.name] = (node, view)

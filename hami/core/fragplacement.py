@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from hami.core.fit import Steering, memory_need
-from hami.core.fragmentation import MILLI, CardKey, NodeView, Target, accepts, card_key, granted
+from hami.core.fragmentation import MILLI, CardKey, Host, NodeView, Target, accepts, card_key, granted
 from hami.core.model import NVIDIA, ContainerRequest, DeviceState, NodeState, PodRequest
 from hami.core.score import FRAGMENTATION, MAX_PRIORITY, parse_gpu_policy
 
@@ -52,19 +52,18 @@ class _Walk:
     """A node's sums while picks are applied one at a time (one :func:`place` call), with each GPU
     class's term ``p_m fits_m R_m`` of ``F`` at the walk's CPU."""
 
-    def __init__(self, target: Target, view: NodeView, cpu: int | None) -> None:
+    def __init__(self, target: Target, view: NodeView, host: Host | None) -> None:
         self.t = target
         self.g = view.sums.g
         self.r = list(view.sums.r)
         self.n = list(view.sums.n)
         self.keys = list(view.keys)
-        self.cpu = cpu
+        self.host = host
         self.terms = [self._term(m, self.r[m], self.n[m]) for m in range(len(target.p))]
         self.total = sum(self.terms)
 
     def _term(self, m: int, r: int, n: int) -> float:
-        t = self.t
-        return t.p[m] * r if n >= t.k[m] and (self.cpu is None or self.cpu >= t.cpu[m]) else 0.0
+        return self.t.p[m] * r if self.t.fits(m, n, self.host) else 0.0
 
     def after(self, j: int, new: CardKey) -> float:
         """``F`` if card ``j`` had usage ``new`` (the picks so far applied). More usage never makes a
@@ -110,21 +109,22 @@ def place(
     node: NodeState,
     request: PodRequest,
     *,
-    cpu_milli: int = 0,
-    cpu_free: int | None = None,
+    host_request: Host = (0, 0),
+    host_free: Host | None = None,
     steer: Steering | None = None,
 ) -> Placement | None:
     """The cards the pod's app containers would take on ``node`` under the rule, and the score; None
     when a container finds too few cards (by the per-card checks and the pod's type/uuid steering).
 
     Each card in turn is the one whose booking scores best (lowest position on ties), the earlier picks
-    applied; the score is that of the whole placement. ``cpu_free``/``cpu_milli``: the node's free CPU
-    and the pod's request (the simulator), None/0 in the scheduler. Init containers hold nothing once
-    done and are left out. ``steer``: the pod's :class:`~hami.core.fit.Steering` (built when not given;
-    only its type and uuid checks are used).
+    applied; the score is that of the whole placement. ``host_free``/``host_request``: the node's free
+    (CPU, memory) and the pod's request (the simulator), None/(0, 0) in the scheduler. Init containers
+    hold nothing once done and are left out. ``steer``: the pod's :class:`~hami.core.fit.Steering`
+    (built when not given; only its type and uuid checks are used).
     """
-    view = target.node(node, cpu_free)
-    walk = _Walk(target, view, None if cpu_free is None else cpu_free - cpu_milli)
+    view = target.node(node, host_free)
+    left = None if host_free is None else (host_free[0] - host_request[0], host_free[1] - host_request[1])
+    walk = _Walk(target, view, left)
     if steer is None:
         steer = steering(request)
     steered = _steered(request)

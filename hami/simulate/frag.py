@@ -28,12 +28,13 @@ F64 = np.float64
 I64 = np.int64
 _NO_SCORE = -2  # not evaluated since the node last changed
 
-#: What a pod's placement score depends on: CPU, share, cards, allowed models.
-Shape = tuple[int, int, int, tuple[str, ...]]
+#: What a pod's placement score depends on: CPU, host memory (when measured), share, cards, allowed models.
+Shape = tuple[int, int, int, int, tuple[str, ...]]
 
 
-def target_class(cls: RequestClass, card_mib: int | None) -> TargetClass:
-    """A trace class of the target workload in the core's terms (the request the cluster books)."""
+def target_class(cls: RequestClass, card_mib: int | None, *, memory: float = 0.0) -> TargetClass:
+    """A trace class of the target workload in the core's terms (the request the cluster books);
+    ``memory`` > 0: the class needs that share of its typical host memory free on the node too."""
     if cls.num_gpu == 0:
         return TargetClass(nums=0, cpu_milli=cls.cpu_milli, weight=cls.probability)
     probe = TracePod(name="class", cpu_milli=cls.cpu_milli, memory_mib=0, num_gpu=1, gpu_milli=cls.gpu_milli)
@@ -44,6 +45,7 @@ def target_class(cls: RequestClass, card_mib: int | None) -> TargetClass:
         percentage=request.percentage,
         cores=request.cores,
         cpu_milli=cls.cpu_milli,
+        host_memory_mib=int(cls.memory_mib * memory),
         types=tuple(s.lower() for s in cls.gpu_spec),
         weight=cls.probability,
     )
@@ -52,9 +54,11 @@ def target_class(cls: RequestClass, card_mib: int | None) -> TargetClass:
 class FragMeasure:
     """``F(n)`` for every node (``frag``, total ``total``) and the placement scores of a pod (``scores``)."""
 
-    def __init__(self, classes: Sequence[RequestClass], cluster: Cluster) -> None:
+    def __init__(self, classes: Sequence[RequestClass], cluster: Cluster, *, memory: float = 0.0) -> None:
         self.cluster = cluster
-        self.target = Target(target_class(c, cluster.exact_card_mib) for c in classes)
+        self.memory = memory > 0
+        self.classes = tuple(classes)
+        self.target = Target(target_class(c, cluster.exact_card_mib, memory=memory) for c in classes)
         n = len(cluster.states)
         self.frag = np.zeros(n, dtype=F64)
         self.total = 0.0  # Σ frag, kept up to date by refresh
@@ -68,13 +72,17 @@ class FragMeasure:
     def refresh(self, rows: np.ndarray | int) -> None:
         """Recompute ``F`` of ``rows`` from the cluster (after a booking there); their scores expire."""
         for i in np.atleast_1d(rows).tolist():
-            view = self.target.node(self.cluster.states[i], int(self.cluster.cpu_free[i]))
+            view = self.target.node(self.cluster.states[i], self._host(i))
             self.total += view.frag - float(self.frag[i])
             self.frag[i] = view.frag
             self.version[i] += 1
 
+    def _host(self, i: int) -> tuple[int, int]:
+        return int(self.cluster.cpu_free[i]), int(self.cluster.mem_free[i]) if self.memory else 0
+
     def _column(self, pod: TracePod) -> int:
-        shape = (pod.cpu_milli, pod.gpu_milli, pod.num_gpu, pod.gpu_spec)
+        memory = pod.memory_mib if self.memory else 0
+        shape = (pod.cpu_milli, memory, pod.gpu_milli, pod.num_gpu, pod.gpu_spec)
         at = self._shapes.get(shape)
         if at is None:
             at = self._shapes[shape] = len(self._shapes)
@@ -97,8 +105,8 @@ class FragMeasure:
                     self.target,
                     cluster.states[i],
                     request,
-                    cpu_milli=pod.cpu_milli,
-                    cpu_free=int(cluster.cpu_free[i]),
+                    host_request=(pod.cpu_milli, pod.memory_mib if self.memory else 0),
+                    host_free=self._host(i),
                     steer=steer,
                 )
                 self._score[i, k] = -1 if found is None else found.score

@@ -55,6 +55,7 @@ class RequestClass:
     num_gpu: int
     gpu_spec: tuple[str, ...]
     probability: float
+    memory_mib: int = 0  # the median host memory of the class's pods
 
 
 def _class_key(pod: TracePod) -> tuple[int, int, int, str]:
@@ -68,6 +69,9 @@ def target_workload(pods: Sequence[TracePod], coverage: float = COVERAGE) -> tup
     ties in frequency put the larger key first (the paper simulator's order).
     """
     counts = Counter(_class_key(p) for p in pods)
+    memory: dict[tuple[int, int, int, str], list[int]] = {}
+    for p in pods:
+        memory.setdefault(_class_key(p), []).append(p.memory_mib)
     ranked = sorted(counts.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)
     need = coverage * len(pods)
     kept: list[tuple[tuple[int, int, int, str], int]] = []
@@ -84,6 +88,7 @@ def target_workload(pods: Sequence[TracePod], coverage: float = COVERAGE) -> tup
             num_gpu=key[2],
             gpu_spec=tuple(s for s in key[3].split("|") if s),
             probability=count / covered,
+            memory_mib=sorted(memory[key])[len(memory[key]) // 2],
         )
         for key, count in kept
     )

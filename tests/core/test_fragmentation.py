@@ -53,8 +53,12 @@ def test_fragmentation_worked_example() -> None:
     typed = Target([cls(1, 50, types=("v100",))])
     assert typed.node(node).frag == pytest.approx(1400)  # the class may not use these cards: all of it
     hungry = Target([cls(1, 50, cpu_milli=7000)])
-    assert hungry.node(node, cpu=6000).frag == pytest.approx(1400)  # too little CPU left for the class
-    assert hungry.node(node, cpu=7000).frag == pytest.approx(400)
+    assert hungry.node(node, (6000, 0)).frag == pytest.approx(1400)  # too little CPU left for the class
+    assert hungry.node(node, (7000, 0)).frag == pytest.approx(400)
+    big = Target([cls(1, 50, cpu_milli=7000, host_memory_mib=48000)])
+    assert big.node(node, (7000, 47999)).frag == pytest.approx(1400)  # too little host memory left
+    assert big.node(node, (7000, 48000)).frag == pytest.approx(400)
+    assert big.node(node).frag == pytest.approx(400)  # the scheduler: CPU and memory not measured
 
 
 @pytest.mark.parametrize(

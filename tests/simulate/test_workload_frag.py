@@ -58,6 +58,9 @@ def test_default_trace_target_workload_is_the_papers() -> None:
     assert sum(c.probability for c in classes if c.num_gpu == 0) == pytest.approx(0.136, abs=0.0005)
 
 
+MIB = 10**6
+
+
 def test_fragmentation_worked_example() -> None:
     cluster = Cluster.from_trace([TraceNode(name="n", cpu_milli=8000, memory_mib=10**6, gpus=3, model="T4")])
     cluster.place(0, pod("x", 1, 600), (1,), "binpack")
@@ -78,6 +81,19 @@ def test_fragmentation_worked_example() -> None:
         [RequestClass(cpu_milli=7000, gpu_milli=500, num_gpu=1, gpu_spec=(), probability=1)], cluster
     )
     assert hungry.frag[0] == pytest.approx(1400)  # not enough CPU left for the class
+    big = [RequestClass(cpu_milli=1000, gpu_milli=500, num_gpu=1, gpu_spec=(), probability=1, memory_mib=MIB)]
+    assert FragMeasure(big, cluster).frag[0] == pytest.approx(400)  # the paper's measure: no host memory
+    assert FragMeasure(big, cluster, memory=1.0).frag[0] == pytest.approx(1400)  # 10**6 - 200 MiB left
+    assert FragMeasure(big, cluster, memory=0.5).frag[0] == pytest.approx(400)  # half of it is free
+
+
+def test_a_class_needs_the_median_host_memory_of_its_pods() -> None:
+    pods = [
+        TracePod(name=f"p{i}", cpu_milli=1000, memory_mib=mib, num_gpu=1, gpu_milli=500)
+        for i, mib in enumerate([100, 900, 300])
+    ]
+    (only,) = target_workload(pods)
+    assert only.memory_mib == 300
 
 
 CLASSES = [
@@ -114,8 +130,8 @@ def test_after_placing_equals_recomputing_the_booked_node(history: list[tuple[tu
             measure.target,
             cluster.states[i],
             cluster.request(p),
-            cpu_milli=3000,
-            cpu_free=int(cluster.cpu_free[i]),
+            host_request=(3000, 0),
+            host_free=(int(cluster.cpu_free[i]), 0),
         )
         assert found is not None
         assert scores[rows == i][0] == found.score
