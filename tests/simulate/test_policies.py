@@ -109,6 +109,32 @@ def test_fgd_takes_the_card_that_fragments_least() -> None:
     assert choose("fgd", cluster, pod(1, 300)) == (0, (2,))
 
 
+def test_fragmentation_keeps_cards_from_being_stranded_behind_spent_host_memory() -> None:
+    """Two like nodes, but n0 has 1,500 MiB of host memory, n1 plenty. The workload's pods take 500 milli
+    and 1,000 MiB. FGD sees no difference and takes n0 (rank); ``fragmentation`` sees that n0 would be
+    left with 500 MiB, less than 3/4 of what the next such pod needs, its 1,500 free milli lost to it."""
+    nodes = [
+        TraceNode(name="n0", cpu_milli=64000, memory_mib=1500, gpus=2, model="T4"),
+        TraceNode(name="n1", cpu_milli=64000, memory_mib=10**6, gpus=2, model="T4"),
+    ]
+    cluster = Cluster.from_trace(nodes, split_count=100)
+    classes = [
+        RequestClass(cpu_milli=1000, gpu_milli=500, num_gpu=1, gpu_spec=(), probability=1, memory_mib=1000)
+    ]
+    p = TracePod(name="p", cpu_milli=1000, memory_mib=1000, num_gpu=1, gpu_milli=500)
+    ok, fit = cluster.feasible(p)
+    picked = {}
+    for name in ("fgd", "fragmentation"):
+        ctx = Context(
+            cluster=cluster,
+            measure=FragMeasure(classes, cluster),
+            rank=np.arange(2),
+            rng=np.random.default_rng(0),
+        )
+        picked[name] = make_policy(name, ctx).choose(p, np.flatnonzero(ok), fit)[0]
+    assert picked == {"fgd": 0, "fragmentation": 1}
+
+
 def test_random_picks_only_feasible_nodes() -> None:
     cluster = cluster_with([[1000], [0], [900]])
     for seed in range(5):
