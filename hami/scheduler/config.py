@@ -136,7 +136,8 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | 
     flag(
         "bind-timeout",
         "30",
-        "seconds kube-scheduler waits for /bind (its extender httpTimeout); a bind past it writes no more",
+        "seconds (or a Go duration) kube-scheduler waits for /bind (its extender httpTimeout); a bind past it"
+        " writes no more",
     )
     flag("api-timeout", "30", "seconds one Kubernetes API request may take")
     flag("resync-seconds", "15", "seconds between registration passes (handshakes, stale nodes)")
@@ -167,6 +168,12 @@ def _lock_timeout(args: argparse.Namespace) -> datetime.timedelta:
         if value <= datetime.timedelta(0):
             raise SettingsError(f"{NODELOCK_EXPIRE} must be a positive Go duration, got {expire!r}")
         return value
+    return _duration("node-lock-timeout", text)
+
+
+def _duration(name: str, text: str) -> datetime.timedelta:
+    """A positive time: a number of seconds, or a Go duration (``30s``, ``5m``) as HAMi's flags and
+    kube-scheduler's configuration write them."""
     try:
         value = datetime.timedelta(seconds=float(text))
     except (ValueError, OverflowError):
@@ -174,10 +181,10 @@ def _lock_timeout(args: argparse.Namespace) -> datetime.timedelta:
             value = parse_go_duration(text)
         except ValueError:
             raise SettingsError(
-                f"--node-lock-timeout must be a number of seconds, got {text!r} (or a Go duration: 5m, 90s)"
+                f"--{name} must be a number of seconds, got {text!r} (or a Go duration: 5m, 90s)"
             ) from None
     if value <= datetime.timedelta(0):
-        raise SettingsError(f"--node-lock-timeout must be positive, got {text!r}")
+        raise SettingsError(f"--{name} must be positive, got {text!r}")
     return value
 
 
@@ -266,7 +273,7 @@ def from_args(args: argparse.Namespace) -> SchedulerSettings:
         node_lock_timeout=_lock_timeout(args),
         node_lock_wait=_wait("node-lock-wait", args.node_lock_wait),
         node_lock_retry_timeout=_wait("node-lock-retry-timeout", args.node_lock_retry_timeout),
-        bind_timeout=_seconds("bind-timeout", args.bind_timeout),
+        bind_timeout=_duration("bind-timeout", args.bind_timeout).total_seconds(),
         api_timeout=_seconds("api-timeout", args.api_timeout),
         resync_seconds=_seconds("resync-seconds", args.resync_seconds),
         device_config=device_config,

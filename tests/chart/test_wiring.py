@@ -244,6 +244,18 @@ def test_only_the_metrics_port_is_exposed(values: dict[str, Any], tmp_path: Path
         assert (endpoint["port"], endpoint["path"]) == ("metrics", "/metrics")
 
 
+@pytest.mark.parametrize(("timeout", "seconds"), [("30s", 30.0), ("45s", 45.0), ("1m30s", 90.0)])
+def test_bind_stops_writing_when_kube_scheduler_stops_waiting(
+    timeout: str, seconds: float, tmp_path: Path
+) -> None:
+    """The extender's bind deadline is kube-scheduler's extender httpTimeout, whatever the chart sets."""
+    rendered = render({"scheduler": {"extender": {"httpTimeout": timeout}}})
+    deployment, config = kube_scheduler_config(rendered)
+    assert config["extenders"][0]["httpTimeout"] == timeout
+    settings = extender_settings(rendered, container(deployment, "extender"), tmp_path)
+    assert settings.bind_timeout == seconds
+
+
 def test_the_fragmentation_settings_reach_the_extender(tmp_path: Path) -> None:
     values = {
         "scheduler": {

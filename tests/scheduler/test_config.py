@@ -164,3 +164,7 @@ def test_bind_timeout_sets_the_deadline_and_the_allocating_horizon() -> None:
     assert from_args(_parse([], {"HAMI_BIND_TIMEOUT": "10"})).bind_timeout == 10.0
     with pytest.raises(SettingsError, match="--bind-timeout must be positive, got '0'"):
         from_args(_parse(["--bind-timeout", "0"]))
+    # the chart passes kube-scheduler's httpTimeout as written there: a Go duration
+    assert from_args(_parse(["--bind-timeout", "1m30s"])).bind_timeout == 90.0
+    with pytest.raises(SettingsError, match="--bind-timeout must be a number of seconds, got '30 s'"):
+        from_args(_parse(["--bind-timeout", "30 s"]))
