@@ -50,7 +50,7 @@ class Placement:
 
 class _Walk:
     """A node's sums while picks are applied one at a time (one :func:`place` call), with each GPU
-    class's term ``p_m fits_m R_m`` of ``F`` at the walk's CPU."""
+    class's term ``p_m fits_m R_m`` of ``F`` with the walk's host (CPU, memory) free."""
 
     def __init__(self, target: Target, view: NodeView, host: Host | None) -> None:
         self.t = target

@@ -4,8 +4,9 @@ per node until that node changes.
 
 Owns :class:`FragMeasure` and :func:`target_class` (a trace class as the core's
 :class:`~hami.core.fragmentation.TargetClass`: ``gpu_milli`` of each card as the cluster's request for it,
-``gpu_spec`` as allowed card types, and the class's CPU). ``frag[i]`` is ``F`` of node ``i`` against the
-target workload at its free CPU, refreshed after every booking there; ``total`` is their sum.
+``gpu_spec`` as allowed card types, the class's CPU and, for a memory-aware measure, a share of its
+typical host memory). ``frag[i]`` is ``F`` of node ``i`` against the target workload at its free CPU (and
+memory), refreshed after every booking there; ``total`` is their sum.
 :meth:`FragMeasure.scores` answers the FGD score (0..99) of the pod's best placement on each candidate
 node with :func:`hami.core.fragplacement.place`, remembered per (node, node version, request shape): a
 node is evaluated again only after something was booked on it, which keeps a run of the default trace at
