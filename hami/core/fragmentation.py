@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from hami.core.fit import memory_need
@@ -41,6 +41,9 @@ from hami.core.model import (
 )
 
 MILLI = 1000
+#: How much of a free card's share the measure holds back for the demand restricted to its type, per
+#: unit of that demand's density over the average (see :func:`reserves`).
+RESERVE = 1.0
 #: Memo sizes: beyond them a memo starts again empty (template nodes in requests are not bounded).
 MEMO_LIMIT = 65536
 
@@ -68,23 +71,26 @@ class TargetClass:
 
 @dataclass(frozen=True, slots=True)
 class CardInfo:
-    """A card's free share in milli and the GPU classes (positions in ``Target.gpu``) that could use it."""
+    """A card's free share in milli, the GPU classes (positions in ``Target.gpu``) that could use it, and
+    its free share as ``F``'s first term counts it (``free`` = ``(1 - reserve of its model) milli``)."""
 
     milli: int
     usable: tuple[int, ...]
     mask: int
+    free: float
 
 
 @dataclass(frozen=True, slots=True)
 class NodeFrag:
-    """A node's sums: free share ``g``, per GPU class ``r`` (usable share) and ``n`` (usable cards)."""
+    """A node's sums: free share ``g`` (as ``F`` counts it, see :attr:`CardInfo.free`), per GPU class ``r``
+    (usable share) and ``n`` (usable cards)."""
 
-    g: int
+    g: float
     r: tuple[int, ...]
     n: tuple[int, ...]
 
 
-_NONE = CardInfo(0, (), 0)
+_NONE = CardInfo(0, (), 0, 0.0)
 
 
 def accepts(key: CardKey, need: int, cores: int) -> bool:
@@ -114,7 +120,13 @@ class Target:
     Holds the memos (cards, nodes, scores); build a new one when the workload changes.
     """
 
-    def __init__(self, classes: Iterable[TargetClass], *, memo_limit: int = MEMO_LIMIT) -> None:
+    def __init__(
+        self,
+        classes: Iterable[TargetClass],
+        *,
+        supply: Mapping[str, int] | None = None,
+        memo_limit: int = MEMO_LIMIT,
+    ) -> None:
         self._limit = memo_limit
         kept = tuple(c for c in classes if c.weight > 0 and c.nums >= 0)
         total = math.fsum(c.weight for c in kept)
@@ -125,6 +137,8 @@ class Target:
         self.p = tuple(c.weight / total for c in self.gpu)
         self.k = tuple(c.nums for c in self.gpu)
         self.host = tuple((c.cpu_milli, c.host_memory_mib) for c in self.gpu)
+        #: Per card type (lower-case): the share of a free card the type-restricted demand holds for itself.
+        self.reserve = reserves(self.gpu, self.p, supply or {})
         self._requests = tuple(
             ContainerRequest(
                 nums=1, memory_mib=c.memory_mib, percentage=c.percentage, cores=min(c.cores, 100)
@@ -156,7 +170,8 @@ class Target:
                 if accepts(key, memory_need(request, memory), request.cores):
                     usable.append(m)
                     mask |= 1 << m
-            info = CardInfo(MILLI * max(0, memory - used_mem) // memory, tuple(usable), mask)
+            milli = MILLI * max(0, memory - used_mem) // memory
+            info = CardInfo(milli, tuple(usable), mask, (1.0 - self.reserve.get(lowered, 0.0)) * milli)
             if len(self._cards) >= self._limit:
                 self._cards.clear()
             self._cards[key] = info
@@ -175,7 +190,7 @@ class Target:
         need = self.host[m]
         return host[0] >= need[0] and host[1] >= need[1]
 
-    def frag_of(self, g: int, r: Sequence[int], n: Sequence[int], host: Host | None) -> float:
+    def frag_of(self, g: float, r: Sequence[int], n: Sequence[int], host: Host | None) -> float:
         usable = 0.0
         for m, p in enumerate(self.p):
             if self.fits(m, n[m], host):
@@ -186,10 +201,10 @@ class Target:
         """The sums over cards with these usages."""
         width = len(self.gpu)
         r, n = [0] * width, [0] * width
-        g = 0
+        g = 0.0
         for key in keys:
             info = self.card(key)
-            g += info.milli
+            g += info.free
             for m in info.usable:
                 r[m] += info.milli
                 n[m] += 1
@@ -230,6 +245,41 @@ class Target:
         if len(self._scores) >= self._limit:
             self._scores.clear()
         self._scores[key] = score
+
+
+def card_share(cls: TargetClass) -> float:
+    """The share of each card a class asks for: its percentage, else its cores, else a whole card."""
+    if cls.percentage != PERCENT_NOT_GIVEN:
+        return min(cls.percentage, 100) / 100
+    return min(cls.cores, 100) / 100 if cls.cores > 0 else 1.0
+
+
+def reserves(gpu: Sequence[TargetClass], p: Sequence[float], supply: Mapping[str, int]) -> dict[str, float]:
+    """Per card type (lower-case): ``RESERVE`` x how much more of the demand, per card, waits for that type
+    alone than for the average card. ``supply``: cards per type in the cluster.
+
+    A class limited to some types spreads its demand (``p`` x cards x share) evenly over the cards of the
+    types it accepts; a type's density is the sum of what falls on one of its cards, against the whole
+    GPU demand spread over every card. Unrestricted classes hold nothing (they can go anywhere).
+    """
+    cards: dict[str, int] = {}
+    for name, count in supply.items():
+        if count > 0:
+            cards[name.lower()] = cards.get(name.lower(), 0) + count
+    total = sum(cards.values())
+    demand = math.fsum(q * c.nums * card_share(c) for c, q in zip(gpu, p, strict=True))
+    if total == 0 or demand <= 0:
+        return {}
+    density = dict.fromkeys(cards, 0.0)
+    for cls, q in zip(gpu, p, strict=True):
+        if not cls.types:
+            continue
+        accepted = [name for name in cards if any(t in name for t in cls.types)]
+        held = sum(cards[name] for name in accepted)
+        for name in accepted:
+            density[name] += q * cls.nums * card_share(cls) / held
+    average = demand / total
+    return {name: RESERVE * d / average for name, d in density.items() if d > 0}
 
 
 def card_key(state: DeviceState, cordoned: frozenset[str] = frozenset()) -> CardKey:

@@ -74,11 +74,11 @@ class _Walk:
         for m in old.usable:
             inside = now.mask >> m & 1
             total += self._term(m, r[m] - old.milli + now.milli * inside, n[m] - 1 + inside) - terms[m]
-        return self.g - old.milli + now.milli - total
+        return self.g - old.free + now.free - total
 
     def apply(self, j: int, new: CardKey) -> None:
         old, now = self.t.card(self.keys[j]), self.t.card(new)
-        self.g += now.milli - old.milli
+        self.g += now.free - old.free
         for m in old.usable:
             self.r[m] -= old.milli
             self.n[m] -= 1

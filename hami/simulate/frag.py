@@ -15,6 +15,7 @@ about 100,000 evaluations for 5 million candidate nodes. Imports ``hami.core`` a
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
@@ -55,11 +56,16 @@ def target_class(cls: RequestClass, card_mib: int | None, *, memory: float = 0.0
 class FragMeasure:
     """``F(n)`` for every node (``frag``, total ``total``) and the placement scores of a pod (``scores``)."""
 
-    def __init__(self, classes: Sequence[RequestClass], cluster: Cluster, *, memory: float = 0.0) -> None:
+    def __init__(
+        self, classes: Sequence[RequestClass], cluster: Cluster, *, memory: float = 0.0, reserve: bool = False
+    ) -> None:
         self.cluster = cluster
         self.memory = memory > 0
         self.classes = tuple(classes)
-        self.target = Target(target_class(c, cluster.exact_card_mib, memory=memory) for c in classes)
+        supply = Counter(s.device.type for node in cluster.states for s in node.devices) if reserve else None
+        self.target = Target(
+            (target_class(c, cluster.exact_card_mib, memory=memory) for c in classes), supply=supply
+        )
         n = len(cluster.states)
         self.frag = np.zeros(n, dtype=F64)
         self.total = 0.0  # Σ frag, kept up to date by refresh

@@ -38,7 +38,7 @@ class Fragmentation(FGD):
     name = "fragmentation"
 
     def __init__(self, ctx: Context) -> None:
-        measure = FragMeasure(ctx.measure.classes, ctx.cluster, memory=MEMORY_SHARE)
+        measure = FragMeasure(ctx.measure.classes, ctx.cluster, memory=MEMORY_SHARE, reserve=True)
         super().__init__(Context(cluster=ctx.cluster, measure=measure, rank=ctx.rank, rng=ctx.rng))
 
     def placed(self, i: int, pod: TracePod, cards: tuple[int, ...]) -> None:

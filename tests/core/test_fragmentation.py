@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hami.core.allocate import Policy, fit_node, priorities
-from hami.core.fragmentation import Target, TargetClass
+from hami.core.fragmentation import Target, TargetClass, reserves
 from hami.core.fragplacement import card_scores, gradient, node_priorities, place, priority
 from hami.core.model import Allocation, Grant, NodeState, PodRequest
 from hami.core.usage import apply_usage, pod_usage
@@ -59,6 +59,43 @@ def test_fragmentation_worked_example() -> None:
     assert big.node(node, (7000, 47999)).frag == pytest.approx(1400)  # too little host memory left
     assert big.node(node, (7000, 48000)).frag == pytest.approx(400)
     assert big.node(node).frag == pytest.approx(400)  # the scheduler: CPU and memory not measured
+
+
+def test_a_type_holds_back_what_the_demand_restricted_to_it_needs_per_card() -> None:
+    # 9 cards: 8 ModelX, 1 ModelY. Whole-card demand 0.6 anywhere, 0.3 ModelX only, 0.1 ModelY only:
+    # per card on average 1/9; ModelX-only 0.3/8 per ModelX card, ModelY-only 0.1 on the one ModelY card
+    gpu = [cls(1, 100), cls(1, 100, types=("modelx",)), cls(1, 100, types=("modely",))]
+    held = reserves(gpu, [0.6, 0.3, 0.1], {"NVIDIA ModelX": 8, "NVIDIA ModelY": 1})
+    assert held == pytest.approx({"nvidia modelx": 0.3 / 8 * 9, "nvidia modely": 0.1 * 9})
+    # a class accepting both spreads over all 9 cards; unrestricted demand holds nothing; halves count half
+    both = reserves([cls(1, 100), cls(1, 50, types=("model",))], [0.5, 0.5], {"ModelX": 8, "ModelY": 1})
+    assert both == pytest.approx({"modelx": (0.25 / 9) / (0.75 / 9), "modely": (0.25 / 9) / (0.75 / 9)})
+    assert reserves(gpu, [0.6, 0.3, 0.1], {}) == {}
+    assert reserves(gpu, [0.6, 0.3, 0.1], {"NVIDIA ModelZ": 4}) == {}  # nobody is held to ModelZ
+
+
+def test_flexible_pods_leave_the_cards_that_restricted_demand_waits_for() -> None:
+    """FGD counts a card its restricted classes cannot use as already lost to them, so an unrestricted
+    pod prefers the model that fewer classes accept — here the one ModelY card, which the ModelY-only
+    demand needs nine times more per card than the average. With the cluster's supply, the card's
+    reserve makes taking it cost what it is worth to them, and the pod goes to ModelX."""
+    x = make_node("x", [make_card("x-0", type="NVIDIA ModelX")])
+    y = make_node("y", [make_card("y-0", type="NVIDIA ModelY")])
+    classes = [cls(1, 100, 0.6), cls(1, 100, 0.3, types=("modelx",)), cls(1, 100, 0.1, types=("modely",))]
+    whole = share(100)
+
+    def best(target: Target) -> str:
+        scores = {n.name: place(target, n, whole) for n in (x, y)}
+        return max(scores, key=lambda name: scores[name].score)  # type: ignore[union-attr]
+
+    assert best(Target(classes)) == "y"  # the paper's measure
+    assert best(Target(classes, supply={"NVIDIA ModelX": 8, "NVIDIA ModelY": 1})) == "x"
+    # a ModelY-only pod still goes to its card: the reserve lowers every one of its options alike
+    typed = Target(classes, supply={"NVIDIA ModelX": 8, "NVIDIA ModelY": 1})
+    only_y = make_request(make_container(pct=100, cores=100), use_types=("ModelY",))
+    assert place(typed, x, only_y) is None
+    found = place(typed, y, only_y)
+    assert found is not None and found.cards == ((0,),)
 
 
 @pytest.mark.parametrize(

@@ -135,6 +135,37 @@ def test_fragmentation_keeps_cards_from_being_stranded_behind_spent_host_memory(
     assert picked == {"fgd": 0, "fragmentation": 1}
 
 
+def test_fragmentation_leaves_a_scarce_model_to_the_pods_restricted_to_it() -> None:
+    """One P100 card against eight G2 cards; a tenth of the pods may only use the P100, three tenths only
+    the G2s. FGD sends an unrestricted pod to the P100 (fewer classes accept it, so FGD counts its card
+    as lost to them already); ``fragmentation`` holds the P100 back for its own demand, nine times the
+    average per card, and takes a G2."""
+    nodes = [
+        TraceNode(name="p100", cpu_milli=64000, memory_mib=10**6, gpus=1, model="P100"),
+        TraceNode(name="g2", cpu_milli=64000, memory_mib=10**6, gpus=8, model="G2"),
+    ]
+    cluster = Cluster.from_trace(nodes, split_count=100)
+
+    def whole(probability: float, *spec: str) -> RequestClass:
+        return RequestClass(
+            cpu_milli=1000, gpu_milli=1000, num_gpu=1, gpu_spec=spec, probability=probability, memory_mib=1000
+        )
+
+    classes = [whole(0.6), whole(0.3, "G2"), whole(0.1, "P100")]
+    p = TracePod(name="p", cpu_milli=1000, memory_mib=1000, num_gpu=1, gpu_milli=1000)
+    ok, fit = cluster.feasible(p)
+    picked = {}
+    for name in ("fgd", "fragmentation"):
+        ctx = Context(
+            cluster=cluster,
+            measure=FragMeasure(classes, cluster),
+            rank=np.arange(2),
+            rng=np.random.default_rng(0),
+        )
+        picked[name] = make_policy(name, ctx).choose(p, np.flatnonzero(ok), fit)[0]
+    assert picked == {"fgd": 0, "fragmentation": 1}
+
+
 def test_random_picks_only_feasible_nodes() -> None:
     cluster = cluster_with([[1000], [0], [900]])
     for seed in range(5):
