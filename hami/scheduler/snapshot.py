@@ -179,6 +179,7 @@ class Snapshot:
         seen = {objects.name(obj) for obj in items}
         for name in [n for n in self._nodes if n not in seen]:
             del self._nodes[name]
+            self.workload.register(name, None)
             self.nominations.touch(name)
             self._lock_changed(name, None)
         self.nodes_synced = True
@@ -188,6 +189,7 @@ class Snapshot:
         if kind == "DELETED":
             name = objects.name(obj)
             self._nodes.pop(name, None)
+            self.workload.register(name, None)
             self.nominations.touch(name)
             self._lock_changed(name, None)
         else:
@@ -265,6 +267,7 @@ class Snapshot:
 
     def _set_base(self, entry: NodeEntry, base: NodeState | None) -> None:
         entry.base = base
+        self.workload.register(entry.name, base)
         state = entry.base
         if state is not None:
             for key in self._node_pods.get(entry.name, ()):

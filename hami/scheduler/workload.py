@@ -13,16 +13,19 @@ covering 95 % of the weight (at most ``MAX_CLASSES``), each class's probability 
 weight; while the decayed weight of everything seen is below ``min_pods``, it is the configured fallback
 instead. The target is looked at again at most every ``refresh`` seconds and replaced only when its
 classes changed or a probability moved by more than ``DRIFT`` (a new target starts the core's memos
-afresh, so every node is measured again once). Unreadable pods are skipped; the histogram holds at most
-``MAX_TRACKED`` classes (the lightest one gives way), so hostile pods cannot grow it. Must not import the
-Kubernetes client or aiohttp.
+afresh, so every node is measured again once). The target also carries the cluster's cards per type
+(:meth:`Workload.register`, fed by the snapshot with each node's registration), from which the core works
+out what each type holds back for the pods restricted to it (``use-gputype``); a change of the supply
+that moves a type's reserve by more than ``DRIFT`` rebuilds the target too. Unreadable pods are skipped;
+the histogram holds at most ``MAX_TRACKED`` classes (the lightest one gives way), so hostile pods cannot
+grow it. Must not import the Kubernetes client or aiohttp.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
@@ -31,7 +34,7 @@ from hami import objects
 from hami.annotations import AnnotationError, read_pod_request
 from hami.core.allocate import Policy
 from hami.core.fragmentation import Target, TargetClass
-from hami.core.model import PERCENT_NOT_GIVEN
+from hami.core.model import PERCENT_NOT_GIVEN, NodeState
 from hami.objects import pod_key
 from hami.settings import DeviceConfig
 
@@ -114,6 +117,8 @@ class Workload:
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._target: Target | None = None
         self._built_at = -math.inf
+        self._offers: dict[str, Counter[str]] = {}  # per node: its cards per type
+        self._supply: Counter[str] = Counter()  # the sum of ``_offers``
         self.observed = 0  # pods counted since the start
 
     # -------------------------------------------------------------------------------- the histogram
@@ -186,6 +191,24 @@ class Workload:
             covered += weight
         return tuple(kept)
 
+    # ---------------------------------------------------------------------------------- the supply
+
+    def register(self, node: str, state: NodeState | None) -> None:
+        """The cards ``node`` registers (None: it is gone or registers none), counted per type."""
+        old = self._offers.pop(node, None)
+        if old is not None:
+            self._supply.subtract(old)
+            self._supply = +self._supply  # drop the types nobody offers any more
+        if state is not None and state.devices:
+            offer = Counter(d.device.type for d in state.devices)
+            self._offers[node] = offer
+            self._supply.update(offer)
+
+    @property
+    def supply(self) -> Mapping[str, int]:
+        """The cluster's cards per type, as registered."""
+        return self._supply
+
     # ------------------------------------------------------------------------------------ the target
 
     @property
@@ -201,7 +224,7 @@ class Workload:
         if self._target is not None and now - self._built_at < self._refresh:
             return self._target
         self._built_at = now
-        fresh = Target(self.learned()) if self.is_learned else self._fallback
+        fresh = Target(self.learned(), supply=self._supply) if self.is_learned else self._fallback
         if self._target is None or not _close(self._target, fresh):
             self._target = fresh
         return self._target
@@ -212,9 +235,14 @@ class Workload:
 
 
 def _close(old: Target, new: Target) -> bool:
-    """The same classes with probabilities within ``DRIFT`` of each other."""
+    """The same classes with probabilities, and the same types with reserves, within ``DRIFT`` of each
+    other."""
     if old is new:
         return True
+    if old.reserve.keys() != new.reserve.keys() or any(
+        abs(value - new.reserve[name]) > DRIFT for name, value in old.reserve.items()
+    ):
+        return False
     shape = [replace(c, weight=0.0) for c in old.classes]
     if shape != [replace(c, weight=0.0) for c in new.classes]:
         return False

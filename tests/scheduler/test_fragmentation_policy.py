@@ -13,9 +13,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from hami.annotations import POD_DEVICES_TO_ALLOCATE, POD_GPU_POLICY, POD_NODE_POLICY
 from hami.core.fragplacement import gradient, priority
-from tests.builders import make_node, make_pod, placed
+from tests.builders import device, make_node, make_pod, placed
 
 from .kit import Extender, StartExtender
 
@@ -80,3 +82,35 @@ async def test_the_cluster_default_is_the_flag(start_extender: StartExtender) ->
     assert ranked["n1"] > ranked["n2"]
     assert await ext.bind("p", "n1") == {"Error": ""}
     assert await _card(ext, "p") == "GPU-n1-0,NVIDIA,3000,30:;"
+
+
+def _whole(name: str, model: str | None = None, **kwargs: str) -> dict[str, Any]:
+    annotations = dict(kwargs)
+    if model is not None:
+        annotations["nvidia.com/use-gputype"] = model
+    return make_pod(name, memory=10000, cores=100, annotations=annotations)
+
+
+async def test_a_scarce_model_is_held_for_the_pods_restricted_to_it(start_extender: StartExtender) -> None:
+    """x has four ModelX cards, y one ModelY card. The pods seen: half take any card, 3/10 only ModelX,
+    1/5 only ModelY — per card, ModelY-only demand is the average (reserve 1.0), ModelX-only 3/8 of it.
+    The paper's measure ranks y above x for an unrestricted pod (priority 6 against 5: fewer classes
+    accept ModelY, so its card counts as lost to them already); with the reserves taking y's card costs
+    what it is worth to the ModelY-only pods: F on y goes 0·1000 - 700 -> 0, on x 0.625·4000 - 3200 ->
+    0.625·3000 - 2400."""
+    x = make_node("x", *(device(f"GPU-x-{i}", index=i, type="NVIDIA ModelX") for i in range(4)))
+    y = make_node("y", device("GPU-y-0", type="NVIDIA ModelY"))
+    seen = [
+        *(_whole(f"any{i}") for i in range(24)),  # and p
+        *(_whole(f"onx{i}", "ModelX") for i in range(15)),
+        *(_whole(f"ony{i}", "ModelY") for i in range(10)),
+    ]
+    pod = _whole("p", **{POD_NODE_POLICY: "fragmentation", POD_GPU_POLICY: "fragmentation"})
+    ext = await start_extender(nodes=[x, y], pods=[*seen, pod])
+    workload = ext.ctx.snapshot.workload
+    assert workload.is_learned
+    assert dict(workload.supply) == {"NVIDIA ModelX": 4, "NVIDIA ModelY": 1}
+    assert workload.target().reserve == pytest.approx({"nvidia modelx": 0.375, "nvidia modely": 1.0})
+    ranked = {h["Host"]: h["Score"] for h in await ext.prioritize(pod, ["x", "y"])}
+    assert ranked == {"x": priority(gradient(-700, -525)), "y": priority(gradient(-700, 0))}
+    assert ranked["x"] > ranked["y"]

@@ -12,7 +12,7 @@ from hami.core.fragmentation import Target, TargetClass
 from hami.core.model import PERCENT_NOT_GIVEN
 from hami.scheduler.snapshot import Snapshot
 from hami.scheduler.workload import MAX_TRACKED, REFRESH_SECONDS, Workload, parse_fallback
-from tests.builders import make_pod
+from tests.builders import device, make_node, make_pod
 
 HOUR = 3600.0
 
@@ -156,3 +156,22 @@ def test_bad_fallback_text(text: str, message: str) -> None:
 def test_a_workload_needs_a_positive_half_life() -> None:
     with pytest.raises(ValueError, match="half-life"):
         Workload(half_life=float("nan"))
+
+
+def test_the_supply_follows_the_registered_nodes() -> None:
+    workload = Workload(clock=Clock(), min_pods=1)
+    snapshot = Snapshot(workload=workload)
+    a = make_node("a", device("GPU-a-0", type="NVIDIA T4"), device("GPU-a-1", index=1, type="NVIDIA T4"))
+    b = make_node("b", device("GPU-b-0", type="NVIDIA A100"))
+    snapshot.replace_nodes([a, b])
+    assert dict(workload.supply) == {"NVIDIA T4": 2, "NVIDIA A100": 1}
+    snapshot.node_event("MODIFIED", make_node("a", device("GPU-a-0", type="NVIDIA T4")))  # re-registered
+    assert dict(workload.supply) == {"NVIDIA T4": 1, "NVIDIA A100": 1}
+    snapshot.node_event("DELETED", b)
+    assert dict(workload.supply) == {"NVIDIA T4": 1}
+    snapshot.node_event("ADDED", make_node("c", register="not a registration"))  # unreadable: offers none
+    snapshot.replace_nodes([b])  # a relist without a and c
+    assert dict(workload.supply) == {"NVIDIA A100": 1}
+    for pod in pods("t", 3, annotations={"nvidia.com/use-gputype": "A100"}):
+        workload.observe(pod)
+    assert workload.target().reserve == pytest.approx({"nvidia a100": 1.0})  # every card's demand is A100's
