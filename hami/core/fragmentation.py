@@ -14,7 +14,10 @@ could take it by the Fit rules that depend on the card alone (a free slot, memor
 checks 6, 9, 10, 13, 14). The node's free GPU ``G = Σ l`` is all fragment to a class that cannot use the node
 (no card asked, fewer than ``k_m`` usable cards, too little CPU or host memory), else only the cards it cannot
 use: ``frag_m = G - R_m`` with ``R_m = Σ l`` over usable cards. ``F(n) = Σ_m p_m frag_m = G - Σ_m p_m fits_m
-R_m``.
+R_m``. Given the cluster's cards per type (``supply``), ``G`` counts each card's ``l`` less the share its
+type holds back for the classes restricted to it (:func:`reserves`): a card that type-restricted demand
+waits for is not free for the measure to the extent they need it, so taking it costs what it is worth
+to them (without, FGD draws unrestricted pods to the types fewer classes accept, scarce or not).
 
 Incremental: a card's (``l``, usable classes) is memoised by its usage, a node's sums by the identity of
 its :class:`~hami.core.model.NodeState` (a new state is built only when a grant changes), and

@@ -1,9 +1,10 @@
 """``fragmentation``: our placement rule — the paper's fragmentation gradient descent, measured against the
-node's host memory as well as its CPU, with CPU-only pods kept off the nodes whose GPUs are still free.
+node's host memory as well as its CPU and against what each card type's restricted demand needs, with
+CPU-only pods kept off the nodes whose GPUs are still free.
 
 Owns :class:`Fragmentation`. Every pod goes where the node's expected GPU fragmentation grows least,
 scored as FGD does (``int(100 σ((F(n) - F(n'))/1000))`` against the target workload; a share tries every
-card that fits; whole cards are the lowest-index free ones), with two changes:
+card that fits; whole cards are the lowest-index free ones), with three changes:
 
 - **Host memory.** FGD's measure counts a node's free GPU as lost to a class when the class's CPU no
   longer fits there, but not when its memory no longer does — and on openb as many GPU pods are turned
@@ -11,14 +12,21 @@ card that fits; whole cards are the lowest-index free ones), with two changes:
   1.7 % of the capacity in 1-GPU pods dropped for memory, 1.2 % for CPU). Here a class also needs
   :data:`MEMORY_SHARE` of its typical pod's memory (the median of its pods in the trace) free on the
   node, so a placement that strands cards behind spent memory scores as the fragmentation it causes.
+- **Card-type reserves.** FGD counts a card that a model-restricted class may not use as lost to that
+  class already, so an unrestricted pod is drawn to the models that fewer classes accept — whatever
+  their supply — and the pods restricted to a scarce model find its cards taken (gpuspec25: FGD turns
+  away 1.5 % of the capacity in G3-only pods, for want of G3 cards). Here the measure knows the
+  cluster's cards per type (:func:`hami.core.fragmentation.reserves`): a free card counts only for the
+  share its type's restricted demand does not hold, so taking a card of a model that restricted pods
+  wait for costs what it is worth to them.
 - **CPU-only pods.** FGD's integer score ties across hundreds of nodes for a pod that asks for no card
   (its CPU does not yet decide whether a class fits), and the seed's order sends that CPU to nodes with
   idle GPUs as often as to nodes whose GPUs are all in use. Among the best-scored nodes a CPU-only pod
   takes the one with the least free GPU milli, then the seed's order; GPU pods keep FGD's order (packing
   them instead measured worse).
 
-The policy keeps its own measure (:class:`~hami.simulate.frag.FragMeasure` with memory) beside the
-paper's one that the replay reports. Measured against FGD on the same seeds: see docs/policies.md.
+The policy keeps its own measure (:class:`~hami.simulate.frag.FragMeasure` with memory and the
+cluster's supply) beside the paper's one that the replay reports. Measured against FGD on the same seeds: see docs/policies.md.
 Pure numpy, no I/O.
 """
 
