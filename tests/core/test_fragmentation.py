@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from hami.core.allocate import Policy, fit_node, priorities
 from hami.core.fragmentation import Target, TargetClass, reserves
 from hami.core.fragplacement import card_scores, gradient, node_priorities, place, priority
-from hami.core.model import Allocation, Grant, NodeState, PodRequest
+from hami.core.model import NVIDIA, Allocation, Grant, NodeState, PodRequest
 from hami.core.usage import apply_usage, pod_usage
 
 from .builders import make_card, make_container, make_node, make_request
@@ -155,10 +155,17 @@ def test_a_multi_card_pod_takes_its_cards_one_at_a_time() -> None:
         ),
         min_size=1,
         max_size=30,
-    )
+    ),
+    reserved=st.booleans(),
 )
-def test_predicted_after_equals_the_node_the_core_booked(history: list[tuple[tuple[int, int], int]]) -> None:
-    target = Target([cls(1, 50, 0.4), cls(1, 25, 0.3), cls(2, 100, 0.2), cls(0, weight=0.1)])
+def test_predicted_after_equals_the_node_the_core_booked(
+    history: list[tuple[tuple[int, int], int]], reserved: bool
+) -> None:
+    classes = [cls(1, 50, 0.4), cls(1, 25, 0.3), cls(2, 100, 0.2), cls(0, weight=0.1)]
+    if reserved:  # a class held to these cards' type, a type of which the cluster has six cards
+        classes.append(cls(1, 50, 0.3, types=(NVIDIA.lower(),)))
+    target = Target(classes, supply={NVIDIA: 6, "Other": 10} if reserved else None)
+    assert bool(target.reserve) == reserved
     nodes = [node_with([0] * 4, name="a"), node_with([0] * 2, name="b", count=3)]
     for (nums, pct), salt in history:
         request = make_request(make_container(nums, pct=pct, cores=pct), gpu_policy="fragmentation")
