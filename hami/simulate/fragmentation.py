@@ -26,8 +26,8 @@ card that fits; whole cards are the lowest-index free ones), with three changes:
   them instead measured worse).
 
 The policy keeps its own measure (:class:`~hami.simulate.frag.FragMeasure` with memory and the
-cluster's supply) beside the paper's one that the replay reports. Measured against FGD on the same seeds: see docs/policies.md.
-Pure numpy, no I/O.
+cluster's supply) beside the paper's one that the replay reports. Measured against FGD on the same
+seeds: see docs/policies.md. Pure numpy, no I/O.
 """
 
 from __future__ import annotations
