@@ -109,6 +109,21 @@ def test_fgd_takes_the_card_that_fragments_least() -> None:
     assert choose("fgd", cluster, pod(1, 300)) == (0, (2,))
 
 
+def fgd_and_ours(cluster: Cluster, classes: list[RequestClass], p: TracePod) -> dict[str, int]:
+    """The node ``fgd`` and ``fragmentation`` each choose for ``p`` (the node order: the rows')."""
+    ok, fit = cluster.feasible(p)
+    picked = {}
+    for name in ("fgd", "fragmentation"):
+        ctx = Context(
+            cluster=cluster,
+            measure=FragMeasure(classes, cluster),
+            rank=np.arange(len(cluster.states)),
+            rng=np.random.default_rng(0),
+        )
+        picked[name] = make_policy(name, ctx).choose(p, np.flatnonzero(ok), fit)[0]
+    return picked
+
+
 def test_fragmentation_keeps_cards_from_being_stranded_behind_spent_host_memory() -> None:
     """Two like nodes, but n0 has 1,500 MiB of host memory, n1 plenty. The workload's pods take 500 milli
     and 1,000 MiB. FGD sees no difference and takes n0 (rank); ``fragmentation`` sees that n0 would be
@@ -122,17 +137,7 @@ def test_fragmentation_keeps_cards_from_being_stranded_behind_spent_host_memory(
         RequestClass(cpu_milli=1000, gpu_milli=500, num_gpu=1, gpu_spec=(), probability=1, memory_mib=1000)
     ]
     p = TracePod(name="p", cpu_milli=1000, memory_mib=1000, num_gpu=1, gpu_milli=500)
-    ok, fit = cluster.feasible(p)
-    picked = {}
-    for name in ("fgd", "fragmentation"):
-        ctx = Context(
-            cluster=cluster,
-            measure=FragMeasure(classes, cluster),
-            rank=np.arange(2),
-            rng=np.random.default_rng(0),
-        )
-        picked[name] = make_policy(name, ctx).choose(p, np.flatnonzero(ok), fit)[0]
-    assert picked == {"fgd": 0, "fragmentation": 1}
+    assert fgd_and_ours(cluster, classes, p) == {"fgd": 0, "fragmentation": 1}
 
 
 def test_fragmentation_leaves_a_scarce_model_to_the_pods_restricted_to_it() -> None:
@@ -153,17 +158,7 @@ def test_fragmentation_leaves_a_scarce_model_to_the_pods_restricted_to_it() -> N
 
     classes = [whole(0.6), whole(0.3, "G2"), whole(0.1, "P100")]
     p = TracePod(name="p", cpu_milli=1000, memory_mib=1000, num_gpu=1, gpu_milli=1000)
-    ok, fit = cluster.feasible(p)
-    picked = {}
-    for name in ("fgd", "fragmentation"):
-        ctx = Context(
-            cluster=cluster,
-            measure=FragMeasure(classes, cluster),
-            rank=np.arange(2),
-            rng=np.random.default_rng(0),
-        )
-        picked[name] = make_policy(name, ctx).choose(p, np.flatnonzero(ok), fit)[0]
-    assert picked == {"fgd": 0, "fragmentation": 1}
+    assert fgd_and_ours(cluster, classes, p) == {"fgd": 0, "fragmentation": 1}
 
 
 def test_random_picks_only_feasible_nodes() -> None:
