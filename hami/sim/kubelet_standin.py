@@ -12,7 +12,8 @@ of one or more nodes, as far as the device plugin can see it:
   with them (and ``PreStartContainer`` when required), then patches ``status.phase=Running``; an
   ``Allocate`` error fails the pod with ``UnexpectedAdmissionError`` as kubelet does;
 * keeps what it handed out in ``<kubelet-dir>/kubelet_internal_checkpoint`` (JSON, readable: pod,
-  container, resource, device IDs and the plugin's answer) and frees the IDs when the pod goes away.
+  container, resource, device IDs and the plugin's answer) and frees the IDs when the pod goes away
+  or finishes (Succeeded or Failed), as kubelet's device manager does.
 
 Run: ``python -m hami.sim.kubelet_standin --kubeconfig FILE --node NAME=KUBELET_DIR [--node ...]``.
 Talks to the API server through ``hami.kube`` and to the plugin through the generated stubs in
@@ -174,6 +175,9 @@ class NodeKubelet:
         if held is not None and held.uid != uid:
             self.release(key)  # same name, new pod: the old one is gone
         phase = (pod.get("status") or {}).get("phase") or "Pending"
+        if phase in ("Succeeded", "Failed"):  # a finished pod's devices are free again (device manager)
+            self.release(key)
+            return
         if phase != "Pending" or key in self.assigned or (*key, uid) in self.queued:
             return
         self.queued.add((*key, uid))

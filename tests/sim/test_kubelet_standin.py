@@ -176,3 +176,20 @@ async def test_an_allocate_error_fails_the_pod_like_kubelet(
     assert status["reason"] == "UnexpectedAdmissionError"
     assert "no pending pod on node n1" in status["message"]
     assert standin.assigned == {}
+
+
+async def test_a_finished_pod_frees_its_devices(
+    apiserver: kmock.KubernetesEmulator, kubelet: tuple[NodeKubelet, FakePlugin], short_dir: Path
+) -> None:
+    """A Job's pod that Succeeded (the workload stand-in writes it so) holds no device IDs any more, as
+    kubelet's device manager frees a terminated pod's devices: six IDs serve two six-ID pods in turn."""
+    standin, _ = kubelet
+    standin.observe("ADDED", await _bound_pod(apiserver, "p1", init=0, app=6))
+    assert (await _phase(apiserver, "p1"))["phase"] == "Running"
+    done = await (
+        await apiserver.patch(pods_path("default", "p1"), json={"status": {"phase": "Succeeded"}})
+    ).json()
+    standin.observe("MODIFIED", done)
+    assert json.loads((short_dir / CHECKPOINT).read_text())["Data"]["PodDeviceEntries"] == []
+    standin.observe("ADDED", await _bound_pod(apiserver, "p2", init=0, app=6))
+    assert (await _phase(apiserver, "p2"))["phase"] == "Running"
