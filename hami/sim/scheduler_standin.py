@@ -15,6 +15,11 @@ was preempted for whom). An unschedulable pod gets the ``PodScheduled`` conditio
 ``FailedScheduling`` event, and is retried when the cluster changes (a node's labels, registration or
 allocatable change, a node appears, a pod goes away) or after ``flush_after`` seconds; an error
 (extender down, bind refused, preemption failed) is retried with exponential backoff.
+
+With ``warn_other_schedulers`` (the embedded cluster, where this is the only scheduler), a pending pod
+that names another scheduler (``default-scheduler`` for a pod HAMi's webhook left alone: one asking for
+no GPU) gets one Warning Event, reason :data:`NO_SCHEDULER`, saying that no such scheduler runs here
+and the pod stays Pending; nothing binds it.
 Must not import ``hami.scheduler``, ``webhook``, ``monitor`` or the Kubernetes client.
 """
 
@@ -38,6 +43,11 @@ from hami.sim.preemption_rules import priority
 from hami.sim.preemption_standin import Nominated, NotNominated, PreemptionError, PreemptionStandIn
 
 logger = logging.getLogger("hami.sim.scheduler_standin")
+
+#: The reason of the Warning Event for a pod whose scheduler does not run in the embedded cluster.
+NO_SCHEDULER = "NoScheduler"
+#: Who writes that Event (no kube-scheduler would: it is the embedded cluster telling the user).
+CLUSTER_COMPONENT = "embedded-cluster"
 
 #: Node annotations that change on every heartbeat or bind and do not change what fits.
 _VOLATILE = frozenset({NODE_HANDSHAKE, NODE_LOCK})
@@ -72,6 +82,7 @@ class SchedulerStandIn:
         flush_after: float = 60.0,
         preempt_verb: str = "preempt",
         node_cache_capable: bool = True,
+        warn_other_schedulers: bool = False,
     ) -> None:
         self._api = api
         self._session = session
@@ -87,6 +98,8 @@ class SchedulerStandIn:
         self.attempts: dict[str, Attempt] = {}  # by pod uid (or ns/name when the pod has none)
         self._changed = asyncio.Event()
         self.calls: Counter[str] = Counter()  # verb -> how many requests were sent
+        self._warn_others = warn_other_schedulers
+        self._warned: set[str] = set()  # pods (by uid) told that their scheduler does not run here
         self.preemption = PreemptionStandIn(
             api,
             self._post,
@@ -355,6 +368,7 @@ class SchedulerStandIn:
             if kind == "DELETED":
                 self.pods.pop(key, None)
                 self.attempts.pop(_ident(pod), None)
+                self._warned.discard(_ident(pod))
                 if (pod.get("spec") or {}).get("nodeName"):
                     self._bump()  # its cards are free again
             else:
@@ -363,7 +377,27 @@ class SchedulerStandIn:
                 old_phase = ((old or {}).get("status") or {}).get("phase")
                 if phase in ("Succeeded", "Failed") and old_phase != phase:
                     self._bump()
+                if self._warn_others:
+                    await self._warn_no_scheduler(pod)
             self._changed.set()
+
+    async def _warn_no_scheduler(self, pod: JsonDict) -> None:
+        named = objects.scheduler_name(pod) or "default-scheduler"
+        if (
+            named == self.scheduler_name
+            or objects.node_name(pod)
+            or (objects.pod_phase(pod) or "Pending") != "Pending"
+            or objects.meta(pod).get("deletionTimestamp")
+            or _ident(pod) in self._warned
+        ):
+            return
+        self._warned.add(_ident(pod))
+        message = (
+            f'no scheduler named "{named}" runs in this embedded cluster: it runs "{self.scheduler_name}" '
+            "only, for the pods HAMi's webhook sends to it (those asking for GPUs); this pod stays Pending"
+        )
+        logger.info("%s/%s: %s", *objects.pod_key(pod), message)
+        await pod_event(self._api, pod, "Warning", NO_SCHEDULER, message, component=CLUSTER_COMPONENT)
 
     def _bump(self) -> None:
         self.generation += 1

@@ -399,3 +399,49 @@ async def test_the_highest_priority_pending_pod_is_scheduled_first(
     await _bound(apiserver, "first-low")
     filtered = [args["Pod"]["metadata"]["name"] for verb, args in fake.calls if verb == "filter"]
     assert filtered[-2:] == ["then-high", "first-low"]
+
+
+async def test_a_pod_naming_a_scheduler_that_does_not_run_gets_one_warning(
+    apiserver: kmock.KubernetesEmulator, extender: tuple[FakeExtender, str]
+) -> None:
+    """In the embedded cluster (warn_other_schedulers) the stand-in is the only scheduler: a ``kubectl
+    run`` pod (default-scheduler) or one naming any other scheduler is told so once, and stays Pending;
+    our own pods and bound pods get no such Event."""
+    async with aiohttp.ClientSession() as session:
+        scheduler = SchedulerStandIn(
+            SimApi(session, str(apiserver.url)), session, extender[1], warn_other_schedulers=True
+        )
+        task = asyncio.create_task(scheduler.run())
+        try:
+            await _node(apiserver, "n1")
+            await _pod(apiserver, "plain", scheduler="default-scheduler")
+            await _pod(apiserver, "volcano", scheduler="volcano")
+            await _pod(apiserver, "bound", scheduler="default-scheduler", nodeName="n1")
+            await _pod(apiserver, "ours")
+            assert await _bound(apiserver, "ours") == "n1"
+            await eventually(
+                lambda: _events(apiserver, "plain") and _events(apiserver, "volcano"),
+                "the Warning Events",
+                within=10,
+            )
+            await apiserver.patch(pods_path("default", "plain"), json={"metadata": {"labels": {"a": "b"}}})
+            await _pod(apiserver, "last", scheduler="default-scheduler")
+            await eventually(lambda: _events(apiserver, "last"), "the last pod's Warning", within=10)
+        finally:
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+    (plain,) = _events(apiserver, "plain")  # once, though the pod changed after it
+    assert (plain["type"], plain["reason"], plain["source"]["component"]) == (
+        "Warning",
+        "NoScheduler",
+        "embedded-cluster",
+    )
+    assert plain["message"] == (
+        'no scheduler named "default-scheduler" runs in this embedded cluster: it runs "hami-scheduler" '
+        "only, for the pods HAMi's webhook sends to it (those asking for GPUs); this pod stays Pending"
+    )
+    assert 'no scheduler named "volcano"' in _events(apiserver, "volcano")[0]["message"]
+    assert [e["reason"] for e in _events(apiserver, "ours")] == ["Scheduled"]
+    assert _events(apiserver, "bound") == []
+    assert "nodeName" not in (await _stored(apiserver, "plain"))["spec"]
