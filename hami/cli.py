@@ -1,8 +1,10 @@
 """ENTRY POINT ``hami``: one console script, one subcommand per job.
 
 Each subcommand lives in its own module exposing ``add_arguments(parser)`` and ``run(args) -> int``;
-this file only wires them (imports are lazy so ``hami --help`` stays fast and a subcommand's heavy
-dependencies load only when used).
+this file only wires them. Imports are lazy: ``hami --help`` imports no subcommand, ``hami CMD ...``
+only CMD's module, so each command needs only what its own work does. A command whose optional extra
+is not installed (``sim``: numpy; ``demo``: kmock, CEL, ...) says so in one line naming the extra and
+exits 2 (:data:`EXTRAS`), never with a traceback.
 """
 
 from __future__ import annotations
@@ -23,15 +25,26 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("hami.commands.demo", "run the whole system on an embedded cluster and place the example pods"),
 }
 
+#: top-level module of each optional dependency -> the extra of pyproject.toml that installs it
+EXTRAS: dict[str, str] = {
+    "numpy": "sim",
+    "matplotlib": "sim",
+    "kmock": "demo",
+    "jsonpatch": "demo",
+    "cel": "demo",
+    "kubernetes_validate": "demo",
+}
+
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The parser; with ``only``, just that subcommand's module is imported (the others stay unloaded)."""
+    """The parser; with ``only``, just that subcommand's module is imported (the others stay unloaded),
+    without, none (the top-level help and a mistyped command need no subcommand's arguments)."""
     parser = argparse.ArgumentParser(prog="hami", description="GPU sharing for Kubernetes (HAMi-compatible).")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         command = sub.add_parser(name, help=help_text, description=help_text)
         command.set_defaults(module=module_name)
-        if only is None or name == only:
+        if name == only:
             importlib.import_module(module_name).add_arguments(command)
     return parser
 
@@ -39,7 +52,18 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     chosen = next((a for a in argv if not a.startswith("-")), None)
-    args = build_parser(chosen if chosen in SUBCOMMANDS else None).parse_args(argv)
+    try:
+        return _run(argv, chosen if chosen in SUBCOMMANDS else None)
+    except ModuleNotFoundError as exc:
+        extra = EXTRAS.get((exc.name or "").partition(".")[0])
+        if extra is None:
+            raise
+        print(f"hami {chosen}: needs the '{extra}' extra: pip install 'hami-py[{extra}]'", file=sys.stderr)
+        return 2
+
+
+def _run(argv: list[str], chosen: str | None) -> int:
+    args = build_parser(chosen).parse_args(argv)
     module = importlib.import_module(args.module)
     try:
         result: int = module.run(args)

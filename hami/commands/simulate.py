@@ -4,7 +4,8 @@ Owns the command line (``add_arguments`` / ``run``): read and check the node and
 ``--kubeconfig``, the live cluster's registered cards and usage via :mod:`hami.simulate.live`), run
 every policy x seed, print the table (or ``--json``: one object per policy, one per line), draw
 ``--plot``, and show progress on stderr (a bar on a terminal, one line per run otherwise).
-Exit codes: 0 done, 2 bad input (the message names the file, line and value).
+Exit codes: 0 done, 2 bad input (the message names the file, line and value). The replay needs numpy
+(the `sim` extra): imported when a run starts, so `--help` works without it (hami.cli names the extra).
 """
 
 from __future__ import annotations
@@ -15,19 +16,21 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
-from hami.simulate.cluster import DEFAULT_SPLIT_COUNT, Cluster
+from hami.settings import DeviceConfig
 from hami.simulate.manifests import read_manifest_pods
-from hami.simulate.plot import PlotUnavailable, plot_curves
-from hami.simulate.policies import POLICIES
-from hami.simulate.replay import Progress, RunResult, replay
-from hami.simulate.report import Summary, as_json, render_table, seeds_text, summarize
 from hami.simulate.trace import TraceError, TraceNode, TracePod, read_nodes, read_pods, trace_name
-from hami.simulate.workload import target_workload
+
+if TYPE_CHECKING:  # the replay needs numpy (the 'sim' extra): imported when a run starts, not for --help
+    from hami.simulate.cluster import Cluster
+    from hami.simulate.replay import Progress
+    from hami.simulate.report import Summary
 
 MAX_SEEDS = 1000
 MAX_SPLIT = 10_000
+#: HAMi's deviceSplitCount default (hami.simulate.cluster.DEFAULT_SPLIT_COUNT, without importing numpy)
+DEFAULT_SPLIT_COUNT = DeviceConfig().device_split_count
 
 
 def parse_seeds(text: str) -> tuple[int, ...]:
@@ -51,6 +54,8 @@ def parse_seeds(text: str) -> tuple[int, ...]:
 
 
 def parse_policies(text: str) -> tuple[str, ...]:
+    from hami.simulate.policies import POLICIES  # numpy: a missing 'sim' extra is reported by hami.cli
+
     names = tuple(POLICIES) if text.strip() == "all" else tuple(p.strip() for p in text.split(","))
     for name in names:
         if name not in POLICIES:
@@ -83,6 +88,14 @@ def _count(low: int, high: int) -> Callable[[str], int]:
     return parse
 
 
+def _policy_names() -> str:
+    try:
+        from hami.simulate.policies import POLICIES
+    except ImportError:
+        return "listed here once the 'sim' extra is installed"
+    return ", ".join(POLICIES)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", metavar="CSV", help="node list: sn,cpu_milli,memory_mib,gpu,model")
     parser.add_argument(
@@ -101,7 +114,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=parse_policies,
         default=("fgd",),
         metavar="NAME[,NAME]",
-        help=f"policies to compare, or all (default fgd): {', '.join(POLICIES)}",
+        help=f"policies to compare, or all (default fgd): {_policy_names()}",
     )
     parser.add_argument(
         "--seeds", type=parse_seeds, default=tuple(range(42, 52)), help="N..M or a list (default 42..51)"
@@ -159,6 +172,12 @@ def _base(args: argparse.Namespace, nodes: Sequence[TraceNode] | None) -> Sequen
 
 
 def simulate(args: argparse.Namespace, *, out: TextIO, err: TextIO) -> int:
+    from hami.simulate.cluster import Cluster
+    from hami.simulate.plot import plot_curves
+    from hami.simulate.replay import RunResult, replay
+    from hami.simulate.report import as_json, render_table, seeds_text, summarize
+    from hami.simulate.workload import target_workload
+
     nodes, pods = _inputs(args)
     classes = target_workload(pods)
     name = trace_name(args.pods)
@@ -202,6 +221,8 @@ def simulate(args: argparse.Namespace, *, out: TextIO, err: TextIO) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from hami.simulate.plot import PlotUnavailable  # numpy, via the report: hami.cli names the 'sim' extra
+
     try:
         return simulate(args, out=sys.stdout, err=sys.stderr)
     except (TraceError, ValueError, PlotUnavailable, OSError) as exc:

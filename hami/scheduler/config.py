@@ -118,7 +118,7 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | 
     flag(
         "fragmentation-fallback",
         DEFAULT_FALLBACK,
-        "the fragmentation policy's workload until then: CARDS:MEMORY[%]:CORES[:WEIGHT],...",
+        "the fragmentation policy's workload until then: CARDS:MEMORY[%%]:CORES[:WEIGHT],...",
     )
     flag(
         "node-lock-timeout",
