@@ -38,9 +38,11 @@ from hami.sim.protobuf import CONTENT_TYPE as PROTOBUF
 from hami.sim.protobuf import ProtobufError, decode
 from hami.sim.restapi import NAMESPACES as NAMESPACE_RESOURCE
 from hami.sim.restapi import build_request, install, install_openapi, is_namespace_path, now_utc, stamp_create
+from hami.sim.reviews import ANONYMOUS, groups
+from hami.sim.reviews import answer as review_answer
+from hami.sim.subresources import Subresources
 from hami.sim.writes import before_store, error_status
 
-ANONYMOUS = "system:anonymous"
 #: The token of the kubeconfig :func:`write_kubeconfig` writes when given none.
 DEFAULT_TOKEN = "embedded-cluster-token"
 _POLICY_GROUP = "admissionregistration.k8s.io"
@@ -62,6 +64,12 @@ class AdmittingEmulator(kmock.KubernetesEmulator, LeanHandler):
     revision: int = 0
     #: Calls the mutating webhooks on pod CREATE when set (see :func:`embedded_apiserver`).
     admission: AdmissionStandIn | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: The subresources served; the others answered as kube-apiserver answers (a stand-in that
+        #: serves one more adds it here: ``emulator.subresources.serve(...)``).
+        self.subresources = Subresources()
 
     def set_identities(self, identities: Mapping[str, str]) -> None:
         """Bearer token -> username (kube-apiserver's static token file)."""
@@ -98,6 +106,12 @@ class AdmittingEmulator(kmock.KubernetesEmulator, LeanHandler):
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         _CURRENT.set(request)
+        refused = self.subresources.refusal(request, self._known_subresources, self._exists)
+        if refused is None:
+            refused = review_answer(request, self.username(request))
+        if refused is not None:
+            code, body = refused
+            return aiohttp.web.json_response(body, status=code)
         early = await before_store(self, request)
         if early is not None:
             return early
@@ -115,6 +129,19 @@ class AdmittingEmulator(kmock.KubernetesEmulator, LeanHandler):
                 )
                 return await self._render_error(error)
         return await super()._handle(request)
+
+    def _known_subresources(self, resource: kmock.resource) -> set[str]:
+        """Kubernetes' subresources of ``resource`` (the bundled discovery data)."""
+        try:
+            return set(self.resources[resource].subresources)
+        except (KeyError, LookupError):
+            return set()
+
+    def _exists(self, request: kmock.Request) -> bool:
+        if request.resource is None or request.name is None:
+            return False
+        key = (request.resource, request.namespace, request.name)
+        return key in self.objects and not self.objects[key].deleted
 
     def _stored(self, plural: str) -> list[dict[str, Any]]:
         return [
@@ -157,20 +184,11 @@ class AdmittingEmulator(kmock.KubernetesEmulator, LeanHandler):
             "name": name,
             "namespace": namespace,
             "operation": operation,
-            "userInfo": {"username": username, "groups": _groups(username)},
+            "userInfo": {"username": username, "groups": groups(username)},
             "object": new,
             "oldObject": old,
             "dryRun": False,
         }
-
-
-def _groups(username: str) -> list[str]:
-    if username == ANONYMOUS:
-        return ["system:unauthenticated"]
-    if username.startswith("system:serviceaccount:"):
-        namespace = username.split(":")[2]
-        return ["system:serviceaccounts", f"system:serviceaccounts:{namespace}", "system:authenticated"]
-    return ["system:authenticated"]
 
 
 def _patched(old: Mapping[str, Any], patch: Any) -> dict[str, Any]:

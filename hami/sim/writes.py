@@ -17,7 +17,9 @@ ahead of kmock (kmock stores a write before any reaction runs), in kube-apiserve
    pods (405: the admission policies guard pod patches);
 4. on update: the new ``resourceVersion``; a strategic merge patch is turned into the merge patch with
    the same effect (:mod:`hami.sim.smp`: lists merged by the schema's merge keys); on delete, the
-   object's last version gets the new ``resourceVersion``.
+   DeleteOptions of the body (JSON or protobuf) or the query are checked (:mod:`hami.sim.deletion`:
+   a dry run deletes nothing, a failed precondition is 409) and the object's last version gets the new
+   ``resourceVersion``.
 
 :func:`error_status` renders an exception as kube-apiserver's ``Status`` (``pods "x" not found``,
 ``AlreadyExists``, ``InternalError``), never kmock's hints or a traceback.
@@ -38,6 +40,7 @@ import yaml
 from hami import objects
 from hami.sim import openapi
 from hami.sim.admission_standin import AdmissionStandIn, Refused, apply_defaults
+from hami.sim.deletion import DeleteRefused, delete_options, precondition_failure
 from hami.sim.restapi import JsonDict, kind_of, not_found, now_utc, stamp_create, stamp_update, status
 from hami.sim.smp import merge_patch_between, strategic_merge
 
@@ -118,10 +121,31 @@ async def before_store(k: Writable, request: kmock.Request) -> aiohttp.web.Strea
         k.revision += 1
         stamp_update(request.data, k.revision)
     elif request.action == kmock.action.DELETE and request.name is not None:
-        key = _key(request)
-        if key in k.objects and not k.objects[key].deleted:
-            k.revision += 1
-            k.objects[key].patch({"metadata": {"resourceVersion": str(k.revision)}})
+        return _delete(k, request)
+    return None
+
+
+def _delete(k: Writable, request: kmock.Request) -> aiohttp.web.StreamResponse | None:
+    """A DELETE's options checked (:mod:`hami.sim.deletion`); a dry run or a failed precondition answered
+    here; else the object's last version stamped and kmock deletes it."""
+    assert request.resource is not None
+    if request.data is None and (request.body or b"").strip():
+        return _json(400, status(400, "BadRequest", "the request body is not a DeleteOptions object"))
+    try:
+        options = delete_options(request.params, request.data)
+    except DeleteRefused as exc:
+        return _json(exc.code, exc.body)
+    key = _key(request)
+    if key not in k.objects or k.objects[key].deleted:
+        return None  # kmock answers 404
+    stored = k.objects[key].raw
+    conflict = precondition_failure(options, stored, str(request.resource.plural))
+    if conflict is not None:
+        return _json(409, conflict)
+    if options.get("dryRun"):
+        return _json(200, stored)
+    k.revision += 1
+    k.objects[key].patch({"metadata": {"resourceVersion": str(k.revision)}})
     return None
 
 

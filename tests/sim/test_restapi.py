@@ -13,6 +13,7 @@ import aiohttp
 import pytest
 
 from hami.sim.apiserver import embedded_apiserver
+from hami.sim.kubeproto import k8s_pb2
 from hami.sim.protobuf import MAGIC
 from hami.sim.restapi import SERVER_VERSION, TABLE_TYPE
 from hami.sim.tables import human_duration
@@ -367,3 +368,184 @@ async def test_strategic_merge_patches_merge_lists_by_their_keys(client: Client)
     }
     assert body["metadata"]["finalizers"] == ["b/y"]
     assert not any(key.startswith("$") for key in json.dumps(body).split('"') if key)
+
+
+def _envelope(api_version: str, kind: str, message: Any) -> bytes:
+    """A body as client-go's protobuf serializer writes it: the magic, then runtime.Unknown."""
+    type_meta = k8s_pb2.TypeMeta(apiVersion=api_version, kind=kind)
+    envelope: bytes = k8s_pb2.Unknown(typeMeta=type_meta, raw=message.SerializeToString()).SerializeToString()
+    return MAGIC + envelope
+
+
+PROTOBUF = {"Content-Type": "application/vnd.kubernetes.protobuf"}
+
+
+@pytest.mark.parametrize("sub", ["log", "exec", "attach", "portforward", "proxy", "eviction"])
+async def test_unserved_subresources_are_kube_apiserver_404s_not_the_pod(client: Client, sub: str) -> None:
+    await client.call("POST", PODS, pod("a"))
+    for method in ("GET", "POST"):
+        code, body, _ = await client.call(method, f"{PODS}/a/{sub}", params={"container": "c"})
+        assert (code, body["kind"], body["reason"]) == (404, "Status", "NotFound"), body
+        assert f"the embedded cluster does not serve pods/{sub}" in body["message"]
+    code, body, _ = await client.call("GET", f"{PODS}/missing/{sub}")
+    assert (code, body["message"]) == (404, 'pods "missing" not found')
+
+
+async def test_unknown_subresources_and_methods_are_404_and_405_and_change_nothing(client: Client) -> None:
+    _, created, _ = await client.call("POST", PODS, pod("a"))
+    code, body, _ = await client.call("GET", f"{PODS}/a/nonsense")
+    assert (code, body["reason"], body["message"]) == (
+        404,
+        "NotFound",
+        "the server could not find the requested resource",
+    )
+    for method, sub in (("DELETE", "status"), ("PUT", "status"), ("GET", "binding"), ("DELETE", "binding")):
+        code, body, _ = await client.call(method, f"{PODS}/a/{sub}", pod("a"))
+        assert (code, body["reason"]) == (405, "MethodNotAllowed"), (method, sub, body)
+        assert body["message"] == "the server does not allow this method on the requested resource"
+    code, still, _ = await client.call("GET", f"{PODS}/a")
+    assert code == 200 and still["metadata"]["uid"] == created["metadata"]["uid"]
+
+
+async def test_served_subresources_keep_working(client: Client) -> None:
+    await client.call("POST", PODS, pod("a"))
+    merge = {"Content-Type": "application/merge-patch+json"}
+    code, body, _ = await client.call(
+        "PATCH", f"{PODS}/a/status", {"status": {"phase": "Running"}}, headers=merge
+    )
+    assert code == 200 and body["status"]["phase"] == "Running"
+    code, body, _ = await client.call("GET", f"{PODS}/a/status")
+    assert code == 200 and body["status"]["phase"] == "Running"
+    binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "a"}, "target": {"name": "n1"}}
+    code, body, _ = await client.call("POST", f"{PODS}/a/binding", binding)
+    assert code in (200, 201), body
+    _, bound, _ = await client.call("GET", f"{PODS}/a")
+    assert bound["spec"]["nodeName"] == "n1"
+
+
+async def test_self_reviews_answer_in_json_and_protobuf() -> None:
+    """kubectl auth whoami / can-i: the token's user, allowed (the embedded apiserver has no RBAC)."""
+    admin = aiohttp.ClientSession(headers={"Authorization": "Bearer t0ken"})
+    async with embedded_apiserver(identities={"t0ken": "kubernetes-admin"}) as emulator, admin as session:
+        client = Client(session, str(emulator.url).rstrip("/"))
+        whoami = "/apis/authentication.k8s.io/v1/selfsubjectreviews"
+        review = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+        code, body, _ = await client.call("POST", whoami, review)
+        assert code == 201 and body["status"]["userInfo"] == {
+            "username": "kubernetes-admin",
+            "groups": ["system:authenticated"],
+        }
+        data = _envelope("authentication.k8s.io/v1", "SelfSubjectReview", k8s_pb2.SelfSubjectReview())
+        code, body, _ = await client.call("POST", whoami, data=data, headers=dict(PROTOBUF))
+        assert code == 201 and body["status"]["userInfo"]["username"] == "kubernetes-admin"
+
+        can_i = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
+        attributes = k8s_pb2.ResourceAttributes(namespace="default", verb="create", resource="pods")
+        access = k8s_pb2.SelfSubjectAccessReview(
+            spec=k8s_pb2.SelfSubjectAccessReviewSpec(resourceAttributes=attributes)
+        )
+        data = _envelope("authorization.k8s.io/v1", "SelfSubjectAccessReview", access)
+        code, body, _ = await client.call("POST", can_i, data=data, headers=dict(PROTOBUF))
+        assert code == 201 and body["status"]["allowed"] is True
+        assert body["spec"]["resourceAttributes"] == {
+            "namespace": "default",
+            "verb": "create",
+            "resource": "pods",
+        }
+        json_review = {"spec": {"nonResourceAttributes": {"path": "/metrics", "verb": "get"}}}
+        code, body, _ = await client.call("POST", can_i, json_review)
+        assert code == 201 and body["status"]["allowed"] is True
+        code, body, _ = await client.call("POST", can_i, {"spec": {}})
+        assert (code, body["reason"]) == (422, "Invalid")
+        code, body, _ = await client.call("POST", can_i, {"spec": {"resourceAttributes": "pods"}})
+        assert (code, body["reason"]) == (400, "BadRequest")
+        code, body, _ = await client.call("GET", can_i)
+        assert (code, body["reason"]) == (405, "MethodNotAllowed")
+        rules = "/apis/authorization.k8s.io/v1/selfsubjectrulesreviews"
+        code, body, _ = await client.call("POST", rules, {"spec": {"namespace": "default"}})
+        assert code == 201 and body["status"]["resourceRules"] == [
+            {"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"]}
+        ]
+        code, _, _ = await client.call("GET", "/apis/authorization.k8s.io/v1/selfsubjectrulesreviews")
+        assert code == 405
+    async with embedded_apiserver() as emulator, aiohttp.ClientSession() as session:
+        client = Client(session, str(emulator.url).rstrip("/"))
+        code, body, _ = await client.call("POST", whoami, review)
+        assert body["status"]["userInfo"] == {
+            "username": "system:anonymous",
+            "groups": ["system:unauthenticated"],
+        }
+
+
+async def test_deletes_read_delete_options_in_json_protobuf_and_the_query(client: Client) -> None:
+    path = "/api/v1/namespaces/default/configmaps"
+    for name in ("a", "b", "c", "d", "e"):
+        await client.call("POST", path, {"metadata": {"name": name}})
+
+    async def exists(name: str) -> bool:
+        code, _, _ = await client.call("GET", f"{path}/{name}")
+        return code == 200
+
+    # client-go's typed clients (Helm purging its release Secrets) send DeleteOptions in protobuf
+    options = k8s_pb2.DeleteOptions(propagationPolicy="Background")
+    code, body, _ = await client.call(
+        "DELETE", f"{path}/a", data=_envelope("v1", "DeleteOptions", options), headers=dict(PROTOBUF)
+    )
+    assert code == 200 and body["metadata"]["name"] == "a" and not await exists("a")
+    code, _, _ = await client.call(
+        "DELETE", f"{path}/b", {"kind": "DeleteOptions", "propagationPolicy": "Foreground"}
+    )
+    assert code == 200 and not await exists("b")
+    code, _, _ = await client.call("DELETE", f"{path}/c", params={"propagationPolicy": "Orphan"})
+    assert code == 200 and not await exists("c")
+    # a dry run deletes nothing; a wrong precondition is a conflict; bad options are refused
+    dry = k8s_pb2.DeleteOptions(dryRun=["All"])
+    code, body, _ = await client.call(
+        "DELETE", f"{path}/d", data=_envelope("meta.k8s.io/v1", "DeleteOptions", dry), headers=dict(PROTOBUF)
+    )
+    assert code == 200 and body["metadata"]["name"] == "d" and await exists("d")
+    stale = k8s_pb2.DeleteOptions(preconditions=k8s_pb2.Preconditions(uid="not-its-uid"))
+    code, body, _ = await client.call(
+        "DELETE", f"{path}/d", data=_envelope("v1", "DeleteOptions", stale), headers=dict(PROTOBUF)
+    )
+    assert (code, body["reason"]) == (409, "Conflict") and "Precondition failed: UID" in body["message"]
+    refused = [
+        ({"propagationPolicy": "Sometimes"}, 422),
+        ({"propagationPolicy": "Orphan", "orphanDependents": True}, 422),
+        ({"dryRun": ["Some"]}, 422),
+        ({"gracePeriodSeconds": "soon"}, 400),
+        ({"kind": "Pod"}, 400),
+        ([], 400),
+    ]
+    for options_json, expected in refused:
+        code, body, _ = await client.call("DELETE", f"{path}/d", options_json)
+        assert (code, body["kind"]) == (expected, "Status"), (options_json, body)
+    code, body, _ = await client.call(
+        "DELETE", f"{path}/d", data=b"{not json", headers={"Content-Type": "application/json"}
+    )
+    assert code == 400
+    assert await exists("d") and await exists("e")
+    code, body, _ = await client.call("DELETE", f"{path}/d", params={"gracePeriodSeconds": "0"})
+    assert code == 200 and not await exists("d")
+
+
+async def test_protobuf_bodies_that_cannot_be_read_are_415(client: Client) -> None:
+    path = "/api/v1/namespaces/default/secrets"
+    bad_name = b"\x0a\x03\x0a\x01\xff"  # metadata.name is not UTF-8
+    bodies = [
+        b"not protobuf",
+        MAGIC + b"\xff\xff\xff",
+        MAGIC
+        + k8s_pb2.Unknown(
+            typeMeta=k8s_pb2.TypeMeta(apiVersion="v1", kind="Secret"), raw=bad_name
+        ).SerializeToString(),
+        MAGIC
+        + k8s_pb2.Unknown(
+            typeMeta=k8s_pb2.TypeMeta(apiVersion="v1", kind="Secret"), raw=b"\xff"
+        ).SerializeToString(),
+    ]
+    for data in bodies:
+        code, body, _ = await client.call("POST", path, data=data, headers=dict(PROTOBUF))
+        assert (code, body["reason"]) == (415, "UnsupportedMediaType"), data
+    _, listed, _ = await client.call("GET", path)
+    assert listed["items"] == []
