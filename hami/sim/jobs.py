@@ -1,13 +1,15 @@
 """SIMULATION ONLY: kube's Job controller for the chart's own Jobs (Helm's hooks), which the embedded
 cluster lacks.
 
-:class:`JobStandIn` watches Jobs; a new Job whose container runs ``python -m MODULE ...`` with a module
-of :data:`MODULES` (the chart's certificate Jobs: ``webhook.certs``) is run as a child process of this
-interpreter, with the Job's arguments and a kubeconfig for the embedded cluster (``HAMI_KUBECONFIG``),
-bounded by ``timeout`` seconds; its outcome is written to the Job's status the way the Job controller
-writes it (``succeeded``/``failed``, the ``Complete`` or ``Failed`` condition), which is what Helm waits
-for. Any other Job is marked Failed with a message saying why: the embedded cluster has no nodes that
-run images. Must not import ``webhook``, ``monitor`` or the Kubernetes client.
+:func:`runs_as_process` is the one place that decides who runs a Job: a Job whose one container runs
+``python -m MODULE ...`` with a module of :data:`MODULES` (the chart's certificate Jobs:
+``webhook.certs``) is run here; every other Job gets pods from the workload stand-in
+(:mod:`hami.sim.workloads_standin`), which skips the Jobs run here. :class:`JobStandIn` watches Jobs and
+runs each new one of its own as a child process of this interpreter, with the Job's arguments and a
+kubeconfig for the embedded cluster (``HAMI_KUBECONFIG``), bounded by ``timeout`` seconds; its outcome
+is written to the Job's status the way the Job controller writes it (``succeeded``/``failed``, the
+``Complete`` or ``Failed`` condition), which is what Helm waits for. Must not import ``webhook``,
+``monitor`` or the Kubernetes client.
 """
 
 from __future__ import annotations
@@ -47,6 +49,11 @@ def job_argv(job: Mapping[str, Any]) -> list[str] | None:
     return python_argv(*argv[1:])
 
 
+def runs_as_process(job: Mapping[str, Any]) -> bool:
+    """True for the Jobs :class:`JobStandIn` runs as processes; the workload stand-in runs the others."""
+    return job_argv(job) is not None
+
+
 class JobStandIn:
     """Runs the chart's Jobs against the embedded cluster (see the module docstring)."""
 
@@ -66,6 +73,8 @@ class JobStandIn:
                 uid = objects.uid(job) or f"{objects.namespace(job)}/{objects.name(job)}"
                 if kind == "DELETED" or uid in self._seen or objects.status(job).get("conditions"):
                     continue
+                if not runs_as_process(job):
+                    continue  # the workload stand-in gives it pods
                 self._seen.add(uid)
                 task = asyncio.create_task(self._run(job), name=f"job {objects.name(job)}")
                 self._tasks.add(task)
@@ -80,11 +89,9 @@ class JobStandIn:
     async def _run(self, job: JsonDict) -> None:
         namespace, name = objects.namespace(job) or "default", objects.name(job)
         argv = job_argv(job)
+        assert argv is not None  # run() starts only the Jobs that runs_as_process() chose
         started = _now()
-        if argv is None:
-            ok, text = False, "the embedded cluster runs only the chart's own Jobs (python -m webhook.certs)"
-        else:
-            ok, text = await self._process(argv)
+        ok, text = await self._process(argv)
         self.output[f"{namespace}/{name}"] = text
         condition = {
             "type": "Complete" if ok else "Failed",

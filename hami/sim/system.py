@@ -5,7 +5,8 @@ entry it starts the embedded apiserver (OS-chosen port on 127.0.0.1), writes a k
 Nodes of a :class:`~hami.sim.cluster.ClusterSpec`, then starts, each from its command line and waiting
 (bounded) until it is ready: the kubelet stand-in (``python -m hami.sim.kubelet_standin``, one process
 for all nodes), one ``hami-monitor --backend sim`` per node, ``hami scheduler`` and ``hami-webhook
---manage-config``; finally the in-process admission and kube-scheduler stand-ins. On exit — normal,
+--manage-config``; finally the in-process admission, kube-scheduler and workload stand-ins (the last
+turns Deployments, ReplicaSets and Jobs into pods: :mod:`hami.sim.workloads_standin`). On exit — normal,
 error or cancellation — every child process group is stopped (SIGTERM, bounded wait, SIGKILL) before
 the apiserver goes away. Must not import ``webhook``, ``monitor`` or the Kubernetes client.
 
@@ -42,7 +43,9 @@ from hami.sim.cluster import ClusterSpec, NodeFiles, node_object, write_node_fil
 from hami.sim.kubeapi import MWC_PATH, SimApi, nodes_path
 from hami.sim.processes import Supervisor, free_port, poll_until, python_argv
 from hami.sim.restapi import SERVER_VERSION
+from hami.sim.scale import install_scale
 from hami.sim.scheduler_standin import SchedulerStandIn
+from hami.sim.workloads_standin import WorkloadStandIn
 
 SCHEDULER = "scheduler"
 WEBHOOK = "webhook"
@@ -107,6 +110,8 @@ class EmbeddedSystem:
         self.admission: AdmissionStandIn
         self.scheduler: SchedulerStandIn
         self._scheduler_task: asyncio.Task[None] | None = None
+        self.workloads: WorkloadStandIn
+        self._workloads_task: asyncio.Task[None] | None = None
 
     @property
     def scheduler_url(self) -> str:
@@ -139,6 +144,7 @@ class EmbeddedSystem:
             embedded_apiserver(identities=identities, call_webhooks=True)
         )
         self.url = str(self.emulator.url).rstrip("/")
+        install_scale(self.emulator)  # `kubectl scale` of a Deployment or ReplicaSet
         for who, path in self.kubeconfigs.items():
             write_kubeconfig(path, self.url, token=self.tokens[who])
         self.progress(f"apiserver   {self.url} (kubeconfig {self.kubeconfig})")
@@ -162,11 +168,21 @@ class EmbeddedSystem:
         await self._start_webhook()
         self.admission = AdmissionStandIn(self.api, self.session, server_admits=True)
         self.scheduler = SchedulerStandIn(
-            self.api, self.session, self.scheduler_url, scheduler_name=self.options.scheduler_name
+            self.api,
+            self.session,
+            self.scheduler_url,
+            scheduler_name=self.options.scheduler_name,
+            warn_other_schedulers=True,  # the only scheduler here: other schedulers' pods are told so
         )
         self._scheduler_task = asyncio.create_task(self.scheduler.run(), name="kube-scheduler-standin")
         self.stack.push_async_callback(self._stop_scheduler_standin)
-        self.progress("stand-ins   admission (in-process), kube-scheduler (in-process), kubelet (process)")
+        self.workloads = WorkloadStandIn(self.api)
+        self._workloads_task = asyncio.create_task(self.workloads.run(), name="workload-standin")
+        self.stack.push_async_callback(self._stop_workloads_standin)
+        self.progress(
+            "stand-ins   admission, kube-scheduler, workloads (Deployments, ReplicaSets, Jobs; in-process),"
+            " kubelet (process)"
+        )
 
     async def _start_node_side(self) -> None:
         nodes = [f"{name}={files.kubelet_dir}" for name, files in self.node_files.items()]
@@ -293,11 +309,17 @@ class EmbeddedSystem:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._scheduler_task
 
+    async def _stop_workloads_standin(self) -> None:
+        if self._workloads_task is not None:
+            self._workloads_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._workloads_task
+
     def check_standin(self) -> None:
-        """Raise if the in-process kube-scheduler stand-in died (its exception, not a silent hang)."""
-        task = self._scheduler_task
-        if task is not None and task.done() and not task.cancelled() and task.exception() is not None:
-            raise RuntimeError("the kube-scheduler stand-in stopped") from task.exception()
+        """Raise if an in-process stand-in (kube-scheduler, workloads) died (its exception, not a hang)."""
+        for task, what in ((self._scheduler_task, "kube-scheduler"), (self._workloads_task, "workload")):
+            if task is not None and task.done() and not task.cancelled() and task.exception() is not None:
+                raise RuntimeError(f"the {what} stand-in stopped") from task.exception()
 
 
 def _with_node_info(node: dict[str, Any]) -> dict[str, Any]:

@@ -4,7 +4,8 @@ Owns :func:`as_table` (``Accept: application/json;as=Table;v=v1;g=meta.k8s.io``)
 kube-apiserver's printers define for pods (NAME READY STATUS RESTARTS AGE, wide: IP NODE NOMINATED NODE
 READINESS GATES), nodes (NAME STATUS ROLES AGE VERSION, wide: INTERNAL-IP EXTERNAL-IP OS-IMAGE
 KERNEL-VERSION CONTAINER-RUNTIME) and core Events (LAST SEEN TYPE REASON OBJECT MESSAGE, wide: SUBOBJECT
-SOURCE FIRST SEEN COUNT NAME), namespaces (NAME STATUS AGE), and its default (NAME, CREATED AT) for every
+SOURCE FIRST SEEN COUNT NAME), namespaces (NAME STATUS AGE), Deployments, ReplicaSets and Jobs
+(:mod:`hami.sim.workload_tables`), and its default (NAME, CREATED AT) for every
 other resource;
 :func:`human_duration` is Kubernetes' age format (``45s``, ``3m20s``, ``5h``, ``2d3h``). Rows carry the
 object as ``includeObject`` asks (``None``, ``Metadata``: a PartialObjectMetadata, the default; ``Object``).
@@ -18,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from hami import objects
+from hami.sim import workload_tables
 
 JsonDict = dict[str, Any]
 NONE = "<none>"
@@ -60,6 +62,7 @@ _COLUMNS: dict[str, list[tuple[str, str, str, int]]] = {
         ("Name", "string", "name", 1),
     ],
     "namespaces": [("Name", "string", "name", 0), ("Status", "string", "", 0), ("Age", "string", "", 0)],
+    **workload_tables.COLUMNS,  # deployments, replicasets, jobs
 }
 _DEFAULT = [("Name", "string", "name", 0), ("Created At", "date", "", 0)]
 
@@ -209,6 +212,8 @@ def _cells(plural: str, obj: Mapping[str, Any], now: datetime.datetime) -> list[
         return _node_cells(obj, now)
     if plural == "events":
         return _event_cells(obj, now)
+    if plural in workload_tables.CELLS:
+        return workload_tables.CELLS[plural](obj, now, _since)
     meta = objects.meta(obj)
     if plural == "namespaces":
         phase = objects.status(obj).get("phase") or "Active"
