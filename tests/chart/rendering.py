@@ -42,6 +42,28 @@ CUSTOM_RESOURCES = {
     "example.com/vgpu-priority": "priority",
 }
 
+#: What every rendering here starts from (:func:`with_base`): the chart requires ``image.registry``, since
+#: no image is published (tests/chart/test_image.py); the one shared value tests that render or install
+#: the chart give it.
+BASE_VALUES: dict[str, Any] = {"image": {"registry": "registry.test"}}
+
+
+def with_base(values: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``values`` over :data:`BASE_VALUES` (nested mappings merged, anything else replaced)."""
+
+    def merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+        merged = dict(base)
+        for key, value in over.items():
+            below = merged.get(key)
+            if isinstance(below, Mapping) and isinstance(value, Mapping):
+                merged[key] = merge(below, value)
+            else:
+                merged[key] = value
+        return merged
+
+    return merge(BASE_VALUES, values or {})
+
+
 #: id -> values; every chart test that depends on values runs over these.
 VALUE_SETS: dict[str, dict[str, Any]] = {
     "defaults": {},
@@ -140,7 +162,8 @@ def _render(values_json: str) -> Rendered:
 
 
 def render(values: Mapping[str, Any] | None = None) -> Rendered:
-    return _render(json.dumps(values or {}, sort_keys=True))
+    """The chart rendered with ``values`` over :data:`BASE_VALUES`."""
+    return _render(json.dumps(with_base(values), sort_keys=True))
 
 
 def pod_spec(workload: Mapping[str, Any]) -> dict[str, Any]:

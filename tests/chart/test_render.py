@@ -12,6 +12,7 @@ import yaml
 from hami.settings import DeviceConfig, ResourceNames, from_device_config
 
 from .rendering import (
+    BASE_VALUES,
     CHART,
     CUSTOM_KINDS,
     NAMESPACE,
@@ -175,7 +176,7 @@ def test_our_image_defaults_to_the_app_version() -> None:
     images = {
         c["image"] for kind in WORKLOADS for w in rendered.of_kind(kind) for c in pod_spec(w)["containers"]
     }
-    assert f"hami-py:{app_version}" in images
+    assert f"{BASE_VALUES['image']['registry']}/hami-py:{app_version}" in images
     custom = render(VALUE_SETS["everything-on"])
     agent = container(custom.one("DaemonSet", "gpu-node-agent"), "node-agent")
     assert agent["image"] == "registry.example.com/hami-py:1.2.3"

@@ -64,11 +64,17 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "hami.webhook.serviceAccount" -}}{{ include "hami.webhook.name" . }}{{- end -}}
 {{- define "hami.nodeAgent.serviceAccount" -}}{{ include "hami.nodeAgent.name" . }}{{- end -}}
 
-{{/* Our image: registry/repository:tag, tag defaulting to the chart's appVersion. */}}
+{{/*
+Our image: registry/repository:tag, tag defaulting to the chart's appVersion. No image is published:
+the registry is where the user pushed the one they built, and without it nothing could be pulled, so
+rendering (helm install, upgrade, template) stops saying what to do (README.md, "Install on a cluster").
+*/}}
 {{- define "hami.image" -}}
 {{- $repo := .Values.image.repository -}}
-{{- if .Values.image.registry -}}{{- $repo = printf "%s/%s" .Values.image.registry $repo -}}{{- end -}}
-{{- printf "%s:%s" $repo (default .Chart.AppVersion .Values.image.tag | toString) -}}
+{{- $tag := default .Chart.AppVersion .Values.image.tag | toString -}}
+{{- $ref := printf "REGISTRY/%s:%s" $repo $tag -}}
+{{- $registry := required (printf "image.registry is not set, and no %s image is published: build it and push it to a registry your nodes can pull from (docker build -t %s . && docker push %s), then set it: helm install ... --set image.registry=REGISTRY (docs/install.md)" $repo $ref $ref) .Values.image.registry -}}
+{{- printf "%s/%s:%s" $registry $repo $tag -}}
 {{- end -}}
 
 {{/*
