@@ -1,16 +1,22 @@
-# One image for every entry point of hami-py:
-#   hami scheduler            the scheduler extender (beside a stock kube-scheduler)
-#   hami-webhook              the mutating admission webhook (Kopf)
-#   hami-monitor              the node agent (device plugin, registration, metrics)
-#   python -m webhook.certs   the chart's certificate job
-#   hami demo                 the whole system on an embedded API server, for trying it out
-# The chart sets the command of each container; the image has no ENTRYPOINT of its own.
+# Two images from one build, both with every entry point of hami-py on PATH:
 #
-#   docker build -t hami-py:0.1.0 .
+#   docker build -t REGISTRY/hami-py:0.1.0 .                  the product (the last stage, the default):
+#       hami scheduler            the scheduler extender (beside a stock kube-scheduler)
+#       hami-webhook              the mutating admission webhook (Kopf)
+#       hami-monitor              the node agent (device plugin, registration, metrics)
+#       python -m webhook.certs   the chart's certificate job
+#       hami explain|cordon|uncordon|doctor, and `hami simulate --help` (running it needs the 'sim' extra)
+#     installed without extras: no embedded cluster, no simulator (no kmock, CEL, OpenAPI schemas, numpy).
+#   docker build --target demo -t hami-py-demo:0.1.0 .         the same plus the 'demo' extra:
+#       docker run --rm hami-py-demo:0.1.0                     `hami demo`, the whole system on an embedded
+#                                                              cluster (add `--keep` and -it to stay)
+# The chart sets the command of each container; the product image has no ENTRYPOINT of its own.
+# `make lint` runs hadolint on this file; .ci/run builds both targets where a container engine exists.
 
 ARG PYTHON_IMAGE=python:3.11-slim
 
-# --- build: turn the project into a wheel (no compiler needed: every dependency ships wheels)
+# --- build: the project as a wheel, and wheels of its dependencies and of the demo extra's
+# (no compiler needed: every dependency ships wheels)
 FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
@@ -21,19 +27,36 @@ COPY monitor ./monitor
 COPY charts/hami/files/annotation-policy.yaml ./charts/hami/files/
 RUN pip wheel --no-cache-dir --wheel-dir /wheels ".[demo]"
 
-# --- runtime: the wheels installed, nothing else
-FROM ${PYTHON_IMAGE}
+# --- what both images share: Python's settings for a container
+FROM ${PYTHON_IMAGE} AS runtime
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /tmp
+
+# --- demo: the embedded cluster and the example pods (`hami demo`)
+FROM runtime AS demo
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# the version of the wheel built above (hami_py-VERSION-py3-none-any.whl), pinned with its extra
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
-    pip install --no-index --find-links=/wheels "hami-py[demo]" \
+    wheel=(/wheels/hami_py-*.whl) && version="${wheel[0]#/wheels/hami_py-}" \
+ && pip install --no-cache-dir --no-index --find-links=/wheels "hami-py[demo]==${version%%-*}" \
+ && hami demo --help >/dev/null
+USER 65532:65532
+CMD ["hami", "demo"]
+
+# --- product (the default target): what the chart's pods run, installed without extras
+FROM runtime AS product
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
+    pip install --no-cache-dir --no-index --find-links=/wheels /wheels/hami_py-*.whl \
+ && for command in scheduler explain cordon uncordon doctor simulate; do hami "$command" --help >/dev/null; done \
  && hami --help >/dev/null \
  && hami-webhook --help >/dev/null \
- && hami-monitor --help >/dev/null
+ && hami-monitor --help >/dev/null \
+ && python -m webhook.certs --help >/dev/null
 # Non-root by default (scheduler, webhook, certificate job); the node agent's pod runs as root because
 # it creates its socket in the kubelet's root-owned device-plugin directory.
 USER 65532:65532
-WORKDIR /tmp
 CMD ["hami", "--help"]

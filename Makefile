@@ -15,6 +15,7 @@ $(STAMP): pyproject.toml
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/hadolint Dockerfile
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
@@ -31,7 +32,8 @@ pytest: $(STAMP)
 test: lint typecheck imports pytest
 
 # `make demo --keep`: make reads --keep as its own --keep-going (k in MAKEFLAGS); hand it on to the demo.
-# Any other demo flags: make demo ARGS="--nodes 8".
+# Any other demo flags go in ARGS, e.g. a cluster file and a directory of pod manifests (copy and edit these):
+#   make demo ARGS="--nodes hami/sim/cluster.yaml --examples examples/ --timeout 300"
 DEMO_KEEP := $(if $(findstring k,$(firstword -$(MAKEFLAGS))),--keep)
 
 demo: $(STAMP)
