@@ -177,6 +177,7 @@ class EmbeddedSystem:
         self._scheduler_task = asyncio.create_task(self.scheduler.run(), name="kube-scheduler-standin")
         self.stack.push_async_callback(self._stop_scheduler_standin)
         self.workloads = WorkloadStandIn(self.api)
+        self.emulator.collects_garbage = True  # type: ignore[attr-defined]  # Orphan/Foreground deletes
         self._workloads_task = asyncio.create_task(self.workloads.run(), name="workload-standin")
         self.stack.push_async_callback(self._stop_workloads_standin)
         self.progress(

@@ -146,6 +146,15 @@ def _delete(k: Writable, request: kmock.Request) -> aiohttp.web.StreamResponse |
         return _json(200, stored)
     k.revision += 1
     k.objects[key].patch({"metadata": {"resourceVersion": str(k.revision)}})
+    # kube-apiserver's part of a cascading delete, where a garbage collector runs to finish it
+    # (hami.sim.garbage_collector): Orphan and Foreground keep the object, marked by its finalizer
+    policy = (
+        "Orphan" if options.get("orphanDependents") is True else str(options.get("propagationPolicy") or "")
+    )
+    finalizer = {"Orphan": "orphan", "Foreground": "foregroundDeletion"}.get(policy)
+    finalizers = list(objects.meta(stored).get("finalizers") or [])
+    if finalizer and getattr(k, "collects_garbage", False) and finalizer not in finalizers:
+        k.objects[key].patch({"metadata": {"finalizers": [*finalizers, finalizer]}})
     return None
 
 

@@ -239,7 +239,7 @@ async def test_a_job_runs_its_pods_to_completion_within_its_parallelism(cluster:
     job = await cluster.until(complete, "the Job to complete")
     pods = await cluster.pods("batch-")
     assert len(pods) == 3 and {p["status"]["phase"] for p in pods} == {"Succeeded"}
-    assert most == 2
+    assert 1 <= most <= 2  # never more than parallelism at once
     for pod in pods:
         assert _owner(pod) == ("Job", "batch", True)
         assert pod["metadata"]["labels"]["batch.kubernetes.io/job-name"] == "batch"
@@ -327,3 +327,38 @@ async def test_orphan_and_foreground_deletion_follow_their_finalizers(cluster: C
     assert len(kept) == 2 and all(not p["metadata"].get("ownerReferences") for p in kept)
     # the collector deleted the foreground set's pods; the apiserver deleted the sets themselves
     assert sorted(kind for _, name, kind in cluster.standin.gc.deleted) == ["Pod", "Pod"]
+
+
+async def test_kubectl_delete_cascade_orphan_and_foreground_reach_the_collector() -> None:
+    """``DELETE ...?propagationPolicy=Orphan`` (``kubectl delete --cascade=orphan``) and ``Foreground``:
+    the apiserver marks the owner with the policy's finalizer, the collector finishes the delete."""
+    async with embedded_apiserver(call_webhooks=True) as emulator, aiohttp.ClientSession() as session:
+        emulator.collects_garbage = True  # type: ignore[attr-defined]
+        cluster = Cluster(
+            SimApi(session, str(emulator.url)), WorkloadStandIn(SimApi(session, str(emulator.url)))
+        )
+        task = asyncio.create_task(cluster.standin.run())
+        try:
+            await cluster.api.create(DEPLOYMENTS, _deployment("orphan", 2))
+            await cluster.until(lambda: _count(cluster, "orphan-", 2), "two pods")
+            await cluster.api.delete(f"{DEPLOYMENTS}/orphan?propagationPolicy=Orphan")
+
+            async def orphaned() -> bool:
+                sets = await cluster.api.list_objects(REPLICASETS)
+                gone = await cluster.api.get(f"{DEPLOYMENTS}/orphan") is None
+                return gone and len(sets) == 1 and not sets[0]["metadata"].get("ownerReferences")
+
+            await cluster.until(orphaned, "the Deployment gone, its ReplicaSet kept without owner")
+            (replicaset,) = await cluster.api.list_objects(REPLICASETS)
+            name = replicaset["metadata"]["name"]
+            await cluster.api.delete(f"{REPLICASETS}/{name}?propagationPolicy=Foreground")
+
+            async def collected() -> bool:
+                return not await cluster.api.list_objects(REPLICASETS) and not await cluster.pods("orphan-")
+
+            await cluster.until(collected, "the ReplicaSet gone after its pods")
+        finally:
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+    assert [kind for _, _, kind in cluster.standin.gc.deleted] == ["Pod", "Pod"]
