@@ -8,7 +8,10 @@ the table (with whether each pod became what its example declares, who was preem
 legend of HAMi's words), and exit 0 — or, with ``--keep``,
 print the kubeconfig, the metrics URLs and the commands to try (with the ``hami`` this installation
 runs) and keep everything running until Ctrl-C / SIGTERM. Every child process is stopped on the way
-out, whatever happens. Must not import ``webhook``, ``monitor`` or the Kubernetes client.
+out, whatever happens. With ``--bare`` it starts only the embedded cluster
+(:class:`~hami.sim.bare.BareCluster`: the Nodes and the Job stand-in, none of our components), prints
+its kubeconfig and the ``helm install`` of the chart, and keeps it running until Ctrl-C. Must not
+import ``webhook``, ``monitor`` or the Kubernetes client.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Any
 from hami import objects
 from hami.annotations import read_vgpu_node
 from hami.sim.admission_standin import PRIORITY_CLASSES_PATH, Admitted, Refused
+from hami.sim.bare import BareCluster
 from hami.sim.cluster import ClusterFileError, load_cluster
 from hami.sim.kubeapi import JsonDict, pods_path
 from hami.sim.manifests import Example, read_examples
@@ -49,6 +53,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="directory of pod manifests, *.yaml and *.yml (default: the packaged examples)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the cluster running until Ctrl-C")
+    parser.add_argument(
+        "--bare",
+        action="store_true",
+        help="start only the embedded cluster (its nodes and the Job stand-in for the chart's hooks), none of"
+        " our components, and keep it running until Ctrl-C: for `helm install` of the chart",
+    )
     parser.add_argument(
         "--timeout", type=float, default=120.0, help="seconds to wait for every pod to be decided"
     )
@@ -74,6 +84,8 @@ async def _main(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, task.cancel)
+    if args.bare:
+        return await _bare(args)
     try:
         cluster = load_cluster(args.nodes)
         examples = read_examples(args.examples or default_examples_dir())
@@ -102,6 +114,49 @@ async def _main(args: argparse.Namespace) -> int:
     finally:
         if ok and not args.keep and args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+async def _bare(args: argparse.Namespace) -> int:
+    """``--bare``: the embedded cluster alone until Ctrl-C / SIGTERM (then 0)."""
+    if args.examples is not None:
+        print("hami demo: --bare runs no example pods (drop --examples)", file=sys.stderr)
+        return 2
+    try:
+        cluster = load_cluster(args.nodes)
+    except ClusterFileError as exc:
+        print(f"hami demo: {exc}", file=sys.stderr)
+        return 2
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="hami-bare-"))
+    try:
+        async with BareCluster(cluster, workdir, progress=_say) as bare:
+            print(bare_hints(bare.kubeconfig, bare.user), flush=True)
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.Event().wait()
+            _say("stopping")
+    except asyncio.CancelledError:  # interrupted while starting
+        print("\nhami demo: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+def bare_hints(kubeconfig: Path, user: str) -> str:
+    """What ``--bare`` prints: the kubeconfig, and the chart's install, upgrade and uninstall."""
+    chart = "--namespace hami-system"
+    registry = "--set image.registry=registry.example.com"
+    return "\n".join(
+        [
+            f"  kubeconfig  {kubeconfig}   (user {user}, who may do everything)",
+            f"              export KUBECONFIG={kubeconfig}",
+            "Install the chart (from a checkout of this repository; no image is pulled: any registry does):",
+            f"  helm install hami charts/hami {chart} --create-namespace {registry}",
+            f"  kubectl get deployments,daemonsets,mutatingwebhookconfigurations {chart}",
+            f"  helm upgrade hami charts/hami {chart} --reuse-values --set scheduler.replicas=2",
+            f"  helm uninstall hami {chart}",
+            "Only the chart's certificate Jobs run here; its Deployments and DaemonSet are stored, not run"
+            " (`hami demo --keep` runs the whole system).",
+            "[hami demo] running     until Ctrl-C (the work directory stays)",
+        ]
+    )
 
 
 async def submit_all(

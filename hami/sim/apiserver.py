@@ -16,9 +16,11 @@ the way kube-apiserver answers it (a ``Status`` with the policy's reason and cod
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import contextvars
 import json
+import socket
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -41,6 +43,7 @@ from hami.sim.restapi import build_request, install, install_openapi, is_namespa
 from hami.sim.reviews import ANONYMOUS, groups
 from hami.sim.reviews import answer as review_answer
 from hami.sim.subresources import Subresources
+from hami.sim.tls import ServingTLS
 from hami.sim.writes import before_store, error_status
 
 #: The token of the kubeconfig :func:`write_kubeconfig` writes when given none.
@@ -64,6 +67,9 @@ class AdmittingEmulator(kmock.KubernetesEmulator, LeanHandler):
     revision: int = 0
     #: Calls the mutating webhooks on pod CREATE when set (see :func:`embedded_apiserver`).
     admission: AdmissionStandIn | None = None
+    #: The HTTPS listener's URL and its CA (PEM), when it has one (``embedded_apiserver(tls=True)``).
+    tls_url: str = ""
+    ca_pem: bytes = b""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -261,13 +267,15 @@ async def add_reactions(k: kmock.KubernetesEmulator) -> None:
     k[kmock.action.LIST][is_listing] << listing
 
 
-def write_kubeconfig(path: Path, server_url: str, token: str = DEFAULT_TOKEN) -> Path:
-    """Write a kubeconfig pointing at ``server_url`` with ``token`` (kubectl and clients accept it)."""
+def write_kubeconfig(path: Path, server_url: str, token: str = DEFAULT_TOKEN, ca_pem: bytes = b"") -> Path:
+    """Write a kubeconfig pointing at ``server_url`` with ``token`` (kubectl and clients accept it); an
+    ``https`` server's CA is ``ca_pem``. kubectl and Helm send the token only to an ``https`` server."""
+    authority = f"    certificate-authority-data: {base64.b64encode(ca_pem).decode()}\n" if ca_pem else ""
     path.write_text(
         "apiVersion: v1\n"
         "kind: Config\n"
         "clusters:\n"
-        f"- name: embedded\n  cluster:\n    server: {server_url}\n"
+        f"- name: embedded\n  cluster:\n    server: {server_url}\n{authority}"
         f"users:\n- name: embedded\n  user:\n    token: {token}\n"
         "contexts:\n- name: embedded\n  context:\n    cluster: embedded\n    user: embedded\n"
         "current-context: embedded\n"
@@ -283,13 +291,16 @@ async def embedded_apiserver(
     identities: Mapping[str, str] | None = None,
     request_log: int | None = REQUEST_LOG,
     call_webhooks: bool = False,
+    tls: bool = False,
 ) -> AsyncIterator[AdmittingEmulator]:
     """Run an emulator with the reactions on ``host:port`` (0 = an OS-chosen port); yields it.
 
     ``identities`` maps bearer tokens to usernames (see :class:`AdmittingEmulator`); ``request_log`` is
     about how many latest requests it keeps for assertions (None: all); ``call_webhooks`` makes it call
     the stored mutating webhooks on pod CREATE, as kube-apiserver does. The server's URL is
-    ``str(emulator.url)`` once started.
+    ``str(emulator.url)`` once started. With ``tls`` the same server also listens with HTTPS on another
+    OS-chosen port of ``host`` (``emulator.tls_url``, its CA ``emulator.ca_pem``: :mod:`hami.sim.tls`):
+    the address for kubectl and Helm, which send credentials only over HTTPS.
     """
     async with contextlib.AsyncExitStack() as stack:
         k = await stack.enter_async_context(AdmittingEmulator())
@@ -299,6 +310,8 @@ async def embedded_apiserver(
         await add_reactions(k)
         install(k)
         install_openapi(k)
+        if tls:
+            await _serve_tls(stack, k, host)
         if call_webhooks:
             session = await stack.enter_async_context(aiohttp.ClientSession())
             k.admission = AdmissionStandIn(SimApi(session, str(k.url)), session, server_admits=True)
@@ -308,3 +321,18 @@ async def embedded_apiserver(
             stamp_create(namespace, None, k.revision, now_utc())
             k.objects[NAMESPACE_RESOURCE, None, name] = {**namespace, "status": {"phase": "Active"}}
         yield k
+
+
+async def _serve_tls(stack: contextlib.AsyncExitStack, k: AdmittingEmulator, host: str) -> None:
+    """A second listener for ``k``, with HTTPS (see :func:`embedded_apiserver`)."""
+    serving = ServingTLS.new(host)
+    runner = aiohttp.web.ServerRunner(aiohttp.web.Server(k))
+    await runner.setup()
+    stack.push_async_callback(runner.cleanup)
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind((host, 0))
+    site = aiohttp.web.SockSite(runner, sock, ssl_context=serving.server_context())
+    await site.start()
+    port = sock.getsockname()[1]
+    k.tls_url = f"https://{f'[{host}]' if ':' in host else host}:{port}"
+    k.ca_pem = serving.ca_pem

@@ -1,15 +1,16 @@
 """A bare embedded cluster: the embedded apiserver, its Nodes and the Job stand-in, none of our components.
 
 Owns :class:`BareCluster`, what ``hami demo --bare`` runs and the chart's install tests use: an async
-context manager that starts the embedded apiserver on an OS-chosen port of 127.0.0.1 (it calls the
+context manager that starts the embedded apiserver on OS-chosen ports of 127.0.0.1 (it calls the
 stored mutating webhooks on pod CREATE and enforces stored ValidatingAdmissionPolicies, as
-kube-apiserver does), writes a kubeconfig whose token is the cluster's admin user (the demo's
-``kubernetes-admin``), creates the Nodes of a :class:`~hami.sim.cluster.ClusterSpec` as a kubelet
-would register them (Ready, no GPU annotations: no node agent runs), and runs the Job stand-in
-(:class:`hami.sim.jobs.JobStandIn`), so the chart's certificate hooks run when Helm installs or upgrades
-it. No scheduler, webhook, node agent, kubelet or workload stand-in runs: Deployments and DaemonSets
-installed here are stored, not run. On exit the Job stand-in (and any Job it still runs) is stopped
-before the apiserver goes away. Must not import ``webhook``, ``monitor`` or the Kubernetes client.
+kube-apiserver does), writes a kubeconfig for its HTTPS listener (kubectl and Helm send credentials
+only over HTTPS) whose token is the cluster's admin user (the demo's ``kubernetes-admin``), creates
+the Nodes of a :class:`~hami.sim.cluster.ClusterSpec` as a kubelet would register them (Ready, no GPU
+annotations: no node agent runs), and runs the Job stand-in (:class:`hami.sim.jobs.JobStandIn`), so
+the chart's certificate hooks run when Helm installs or upgrades it. No scheduler, webhook, node
+agent, kubelet or workload stand-in runs: Deployments and DaemonSets installed here are stored, not
+run. On exit the Job stand-in (and any Job it still runs) is stopped before the apiserver goes away.
+Must not import ``webhook``, ``monitor`` or the Kubernetes client.
 """
 
 from __future__ import annotations
@@ -71,13 +72,14 @@ class BareCluster:
     async def _start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.emulator = await self.stack.enter_async_context(
-            embedded_apiserver(identities={self.token: self.user}, call_webhooks=True)
+            embedded_apiserver(identities={self.token: self.user}, call_webhooks=True, tls=True)
         )
-        self.url = str(self.emulator.url).rstrip("/")
-        write_kubeconfig(self.kubeconfig, self.url, token=self.token)
+        self.url = self.emulator.tls_url
+        write_kubeconfig(self.kubeconfig, self.url, token=self.token, ca_pem=self.emulator.ca_pem)
         self.progress(f"apiserver   {self.url} (kubeconfig {self.kubeconfig}, user {self.user})")
         session = await self.stack.enter_async_context(aiohttp.ClientSession())
-        self.api = SimApi(session, self.url, token=self.token)
+        # in-process calls take the plain listener (the same server)
+        self.api = SimApi(session, str(self.emulator.url).rstrip("/"), token=self.token)
         nodes = self.cluster.nodes if self.cluster is not None else ()
         for node in nodes:
             await self.api.create(nodes_path(), node_object(node))
