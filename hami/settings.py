@@ -98,11 +98,31 @@ def from_device_config(document: Mapping[str, Any] | None) -> DeviceConfig:
         if key in nvidia and nvidia[key] is not None:
             values[attr] = _coerce(key, nvidia[key], types[attr])
     names = {attr: str(nvidia[key]) for key, attr in _RESOURCE_KEYS.items() if nvidia.get(key)}
-    allow = nvidia.get("migProfileAllowlist") or {}
-    if not isinstance(allow, Mapping):
-        raise ConfigError(f"nvidia.migProfileAllowlist must be a mapping, got {allow!r}")
-    values["mig_profile_allowlist"] = {str(k): tuple(str(p) for p in (v or ())) for k, v in allow.items()}
+    values["mig_profile_allowlist"] = _mig_allowlist(nvidia.get("migProfileAllowlist") or {})
     return replace(defaults, resources=replace(defaults.resources, **names), **values)
+
+
+def _mig_allowlist(allow: object) -> dict[str, tuple[str, ...]]:
+    """Card model -> allowed MIG profiles, from our mapping form or HAMi's list of ``{models, profiles}``
+    entries (what HAMi's own device config carries); a model named by several entries gets the union."""
+    if isinstance(allow, Mapping):
+        return {str(k): tuple(str(p) for p in (v or ())) for k, v in allow.items()}
+    if not isinstance(allow, list):
+        raise ConfigError(f"nvidia.migProfileAllowlist must be a mapping or a list, got {allow!r}")
+    merged: dict[str, tuple[str, ...]] = {}
+    for position, entry in enumerate(allow):
+        where = f"nvidia.migProfileAllowlist[{position}]"
+        if not isinstance(entry, Mapping):
+            raise ConfigError(f"{where} must be a mapping with models and profiles, got {entry!r}")
+        models, profiles = entry.get("models"), entry.get("profiles")
+        for name, value in (("models", models), ("profiles", profiles)):
+            if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+                raise ConfigError(f"{where}.{name} must be a non-empty list of strings, got {value!r}")
+        assert isinstance(models, list) and isinstance(profiles, list)  # checked above
+        for model in models:
+            known = merged.get(model, ())
+            merged[model] = known + tuple(p for p in dict.fromkeys(profiles) if p not in known)
+    return merged
 
 
 def _coerce(key: str, value: Any, kind: type) -> Any:
