@@ -141,12 +141,15 @@ class EmbeddedSystem:
         self.workdir.mkdir(parents=True, exist_ok=True)
         identities = {self.tokens[who]: user for who, user in ACCOUNTS.items()}
         self.emulator = await self.stack.enter_async_context(
-            embedded_apiserver(identities=identities, call_webhooks=True)
+            embedded_apiserver(identities=identities, call_webhooks=True, tls=True)
         )
         self.url = str(self.emulator.url).rstrip("/")
         install_scale(self.emulator)  # `kubectl scale` of a Deployment or ReplicaSet
         for who, path in self.kubeconfigs.items():
             write_kubeconfig(path, self.url, token=self.tokens[who])
+        # kubectl and Helm send a token only over HTTPS: the user's kubeconfig names that listener
+        tls_url, ca_pem = self.emulator.tls_url, self.emulator.ca_pem
+        write_kubeconfig(self.kubeconfig, tls_url, token=self.tokens[USER], ca_pem=ca_pem)
         self.progress(f"apiserver   {self.url} (kubeconfig {self.kubeconfig})")
         self.session = await self.stack.enter_async_context(aiohttp.ClientSession())
         self.api = SimApi(self.session, self.url, token=self.tokens[USER])
