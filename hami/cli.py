@@ -30,7 +30,6 @@ EXTRAS: dict[str, str] = {
     "numpy": "sim",
     "matplotlib": "sim",
     "kmock": "demo",
-    "jsonpatch": "demo",
     "cel": "demo",
     "kubernetes_validate": "demo",
 }

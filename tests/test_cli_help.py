@@ -72,7 +72,6 @@ def test_the_extras_table_names_what_pyproject_declares() -> None:
         "numpy": "numpy",
         "matplotlib": "matplotlib",
         "kmock": "kmock",
-        "jsonpatch": "jsonpatch",
         "cel": "common-expression-language",
         "kubernetes_validate": "kubernetes-validate",
     }
@@ -97,7 +96,7 @@ def _hami(blocked: Sequence[str], *argv: str, cwd: Path) -> subprocess.Completed
 
 
 WITHOUT_SIM = ("numpy", "matplotlib")
-WITHOUT_DEMO = ("kmock", "jsonpatch", "cel", "kubernetes_validate")
+WITHOUT_DEMO = ("kmock", "cel", "kubernetes_validate")
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["simulate", "--help"], ["scheduler", "--help"]])
