@@ -51,7 +51,9 @@ FROM runtime AS product
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     pip install --no-cache-dir --no-index --find-links=/wheels /wheels/hami_py-*.whl \
- && for command in scheduler explain cordon uncordon doctor simulate; do hami "$command" --help >/dev/null; done \
+ && for command in scheduler explain cordon uncordon doctor simulate; do \
+        hami "$command" --help >/dev/null || exit 1; \
+    done \
  && hami --help >/dev/null \
  && hami-webhook --help >/dev/null \
  && hami-monitor --help >/dev/null \
