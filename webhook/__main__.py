@@ -39,7 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The process's one Prometheus registry (no global default registry), passed down.
     registry = CollectorRegistry()
     try:
-        asyncio.run(run(settings, registry=registry))
+        asyncio.run(run(settings, registry=registry, freeze_gc=True))
     except (CertificateError, OSError) as exc:
         return refuse(PROGRAM, exc, FAILED)
     except KeyboardInterrupt:

@@ -116,6 +116,7 @@ class ListWatcher:
         self._stopping = threading.Event()
         self._guard = threading.Lock()
         self._response: Any = None
+        self._call: Any = None  # the API method that lists and watches, resolved by start()
         self._thread = threading.Thread(target=self._run, name=f"hami-watch-{kind}", daemon=True)
         #: how many watch requests were opened (each reconnect counts); for health and tests
         self.watches_opened = 0
@@ -125,6 +126,11 @@ class ListWatcher:
         self._reported: dict[tuple[str, str], str] = {}  # (namespace, name) -> reason last reported
 
     def start(self) -> None:
+        # Resolved here, on the caller's thread, before the watch thread exists: the first use of a
+        # kubernetes API class imports its module (CoreV1Api: ~1 s of CPU). Done in the watch thread,
+        # that import held the GIL in 5 ms slices against the event loop this watcher feeds, just as
+        # the loop started serving (issue 26: the webhook's admissions stalled for hundreds of ms).
+        self._call = self._method()
         self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -214,7 +220,7 @@ class ListWatcher:
 
     def _list(self) -> str:
         try:
-            response = self._method()(_preload_content=False, _request_timeout=timeout_of(self._api))
+            response = self._call(_preload_content=False, _request_timeout=timeout_of(self._api))
             body = json.loads(response.data or b"{}")
         except Exception as exc:
             raise error_from(exc) from exc
@@ -225,7 +231,7 @@ class ListWatcher:
     def _watch(self, version: str) -> str:
         """One watch request; returns the last resourceVersion seen when the stream ends."""
         try:
-            response = self._method()(
+            response = self._call(
                 watch=True,
                 resource_version=version or None,
                 allow_watch_bookmarks=True,

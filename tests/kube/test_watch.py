@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
 import kmock
 import pytest
 
+from hami.kube import watch
 from hami.kube.watch import ListWatcher
 
 Emulator = kmock.KubernetesEmulator
@@ -205,3 +207,23 @@ async def test_an_object_whose_handler_fails_is_skipped_and_the_list_goes_on(
         assert [name for _, name, _ in skips] == ["bad", "bad"]
     finally:
         await asyncio.to_thread(watcher.stop)
+
+
+async def test_the_api_class_is_resolved_on_the_starting_thread(
+    apiserver: Emulator, feed: tuple[Feed, ListWatcher], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first use of a kubernetes API class imports its module (CoreV1Api: a second of CPU): done by
+    start(), before the watch thread exists, not in that thread against the loop it feeds (issue 26)."""
+    events, watcher = feed
+    group_api, method = watch.METHODS["nodes"]
+    resolved_on: list[str] = []
+
+    def recording(api: Any) -> Any:
+        resolved_on.append(threading.current_thread().name)
+        return group_api(api)
+
+    monkeypatch.setitem(watch.METHODS, "nodes", (recording, method))
+    await apiserver.post("/api/v1/nodes", json=_node("n1"))
+    watcher.start()
+    await events.listed(["n1"])
+    assert resolved_on == [threading.current_thread().name]

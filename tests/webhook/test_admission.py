@@ -122,7 +122,9 @@ async def test_mutation_golden_patch(
 async def test_refusal(webhook: Webhook, pod: dict[str, Any], message: str, code: int) -> None:
     response = await webhook.admit(pod)
     assert response["allowed"] is False
-    assert response["status"] == {"message": message, "code": code}
+    # the code, and the reason kube-apiserver passes on (kubectl: "Error from server (Invalid): ...")
+    reason = {400: "BadRequest", 403: "Forbidden", 422: "Invalid"}[code]
+    assert response["status"] == {"message": message, "code": code, "reason": reason, "status": "Failure"}
     assert "patch" not in response
 
 
@@ -135,6 +137,8 @@ async def test_forged_internal_annotation_refused(webhook: Webhook, key: str) ->
     assert response["status"] == {
         "message": f"annotation {key} is written by HAMi only; a new pod may not carry it",
         "code": 403,
+        "reason": "Forbidden",
+        "status": "Failure",
     }
 
 

@@ -24,6 +24,8 @@ from .webhook_cases import CORES, GPU, MEM, PCT, ctr, make_pod
 from .webhook_harness import Operator, Webhook, api_get, api_post
 
 MEM_KEY, CORES_KEY = f"limits.{MEM}", f"limits.{CORES}"
+#: What a 403 refusal's status carries besides code and message (kubectl: "Error from server (Forbidden)").
+FORBIDDEN = {"reason": "Forbidden", "status": "Failure"}
 
 
 def in_namespace(pod: dict[str, Any], namespace: str) -> dict[str, Any]:
@@ -82,6 +84,7 @@ async def test_a_pod_over_its_namespace_gpu_quota_is_refused_at_admission(
         "message": "exceeding resource quota: the pod asks for 10000 of limits.nvidia.com/gpumem, more than "
         "resourcequota quota-team/gpu allows in all (8000)",
         "code": 403,
+        **FORBIDDEN,
     }
     assert await refusals_over_quota(operator, webhook) == before + 1
 
@@ -143,7 +146,11 @@ async def test_what_the_pod_asks_is_hamis_sum(
         assert response["allowed"] is True, response
     else:
         assert response["allowed"] is False
-        assert response["status"] == {"message": f"exceeding resource quota: {message}", "code": 403}
+        assert response["status"] == {
+            "message": f"exceeding resource quota: {message}",
+            "code": 403,
+            **FORBIDDEN,
+        }
 
 
 async def test_every_quota_over_its_limit_is_named(operator: Operator, webhook: Webhook) -> None:
@@ -181,7 +188,7 @@ async def test_other_refusals_come_first_and_unrouted_pods_are_not_checked(
     await add_quota(operator, webhook, "tiny", "quota-order", {MEM_KEY: "1"}, probe=over)
     privileged = make_pod(ctr("t", limits=over, securityContext={"privileged": True}))
     response = await webhook.admit(in_namespace(privileged, "quota-order"), namespace="quota-order")
-    assert response["status"] == {"message": "container t is privileged", "code": 403}
+    assert response["status"] == {"message": "container t is privileged", "code": 403, **FORBIDDEN}
     # a pod naming another scheduler is not ours to route (HAMi lets it through unchecked, too)
     foreign = in_namespace(make_pod(ctr("t", limits=over), schedulerName="volcano"), "quota-order")
     assert (await webhook.admit(foreign, namespace="quota-order"))["allowed"] is True

@@ -103,12 +103,12 @@ def operator_settings(cluster: Cluster, tls_dir: Path, **overrides: Any) -> Webh
 
 
 @contextlib.contextmanager
-def running_operator(settings: WebhookSettings) -> Iterator[None]:
-    """``webhook.handlers.run`` in its own thread; stopped (and joined) on exit."""
+def running_operator(settings: WebhookSettings, **options: Any) -> Iterator[None]:
+    """``webhook.handlers.run`` (with ``options``) in its own thread; stopped (and joined) on exit."""
     ready = threading.Event()
 
     async def operate(stop: asyncio.Event) -> None:
-        await run(settings, stop_flag=stop, ready_flag=ready)
+        await run(settings, stop_flag=stop, ready_flag=ready, **options)
 
     thread = LoopThread("kopf", operate)
     thread.start()
