@@ -14,7 +14,7 @@ app's card, a finished pod); a stale node lock on gpu-a whose holder is gone. Th
 3. the webhook, and new GPU pods: a pod steered to a card the HAMi pods filled stays Pending with
    ``CardInsufficientMemory``, and of identical fill pods exactly as many land as the cards have room
    for after the HAMi pods, no card over its memory, cores or slots; a bind on gpu-a takes the dangling
-   lock over.
+   lock over; the scheduler and the node agents' exporters end up counting the same, card by card.
 
 Expected numbers come from the fixtures' plain data, never from our codec, so a decoder that mis-reads
 one of HAMi's formats fails the test (counted usage, the number placed, or the over-commit check).
@@ -142,12 +142,31 @@ class HamiEraSystem(EmbeddedSystem):
         if child is None or not child.running:  # started early above; the base class starts it again
             await super().start_scheduler()
 
+    async def _scrape(self, component: str) -> str:
+        timeout = aiohttp.ClientTimeout(total=10)
+        async with self.session.get(self.metrics_urls[component], timeout=timeout) as response:
+            return await response.text()
+
+    async def agents_view(self) -> dict[str, Usage]:
+        """Card uuid -> what the node agents' exporters count on their cards (their /metrics)."""
+        used: dict[str, Usage] = defaultdict(Usage)
+        for node in NODES:
+            for family in text_string_to_metric_families(await self._scrape(f"monitor-{node.name}")):
+                for sample in family.samples:
+                    uuid = sample.labels.get("device_uuid")
+                    if uuid is None:
+                        continue
+                    if sample.name == "hami_node_card_memory_allocated_bytes":
+                        used[uuid].memory = int(sample.value) // MIB
+                    elif sample.name == "hami_node_card_cores_allocated":
+                        used[uuid].cores = int(sample.value)
+                    elif sample.name == "hami_node_card_slots_used":
+                        used[uuid].slots = int(sample.value)
+        return dict(used)
+
     async def scheduler_view(self) -> View:
         """The cards as the scheduler's live view has them (its /metrics)."""
-        async with self.session.get(
-            self.metrics_urls[SCHEDULER], timeout=aiohttp.ClientTimeout(total=10)
-        ) as r:
-            text = await r.text()
+        text = await self._scrape(SCHEDULER)
         used: dict[str, Usage] = defaultdict(Usage)
         registered: dict[str, Registered] = defaultdict(Registered)
         for family in text_string_to_metric_families(text):
@@ -182,6 +201,18 @@ def _fill_pod(i: int) -> dict[str, Any]:
         "metadata": {"name": f"fill-{i}", "namespace": "default"},
         "spec": {"containers": [{"name": "c", "image": "x", "resources": {"limits": limits}}]},
     }
+
+
+def _with_fill_pods(used: dict[str, Usage], pods: dict[str, Any]) -> dict[str, Usage]:
+    """``used`` plus the fill pods placed (one card each, named first in their grant)."""
+    total = {uuid: Usage(u.memory, u.cores, u.slots) for uuid, u in used.items()}
+    for name, pod in pods.items():
+        if name.startswith("default/fill-") and pod["spec"].get("nodeName"):
+            uuid = pod["metadata"]["annotations"]["hami.io/vgpu-devices-allocated"].split(",", 1)[0]
+            total[uuid].memory += FILL.memory
+            total[uuid].cores += FILL.cores
+            total[uuid].slots += 1
+    return total
 
 
 def _probe_pod() -> dict[str, Any]:
@@ -245,6 +276,14 @@ async def test_pods_hami_placed_keep_their_cards_when_our_components_take_over(w
         hami_pods = {p.name: await system.api.get(pods_path(p.namespace, p.name)) for p in RUNNING}
         nodes = await system.api.list_objects(nodes_path())
         final_view = await system.scheduler_view()
+        expected_final = _with_fill_pods(expected_usage((*RUNNING, IN_FLIGHT)), pods)
+
+        async def agents_agree() -> dict[str, Usage] | None:
+            view = await system.agents_view()
+            return view if view == expected_final else None
+
+        # the node agents' exporters apply the same rule to the pods bound to their node
+        await eventually(agents_agree, "the node agents to count what the scheduler counts", within=20)
         code, report = await _doctor(system.kubeconfig)
 
     # the HAMi pods are untouched: still there, same phase, same annotations
@@ -268,12 +307,8 @@ async def test_pods_hami_placed_keep_their_cards_when_our_components_take_over(w
     assert len(placed) == fits, (fits, sorted(placed))
     for name, pod in placed.items():
         assert pod["status"]["phase"] == "Running", name
-        annotations = pod["metadata"]["annotations"]
-        assert annotations["hami.io/bind-phase"] == "success", name
-        uuid = annotations["hami.io/vgpu-devices-allocated"].split(",", 1)[0]
-        held[uuid].memory += FILL.memory
-        held[uuid].cores += FILL.cores
-        held[uuid].slots += 1
+        assert pod["metadata"]["annotations"]["hami.io/bind-phase"] == "success", name
+    held = _with_fill_pods(held, pods)
     for uuid, card in cards.items():
         use = held[uuid]
         assert use.memory <= card.memory and use.cores <= card.cores and use.slots <= card.slots, (uuid, use)
