@@ -170,6 +170,6 @@ def unsupported(content_type: str, why: str = "") -> kmock.KubernetesError:
     )
 
 
-_ACCEPTED = "application/json, application/yaml, application/vnd.kubernetes.protobuf (Namespace, Secret, "
-_ACCEPTED += "ConfigMap), application/apply-patch+yaml, application/merge-patch+json, "
+_ACCEPTED = "application/json, application/yaml, application/vnd.kubernetes.protobuf (some kinds), "
+_ACCEPTED += "application/apply-patch+yaml, application/merge-patch+json, "
 _ACCEPTED += "application/json-patch+json, application/strategic-merge-patch+json"

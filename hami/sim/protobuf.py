@@ -1,14 +1,19 @@
 """Kubernetes' protobuf request bodies, read into the JSON the embedded apiserver stores.
 
-client-go's typed clients (kubectl's ``create namespace``, ``auth can-i``, ``auth whoami``; Helm's
-release Secrets and their deletion) send built-in objects as ``application/vnd.kubernetes.protobuf``:
-the magic ``k8s\\x00`` and a ``runtime.Unknown`` envelope (``typeMeta``, ``raw``) around the object's
-own message. Owns :func:`decode` for the kinds :data:`KINDS` names — Namespace, Secret, ConfigMap,
-DeleteOptions, SelfSubjectAccessReview, SelfSubjectRulesReview, SelfSubjectReview — parsed by the
-``protobuf`` library with the messages of :mod:`hami.sim.kubeproto` (Kubernetes' field numbers) and
-turned into their JSON form: ``bytes`` as base64, ``Time`` as RFC 3339, maps as objects, fields left
-unset absent. Any other kind, or a malformed body, raises :class:`ProtobufError` (answered 415, as
-kube-apiserver answers a body it cannot read). Simulation only; pure: no I/O.
+client-go's typed clients (kubectl's ``create deployment``, ``create job``, ``create namespace``,
+``auth can-i``, ``auth whoami``; Helm's release Secrets and their deletion) send built-in objects as
+``application/vnd.kubernetes.protobuf``: the magic ``k8s\\x00`` and a ``runtime.Unknown`` envelope
+(``typeMeta``, ``raw``) around the object's own message. Owns :func:`decode` for the kinds :data:`KINDS`
+names — Namespace, Secret, ConfigMap, Pod, Deployment, ReplicaSet, Job, DeleteOptions and the self
+reviews — parsed by the ``protobuf`` library with the messages of :mod:`hami.sim.kubeproto`
+(Kubernetes' field numbers) and turned into their JSON form: ``bytes`` as base64, ``Time`` as RFC 3339,
+``IntOrString`` as a number or a string, ``Quantity`` as its string, maps as objects. Go writes every
+non-pointer field, set or not: a zero value there means unset and is left out (as Go's ``omitempty``
+does), while a field marked ``pointer`` in ``k8s.proto`` keeps its zero (``replicas: 0``). A field the
+messages do not list that carries a value is refused, naming where it is, instead of being dropped.
+Any other kind, or a malformed body, raises :class:`ProtobufError` (answered 415, as kube-apiserver
+answers a body it cannot read, with the way round: send the object as JSON). Simulation only; pure: no
+I/O.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import Any
 
 from google.protobuf import message as _message  # type: ignore[import-untyped]  # no stubs shipped
 from google.protobuf.descriptor import FieldDescriptor  # type: ignore[import-untyped]
+from google.protobuf.unknown_fields import UnknownFieldSet  # type: ignore[import-untyped]
 
 from hami.sim.kubeproto import k8s_pb2
 
@@ -31,6 +37,10 @@ KINDS: dict[tuple[str, str], Any] = {
     ("v1", "Namespace"): k8s_pb2.Namespace,
     ("v1", "Secret"): k8s_pb2.Secret,
     ("v1", "ConfigMap"): k8s_pb2.ConfigMap,
+    ("v1", "Pod"): k8s_pb2.Pod,
+    ("apps/v1", "Deployment"): k8s_pb2.Deployment,
+    ("apps/v1", "ReplicaSet"): k8s_pb2.ReplicaSet,
+    ("batch/v1", "Job"): k8s_pb2.Job,
     ("v1", "DeleteOptions"): k8s_pb2.DeleteOptions,
     ("meta.k8s.io/v1", "DeleteOptions"): k8s_pb2.DeleteOptions,
     ("authorization.k8s.io/v1", "SelfSubjectAccessReview"): k8s_pb2.SelfSubjectAccessReview,
@@ -38,6 +48,13 @@ KINDS: dict[tuple[str, str], Any] = {
     ("authentication.k8s.io/v1", "SelfSubjectReview"): k8s_pb2.SelfSubjectReview,
 }
 _TIME = k8s_pb2.Time.DESCRIPTOR.full_name
+_INT_OR_STRING = k8s_pb2.IntOrString.DESCRIPTOR.full_name
+_QUANTITY = k8s_pb2.Quantity.DESCRIPTOR.full_name
+#: What a client whose kind is not read here can do instead (kubectl sends JSON for these).
+WAY_ROUND = (
+    "send it as JSON: kubectl apply -f FILE, "
+    "or kubectl create ... --dry-run=client -o json | kubectl apply -f -"
+)
 
 
 class ProtobufError(ValueError):
@@ -54,14 +71,32 @@ def _time(value: Any) -> str | None:
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _value(field: Any, value: Any) -> Any:
-    """One singular value of ``field`` in its JSON form."""
+def _int_or_string(value: Any, where: str) -> int | str:
+    _check_unknown(value, where)
+    if value.type == 0:
+        return int(value.intVal)
+    if value.type == 1:
+        return _text(where, value.strVal)
+    raise ProtobufError(f"{where}: IntOrString type {value.type} is neither 0 (int) nor 1 (string)")
+
+
+def _value(field: Any, value: Any, where: str) -> Any:
+    """One singular value of ``field`` (at ``where``) in its JSON form."""
     if field.type == FieldDescriptor.TYPE_MESSAGE:
-        return _time(value) if field.message_type.full_name == _TIME else as_json(value)
+        name = field.message_type.full_name
+        if name == _TIME:
+            _check_unknown(value, where)
+            return _time(value)
+        if name == _INT_OR_STRING:
+            return _int_or_string(value, where)
+        if name == _QUANTITY:
+            _check_unknown(value, where)
+            return _text(where, value.string)
+        return as_json(value, where)
     if field.type == FieldDescriptor.TYPE_BYTES:
         return base64.b64encode(value).decode("ascii")
     if field.type == FieldDescriptor.TYPE_STRING:
-        return _text(field.name, value)
+        return _text(where, value)
     return value
 
 
@@ -75,19 +110,42 @@ def _text(name: str, value: Any) -> str:
     return str(value)
 
 
-def as_json(msg: Any) -> dict[str, Any]:
-    """A parsed message as the JSON object Kubernetes would accept (the set fields only)."""
+def _check_unknown(msg: Any, where: str) -> None:
+    """Refuse a field the messages do not list when it carries a value (its zero loses nothing)."""
+    for unknown in UnknownFieldSet(msg):
+        data = unknown.data
+        if data in (0, b"") or (isinstance(data, UnknownFieldSet) and len(data) == 0):
+            continue
+        raise ProtobufError(
+            f"{where or 'the object'}: field {unknown.field_number} of {msg.DESCRIPTOR.name} is not read "
+            "by this apiserver"
+        )
+
+
+def _is_unset(field: Any, value: Any) -> bool:
+    """A non-pointer scalar at its zero value: Go wrote it although nobody set it."""
+    if field.type == FieldDescriptor.TYPE_MESSAGE or value not in (0, "", b"", False):
+        return False
+    return not field.GetOptions().Extensions[k8s_pb2.pointer]
+
+
+def as_json(msg: Any, where: str = "") -> dict[str, Any]:
+    """A parsed message as the JSON object Kubernetes would accept (the set fields only; ``where`` is
+    its path in the object, for errors)."""
+    _check_unknown(msg, where)
     result: dict[str, Any] = {}
     for field, value in msg.ListFields():
+        path = f"{where}.{field.name}" if where else field.name
         if field.message_type is not None and field.message_type.GetOptions().map_entry:
             value_field = field.message_type.fields_by_name["value"]
             result[field.name] = {
-                _text(f"{field.name} key", key): _value(value_field, item) for key, item in value.items()
+                _text(f"{path} key", key): _value(value_field, item, f"{path}[{key}]")
+                for key, item in value.items()
             }
         elif field.is_repeated:
-            result[field.name] = [_value(field, item) for item in value]
-        else:
-            converted = _value(field, value)
+            result[field.name] = [_value(field, item, f"{path}[{i}]") for i, item in enumerate(value)]
+        elif not _is_unset(field, value):
+            converted = _value(field, value, path)
             if converted is not None:
                 result[field.name] = converted
     return result
@@ -107,7 +165,11 @@ def decode(body: bytes) -> dict[str, Any]:
         raise ProtobufError(f"unsupported content encoding {envelope.contentEncoding!r}")
     message_class = KINDS.get((api_version, kind))
     if message_class is None:
-        raise ProtobufError(f"{api_version} {kind} is not read from protobuf by this apiserver")
+        readable = ", ".join(sorted({k for _, k in KINDS}))
+        raise ProtobufError(
+            f"{api_version} {kind} is not read from protobuf by this apiserver (it reads {readable}); "
+            + WAY_ROUND
+        )
     obj = message_class()
     try:
         obj.ParseFromString(envelope.raw)
@@ -117,3 +179,5 @@ def decode(body: bytes) -> dict[str, Any]:
         return {"apiVersion": api_version, "kind": kind, **as_json(obj)}
     except UnicodeDecodeError as exc:  # a map key that is not UTF-8 (the library decodes keys itself)
         raise ProtobufError(f"{api_version} {kind} has text that is not UTF-8") from exc
+    except ProtobufError as exc:
+        raise ProtobufError(f"{api_version} {kind}: {exc}; {WAY_ROUND}") from exc

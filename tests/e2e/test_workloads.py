@@ -1,6 +1,7 @@
-"""A user tries GPU sharing on the demo cluster with a Deployment, using real kubectl: the workload
-stand-in makes its pods, the apiserver sends them through HAMi's webhook, the scheduler shares cards,
-``kubectl scale`` scales, ``kubectl delete`` cascades; a plain pod nobody schedules is told so."""
+"""A user tries GPU sharing on the demo cluster with a Deployment, using real kubectl: ``kubectl create
+deployment`` and ``kubectl create job`` (protobuf bodies) make workloads, the workload stand-in makes their
+pods, the apiserver sends them through HAMi's webhook, the scheduler shares cards, ``kubectl scale``
+scales, ``kubectl delete`` cascades; a plain pod nobody schedules is told so."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ spec:
     spec:
       nodeSelector: {hami.io/demo-node: gpu-a10}   # two cards for three pods: some card is shared
       containers:
-        - name: cuda
+        - name: x   # the name `kubectl create deployment --image=x` gives it: apply changes that container
           image: x
           command: ["sleep", "infinity"]
           resources:
@@ -77,21 +78,30 @@ async def test_a_gpu_deployment_shares_cards_scales_and_cascades(workdir: Path) 
         async def wait(probe: Any, what: str) -> Any:
             return await eventually(probe, what, within=60, alive=system.check_standin)
 
-        # what `kubectl create deployment gpu --image=x --replicas=3` makes (that command sends protobuf,
-        # which the embedded apiserver does not read for Deployments): no GPU asked
-        plain = GPU_DEPLOYMENT.replace("nvidia.com/gpu: 1, nvidia.com/gpumem: 3000", "cpu: 100m")
-        (manifest := workdir / "gpu.yaml").write_text(plain)
-        created = await kubectl(system, "apply", "-f", str(manifest))
+        # kubectl's typed create sends the Deployment as protobuf (it was refused with 415): no GPU asked
+        created = await kubectl(system, "create", "deployment", "gpu", "--image=x", "--replicas=3")
         assert created.strip() == "deployment.apps/gpu created"
+        created = await kubectl(system, "create", "job", "once", "--image=x", "--", "true")
+        assert created.strip() == "job.batch/once created"
+
+        async def job_pod() -> dict[str, Any] | None:
+            found = await _json(system, "pods", "-l", "job-name=once")
+            return found[0] if len(found) == 1 else None
+
+        job_pod_made = await wait(job_pod, "the pod of the Job kubectl created")
 
         async def told() -> list[dict[str, Any]] | None:
-            events = [e for e in await _json(system, "events") if e["reason"] == "NoScheduler"]
+            events = [
+                e
+                for e in await _json(system, "events")
+                if e["reason"] == "NoScheduler" and e["involvedObject"]["name"].startswith("gpu-")
+            ]
             return events if len(events) == 3 else None
 
         # no GPU asked: the webhook leaves the pods to default-scheduler, which does not run here
         warnings = await wait(told, "a NoScheduler Warning for each plain pod")
         assert {e["type"] for e in warnings} == {"Warning"}
-        manifest.write_text(GPU_DEPLOYMENT)
+        (manifest := workdir / "gpu.yaml").write_text(GPU_DEPLOYMENT)
         await kubectl(system, "apply", "-f", str(manifest))
 
         async def rolled_out() -> list[dict[str, Any]] | None:
@@ -139,3 +149,6 @@ async def test_a_gpu_deployment_shares_cards_scales_and_cascades(workdir: Path) 
     ]
     assert sorted(rs["spec"]["replicas"] for rs in sets) == [0, 3]  # the plain set scaled to 0, kept
     assert kept["metadata"]["name"] in {p["metadata"]["name"] for p in pods}
+    assert [(o["kind"], o["name"]) for o in job_pod_made["metadata"]["ownerReferences"]] == [("Job", "once")]
+    assert job_pod_made["spec"]["containers"][0]["command"] == ["true"]
+    assert [c["name"] for c in pods[0]["spec"]["containers"]] == ["x"]  # the template applied over it
