@@ -2,8 +2,9 @@
 
 Owns the three reactions documented in ``testing-here.md``: ``pods/binding`` (sets ``spec.nodeName``
 through the emulator's own PATCH so watchers see it), the core discovery fix (``/api/v1`` must say
-``groupVersion: v1`` for kubectl), and ``kind``/``apiVersion`` on list responses. Used by the test suite
-and by ``hami demo``. Simulation only: nothing in production imports this module.
+``groupVersion: v1`` for kubectl), and ``kind``/``apiVersion`` on list responses; every embedded
+apiserver also serves ``deployments|replicasets/scale`` (:mod:`hami.sim.scale`, ``kubectl scale``).
+Used by the test suite and by ``hami demo``. Simulation only: nothing in production imports this module.
 
 Also owns :class:`AdmittingEmulator`, what :func:`embedded_apiserver` serves: kmock stores a write before
 any reaction runs, so the two steps a pod write passes in kube-apiserver before it is stored are done
@@ -42,6 +43,7 @@ from hami.sim.restapi import NAMESPACES as NAMESPACE_RESOURCE
 from hami.sim.restapi import build_request, install, install_openapi, is_namespace_path, now_utc, stamp_create
 from hami.sim.reviews import ANONYMOUS, groups
 from hami.sim.reviews import answer as review_answer
+from hami.sim.scale import install_scale
 from hami.sim.subresources import Subresources
 from hami.sim.tls import ServingTLS
 from hami.sim.writes import before_store, error_status
@@ -310,6 +312,7 @@ async def embedded_apiserver(
         await add_reactions(k)
         install(k)
         install_openapi(k)
+        install_scale(k)  # `kubectl scale` edits spec.replicas: the apiserver's own, controllers or not
         if tls:
             await _serve_tls(stack, k, host)
         if call_webhooks:

@@ -9,7 +9,8 @@ the Nodes of a :class:`~hami.sim.cluster.ClusterSpec` as a kubelet would registe
 annotations: no node agent runs), and runs the Job stand-in (:class:`hami.sim.jobs.JobStandIn`), so
 the chart's certificate hooks run when Helm installs or upgrades it. No scheduler, webhook, node
 agent, kubelet or workload stand-in runs: Deployments and DaemonSets installed here are stored, not
-run. On exit the Job stand-in (and any Job it still runs) is stopped before the apiserver goes away.
+run (``kubectl scale`` edits a stored Deployment's ``spec.replicas``, as the apiserver does). On exit
+the Job stand-in (and any Job it still runs) is stopped before the apiserver goes away.
 Must not import ``webhook``, ``monitor`` or the Kubernetes client.
 """
 

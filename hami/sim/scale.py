@@ -6,7 +6,10 @@ kmock treats ``.../deployments/NAME/scale`` as the Deployment itself: a merge pa
 kube-apiserver's scale storage does too. :func:`install_scale` adds the reactions that answer GET and
 PATCH there with an ``autoscaling/v1`` ``Scale`` (``spec.replicas``, ``status.replicas`` and the
 selector as a string) instead of the whole object, and tells the apiserver's subresource table that
-``scale`` is served (where it has one). Must not import ``hami.kube``, ``webhook`` or ``monitor``.
+``scale`` is served (where it has one). :func:`hami.sim.apiserver.embedded_apiserver` installs it in
+every embedded apiserver (it is apiserver behaviour: the bare cluster, which runs no workload
+controller, scales the stored ``spec.replicas`` too). Must not import ``hami.kube``, ``webhook`` or
+``monitor``.
 """
 
 from __future__ import annotations

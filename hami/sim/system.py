@@ -43,7 +43,6 @@ from hami.sim.cluster import ClusterSpec, NodeFiles, node_object, write_node_fil
 from hami.sim.kubeapi import MWC_PATH, SimApi, nodes_path
 from hami.sim.processes import Supervisor, free_port, poll_until, python_argv
 from hami.sim.restapi import SERVER_VERSION
-from hami.sim.scale import install_scale
 from hami.sim.scheduler_standin import SchedulerStandIn
 from hami.sim.workloads_standin import WorkloadStandIn
 
@@ -144,7 +143,6 @@ class EmbeddedSystem:
             embedded_apiserver(identities=identities, call_webhooks=True, tls=True)
         )
         self.url = str(self.emulator.url).rstrip("/")
-        install_scale(self.emulator)  # `kubectl scale` of a Deployment or ReplicaSet
         for who, path in self.kubeconfigs.items():
             write_kubeconfig(path, self.url, token=self.tokens[who])
         # kubectl and Helm send a token only over HTTPS: the user's kubeconfig names that listener

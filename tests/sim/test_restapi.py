@@ -669,3 +669,28 @@ async def test_protobuf_kinds_not_read_are_415_naming_the_kind_and_the_way_round
         "kubectl apply -f FILE, or kubectl create ... --dry-run=client -o json | kubectl apply -f -"
         in (body["message"])
     )
+
+
+async def test_scale_is_served_by_the_apiserver_itself(client: Client) -> None:
+    """``kubectl scale`` edits spec.replicas through the scale subresource: apiserver behaviour, so every
+    embedded apiserver serves it (``hami demo --bare`` answered 404 "does not serve deployments/scale")."""
+    path = "/apis/apps/v1/namespaces/default/deployments"
+    template = {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{"name": "c", "image": "x"}]}}
+    spec = {"replicas": 2, "selector": {"matchLabels": {"app": "web"}}, "template": template}
+    await client.call("POST", path, {"metadata": {"name": "web"}, "spec": spec})
+    code, scale, _ = await client.call("GET", f"{path}/web/scale")
+    assert (code, scale["kind"], scale["spec"], scale["status"]["selector"]) == (
+        200,
+        "Scale",
+        {"replicas": 2},
+        "app=web",
+    )
+    merge = {"Content-Type": "application/merge-patch+json"}
+    code, scale, _ = await client.call("PATCH", f"{path}/web/scale", {"spec": {"replicas": 5}}, headers=merge)
+    assert (code, scale["kind"], scale["spec"]) == (200, "Scale", {"replicas": 5}), scale
+    _, stored, _ = await client.call("GET", f"{path}/web")
+    assert stored["spec"]["replicas"] == 5 and stored["spec"]["template"] == template
+    code, body, _ = await client.call("GET", f"{path}/missing/scale")
+    assert (code, body["reason"]) == (404, "NotFound")
+    code, body, _ = await client.call("DELETE", f"{path}/web/scale")
+    assert (code, body["reason"]) == (405, "MethodNotAllowed")
