@@ -18,30 +18,18 @@ reads the current objects back from the apiserver (so it never acts on a stale c
    (unscheduled, Pending, not-ready and newest pods deleted first); status ``replicas``,
    ``readyReplicas``, ``availableReplicas``, ``fullyLabeledReplicas``;
 4. **Jobs** the process Job stand-in does not run (:func:`hami.sim.jobs.runs_as_process`, the one
-   place that decides): up to ``parallelism`` pods at a time until ``completions`` pods succeeded
-   (default 1; unset with ``parallelism`` set: the first success ends it), ``backoffLimit`` (default
-   6) failed pods fail it, ``suspend`` removes its pods; status ``active``, ``ready``, ``succeeded``,
-   ``failed``, ``startTime``, ``completionTime`` and the ``Complete``/``SuccessCriteriaMet`` or
-   ``Failed``/``FailureTarget`` conditions. ``completionMode: Indexed``, pod failure policies and
-   ``ttlSecondsAfterFinished`` are not played.
+   place that decides): :class:`hami.sim.job_controller.JobController` (parallelism, completions,
+   backoff, suspend, status; a started Job pod is written ``Succeeded``: no container runs here).
 
-**How a Job's pod completes here**: no node of the embedded cluster runs containers (the kubelet
-stand-in admits a bound pod, hands it its devices and writes it Running). So this stand-in plays the
-kubelet's last part for a Job's pods only: once a Job's pod is Running (scheduled, devices allocated),
-its containers are taken to have exited 0 at once, and the pod is written ``Succeeded`` (each container
-``terminated``, reason ``Completed``). A Job's pods therefore hold their cards only briefly; a pod that
-never starts (no scheduler for it, no room) keeps the Job active.
-
-Every pod is created through the apiserver's create path like kubectl's, so admission runs on it (the
-Priority plugin and the mutating webhooks: a GPU pod gets ``schedulerName: hami-scheduler`` from our
-webhook). Must not import ``hami.kube``, ``webhook`` or ``monitor``.
+Every pod is created through the apiserver's create path like kubectl's
+(:class:`hami.sim.controller_writes.ControllerWrites`, shared with the Job controller), so admission runs
+on it (the Priority plugin and the mutating webhooks: a GPU pod gets ``schedulerName: hami-scheduler``
+from our webhook). Must not import ``hami.kube``, ``webhook`` or ``monitor``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import datetime
 import logging
 from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any
@@ -50,7 +38,9 @@ import aiohttp
 
 from hami import objects
 from hami.sim import workload_rules as rules
+from hami.sim.controller_writes import ControllerWrites, now, object_path
 from hami.sim.garbage_collector import GarbageCollector
+from hami.sim.job_controller import JobController
 from hami.sim.jobs import runs_as_process
 from hami.sim.kubeapi import ApiError, JsonDict, SimApi, pods_path
 from hami.sim.workload_rules import Counted
@@ -62,7 +52,6 @@ REPLICASETS = "/apis/apps/v1/replicasets"
 JOBS = "/apis/batch/v1/jobs"
 #: the ``source.component`` of each controller's Events (kube's names)
 RS_COMPONENT = "replicaset-controller"
-JOB_COMPONENT = "job-controller"
 DEPLOYMENT_COMPONENT = "deployment-controller"
 
 
@@ -79,17 +68,6 @@ def _progressing(done: bool, new: str) -> tuple[str, str]:
     return "ReplicaSetUpdated", f'ReplicaSet "{new}" is progressing.'
 
 
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _path(obj: Mapping[str, Any], sub: str = "") -> str:
-    group = {"Deployment": "apps/v1/", "ReplicaSet": "apps/v1/", "Job": "batch/v1/"}[str(obj.get("kind"))]
-    plural = {"Deployment": "deployments", "ReplicaSet": "replicasets", "Job": "jobs"}[str(obj.get("kind"))]
-    path = f"/apis/{group}namespaces/{objects.namespace(obj)}/{plural}/{objects.name(obj)}"
-    return f"{path}/{sub}" if sub else path
-
-
 class WorkloadStandIn:
     """Deployments, ReplicaSets and Jobs made into pods (see the module docstring)."""
 
@@ -99,10 +77,10 @@ class WorkloadStandIn:
         self._api = api
         self._backoff = backoff
         self._refused = False
-        self._told: dict[str, str] = {}  # owner uid -> the last Event message (a Warning is said once)
         self._wake = asyncio.Event()
-        self._max_writes = max_pass_writes
+        self._writes = ControllerWrites(api, max_pass_writes)
         self.gc = GarbageCollector(api)
+        self.jobs = JobController(api, self._writes)
         #: passes run so far (tests wait on progress)
         self.passes = 0
 
@@ -160,7 +138,9 @@ class WorkloadStandIn:
                 wrote |= await self._guard(step, objects.name(replicaset))
         for job in jobs:
             if not rules.deleting(job) and not runs_as_process(job):
-                wrote |= await self._guard(self._job(job, rules.owned_by(job, pods)), objects.name(job))
+                wrote |= await self._guard(
+                    self.jobs.reconcile(job, rules.owned_by(job, pods)), objects.name(job)
+                )
         return wrote
 
     async def _guard(self, step: Coroutine[Any, Any, bool], what: str) -> bool:
@@ -173,63 +153,6 @@ class WorkloadStandIn:
             self._refused = True
             return True
 
-    async def _create_pods(
-        self, owner: JsonDict, count: int, labels: Mapping[str, str], component: str
-    ) -> None:
-        """``count`` pods from the owner's template; a refusal (the webhook's, say) is the owner's
-        ``FailedCreate`` Warning Event, as kube's controllers report it."""
-        template = objects.spec(owner).get("template") or {}
-        for _ in range(min(count, self._max_writes)):
-            body = rules.pod_from_template(owner, template, labels)
-            try:
-                pod = await self._api.create(pods_path(objects.namespace(owner)), body)
-            except ApiError as exc:
-                await self._event(
-                    owner, "Warning", "FailedCreate", f"Error creating: {exc.message}", component
-                )
-                raise
-            await self._event(
-                owner, "Normal", "SuccessfulCreate", f"Created pod: {objects.name(pod)}", component
-            )
-
-    async def _delete_pods(self, owner: JsonDict, pods: Sequence[JsonDict], component: str) -> None:
-        for pod in pods:
-            await self._delete_pod(pod)
-            await self._event(
-                owner, "Normal", "SuccessfulDelete", f"Deleted pod: {objects.name(pod)}", component
-            )
-
-    async def _event(self, owner: JsonDict, kind: str, reason: str, message: str, component: str) -> None:
-        """One Event about ``owner``; the same Warning twice in a row is written once."""
-        uid = objects.uid(owner)
-        if kind == "Warning" and self._told.get(uid) == message:
-            return
-        self._told[uid] = message
-        now = _now()
-        namespace = objects.namespace(owner)
-        event = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{objects.name(owner)}.", "namespace": namespace},
-            "involvedObject": {
-                "apiVersion": str(owner.get("apiVersion") or ""),
-                "kind": str(owner.get("kind") or ""),
-                "namespace": namespace,
-                "name": objects.name(owner),
-                "uid": uid,
-            },
-            "reason": reason,
-            "message": message,
-            "type": kind,
-            "source": {"component": component},
-            "reportingComponent": component,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
-        with contextlib.suppress(ApiError):  # a lost Event is no failure (kube's recorder drops it too)
-            await self._api.create(f"/api/v1/namespaces/{namespace}/events", event)
-
     # ---------------------------------------------------------------------------- ReplicaSets
 
     async def _replicaset(self, replicaset: JsonDict, pods: Sequence[JsonDict]) -> bool:
@@ -237,11 +160,11 @@ class WorkloadStandIn:
         live = [p for p in pods if rules.active(p)]
         wrote = False
         if len(live) < wanted:
-            await self._create_pods(replicaset, wanted - len(live), {}, RS_COMPONENT)
+            await self._writes.create_pods(replicaset, wanted - len(live), {}, RS_COMPONENT)
             wrote = True
         elif len(live) > wanted:
             doomed = rules.scale_down_order(live)[: len(live) - wanted]
-            await self._delete_pods(replicaset, doomed, RS_COMPONENT)
+            await self._writes.delete_pods(replicaset, doomed, RS_COMPONENT)
             wrote = True
         status = {
             "replicas": len(live),
@@ -250,7 +173,7 @@ class WorkloadStandIn:
             "availableReplicas": sum(rules.ready(p) for p in live),
             "observedGeneration": objects.meta(replicaset).get("generation") or 1,
         }
-        return await self._status(replicaset, status) or wrote
+        return await self._writes.status(replicaset, status) or wrote
 
     # ---------------------------------------------------------------------------- Deployments
 
@@ -333,11 +256,11 @@ class WorkloadStandIn:
                 raise
             # a set of that name that is not this template's: kube bumps collisionCount and hashes again
             await self._api.merge_patch(
-                _path(deployment, "status"), {"status": {"collisionCount": collisions + 1}}
+                object_path(deployment, "status"), {"status": {"collisionCount": collisions + 1}}
             )
             return
         notes = {rules.REVISION: str(revision)}
-        await self._api.merge_patch(_path(deployment), {"metadata": {"annotations": notes}})
+        await self._api.merge_patch(object_path(deployment), {"metadata": {"annotations": notes}})
         logger.info(
             "deployment %s/%s: new ReplicaSet %s",
             namespace,
@@ -353,10 +276,12 @@ class WorkloadStandIn:
             if name in changes:
                 size = changes[name]
                 before = rules.whole(objects.spec(replicaset).get("replicas"), 1)
-                await self._api.merge_patch(_path(replicaset), {"spec": {"replicas": size}})
+                await self._api.merge_patch(object_path(replicaset), {"spec": {"replicas": size}})
                 way = "up" if size > before else "down"
                 message = f"Scaled {way} replica set {name} from {before} to {size}"
-                await self._event(deployment, "Normal", "ScalingReplicaSet", message, DEPLOYMENT_COMPONENT)
+                await self._writes.event(
+                    deployment, "Normal", "ScalingReplicaSet", message, DEPLOYMENT_COMPONENT
+                )
         return bool(changes)
 
     async def _deployment_status(
@@ -366,7 +291,7 @@ class WorkloadStandIn:
         available = sum(c.available for c in counted.values())
         updated = counted[new].pods
         previous = objects.status(deployment).get("conditions") or []
-        now = _now()
+        moment = now()
         done = updated == replicas and total == replicas and available == replicas
         minimum = available >= replicas - unavailable
         status = {
@@ -377,126 +302,8 @@ class WorkloadStandIn:
             "availableReplicas": available,
             "unavailableReplicas": max(replicas - available, 0),
             "conditions": [
-                rules.condition("Available", minimum, *AVAILABLE[minimum], previous, now),
-                rules.condition("Progressing", True, *_progressing(done, new), previous, now),
+                rules.condition("Available", minimum, *AVAILABLE[minimum], previous, moment),
+                rules.condition("Progressing", True, *_progressing(done, new), previous, moment),
             ],
         }
-        return await self._status(deployment, status)
-
-    # ---------------------------------------------------------------------------- Jobs
-
-    async def _job(self, job: JsonDict, pods: Sequence[JsonDict]) -> bool:
-        spec = objects.spec(job)
-        previous = objects.status(job)
-        if any(
-            isinstance(c, Mapping) and c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
-            for c in previous.get("conditions") or []
-        ):
-            return False  # finished: kube's Job controller leaves its pods as they are
-        wrote = False
-        for pod in pods:  # the kubelet's part: a started Job pod runs to completion at once (docstring)
-            if objects.pod_phase(pod) == "Running" and not rules.deleting(pod):
-                await self._succeed(pod)
-                wrote = True
-        if wrote:
-            return True  # count again with the new phases
-        completions = spec.get("completions") if rules.whole(spec.get("completions"), -1) >= 0 else None
-        parallelism = rules.whole(spec.get("parallelism"), 1)
-        backoff = rules.whole(spec.get("backoffLimit"), 6)
-        live = [p for p in pods if rules.active(p)]
-        succeeded = sum(objects.pod_phase(p) == "Succeeded" for p in pods)
-        failed = sum(objects.pod_phase(p) == "Failed" for p in pods)
-        now = _now()
-        finished: tuple[str, str, str] | None = None
-        if spec.get("completionMode") == "Indexed":
-            finished = ("Failed", "NotSupported", "the embedded cluster does not run Indexed Jobs")
-        elif failed > backoff:
-            finished = ("Failed", "BackoffLimitExceeded", "Job has reached the specified backoff limit")
-        elif (completions is not None and succeeded >= completions) or (
-            completions is None and succeeded and not live
-        ):
-            finished = ("Complete", "", "")
-        if finished is not None or spec.get("suspend") is True:
-            want = 0
-        elif completions is None:
-            want = parallelism if not succeeded else len(live)
-        else:
-            want = min(parallelism, completions - succeeded)
-        if len(live) < want:
-            labels = {
-                "batch.kubernetes.io/controller-uid": objects.uid(job),
-                "batch.kubernetes.io/job-name": objects.name(job),
-                "controller-uid": objects.uid(job),
-                "job-name": objects.name(job),
-            }
-            await self._create_pods(job, want - len(live), labels, JOB_COMPONENT)
-            wrote = True
-        elif len(live) > want:
-            await self._delete_pods(job, rules.scale_down_order(live)[: len(live) - want], JOB_COMPONENT)
-            wrote = True
-        status: JsonDict = {
-            "startTime": previous.get("startTime") or now,
-            "active": len(live) if finished is None else 0,
-            "ready": sum(rules.ready(p) for p in live) if finished is None else 0,
-            "succeeded": succeeded,
-            "failed": failed,
-        }
-        if finished is not None:
-            kind, reason, message = finished
-            criteria = "SuccessCriteriaMet" if kind == "Complete" else "FailureTarget"
-            status["conditions"] = [
-                rules.condition(kind, True, reason, message, [], now),
-                rules.condition(criteria, True, reason, message, [], now),
-            ]
-            if kind == "Complete":
-                status["completionTime"] = now
-            logger.info("job %s/%s: %s %s", objects.namespace(job), objects.name(job), kind, message)
-        return await self._status(job, status) or wrote
-
-    async def _succeed(self, pod: JsonDict) -> None:
-        now = _now()
-        containers = objects.containers(pod)
-        status = {
-            "phase": "Succeeded",
-            "conditions": [
-                {"type": "Ready", "status": "False", "reason": "PodCompleted", "lastTransitionTime": now},
-                {
-                    "type": "ContainersReady",
-                    "status": "False",
-                    "reason": "PodCompleted",
-                    "lastTransitionTime": now,
-                },
-            ],
-            "containerStatuses": [
-                {
-                    "name": str(c.get("name") or ""),
-                    "ready": False,
-                    "started": False,
-                    "restartCount": 0,
-                    "image": str(c.get("image") or ""),
-                    "state": {"terminated": {"exitCode": 0, "reason": "Completed", "finishedAt": now}},
-                }
-                for c in containers
-            ],
-        }
-        with contextlib.suppress(ApiError):  # gone meanwhile
-            await self._api.merge_patch(pods_path(*objects.pod_key(pod), "status"), {"status": status})
-
-    # ---------------------------------------------------------------------------- writes
-
-    async def _delete_pod(self, pod: JsonDict) -> None:
-        try:
-            await self._api.delete(pods_path(*objects.pod_key(pod)))
-        except ApiError as exc:
-            if exc.status != 404:
-                raise
-
-    async def _status(self, obj: JsonDict, status: Mapping[str, Any]) -> bool:
-        if rules.same_status(objects.status(obj), status):
-            return False
-        try:
-            await self._api.merge_patch(_path(obj, "status"), {"status": dict(status)})
-        except ApiError as exc:
-            if exc.status != 404:
-                raise
-        return True
+        return await self._writes.status(deployment, status)
