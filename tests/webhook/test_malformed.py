@@ -237,3 +237,19 @@ def test_a_body_over_the_limit_is_a_413(endpoint: Endpoint, caplog: pytest.LogCa
         check_still_serving(conn, endpoint.path)
     finally:
         conn.close()
+
+
+JSON_BODIES = _json_values().map(lambda v: json.dumps(v).encode())
+ANY_BODY = st.binary(max_size=300) | JSON_BODIES | malformed_reviews()
+
+
+@settings(max_examples=300, deadline=None)
+@given(body=ANY_BODY)
+def test_reading_any_body_raises_only_malformed(body: bytes) -> None:
+    """The reader itself, without the server: any bytes are a review or :class:`reviews.Malformed`."""
+    try:
+        review = reviews.read_review(body)
+    except reviews.Malformed as exc:
+        assert len(str(exc)) < 400
+    else:
+        assert review["request"]["uid"]
