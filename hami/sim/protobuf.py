@@ -22,7 +22,8 @@ import base64
 import datetime
 from typing import Any
 
-from google.protobuf import message as _message  # type: ignore[import-untyped]  # no stubs shipped
+from google.protobuf import empty_pb2  # type: ignore[import-untyped]  # no stubs shipped
+from google.protobuf import message as _message
 from google.protobuf.descriptor import FieldDescriptor  # type: ignore[import-untyped]
 from google.protobuf.unknown_fields import UnknownFieldSet  # type: ignore[import-untyped]
 
@@ -113,13 +114,29 @@ def _text(name: str, value: Any) -> str:
 def _check_unknown(msg: Any, where: str) -> None:
     """Refuse a field the messages do not list when it carries a value (its zero loses nothing)."""
     for unknown in UnknownFieldSet(msg):
-        data = unknown.data
-        if data in (0, b"") or (isinstance(data, UnknownFieldSet) and len(data) == 0):
+        if _zero(unknown.data):
             continue
         raise ProtobufError(
             f"{where or 'the object'}: field {unknown.field_number} of {msg.DESCRIPTOR.name} is not read "
             "by this apiserver"
         )
+
+
+def _zero(data: Any) -> bool:
+    """An unknown field's value is Go's zero: 0, empty, or a struct of zeros (Go writes a non-pointer
+    struct even when empty, e.g. a self review's ``status``). Bytes that do not read as protobuf are text."""
+    if isinstance(data, UnknownFieldSet):
+        return all(_zero(item.data) for item in data)
+    if not isinstance(data, bytes):
+        return bool(data == 0)
+    if not data:
+        return True
+    inner = empty_pb2.Empty()
+    try:
+        inner.ParseFromString(data)
+    except _message.DecodeError:
+        return False
+    return all(_zero(item.data) for item in UnknownFieldSet(inner))
 
 
 def _is_unset(field: Any, value: Any) -> bool:

@@ -438,6 +438,12 @@ async def test_self_reviews_answer_in_json_and_protobuf() -> None:
         data = _envelope("authentication.k8s.io/v1", "SelfSubjectReview", k8s_pb2.SelfSubjectReview())
         code, body, _ = await client.call("POST", whoami, data=data, headers=dict(PROTOBUF))
         assert code == 201 and body["status"]["userInfo"]["username"] == "kubernetes-admin"
+        # as kubectl sends it: Go writes the empty status struct (field 2) and its empty userInfo
+        review_pb = k8s_pb2.SelfSubjectReview()
+        review_pb.ParseFromString(b"\x12\x02\x0a\x00")
+        data = _envelope("authentication.k8s.io/v1", "SelfSubjectReview", review_pb)
+        code, body, _ = await client.call("POST", whoami, data=data, headers=dict(PROTOBUF))
+        assert code == 201 and body["status"]["userInfo"]["username"] == "kubernetes-admin", body
 
         can_i = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
         attributes = k8s_pb2.ResourceAttributes(namespace="default", verb="create", resource="pods")
@@ -637,7 +643,8 @@ async def test_protobuf_fields_not_read_are_refused_not_dropped(client: Client) 
     """A field the messages do not list (here PodSpec's volumes, field 1) is refused when it carries a
     value, naming where; carrying its zero value it loses nothing and is accepted."""
     path = "/api/v1/namespaces/default/pods"
-    for extra, accepted in ((b"\x0a\x00", True), (b"\x0a\x03\x0a\x01v", False)):
+    cases = ((b"\x0a\x00", True), (b"\x0a\x04\x0a\x00\x10\x00", True), (b"\x0a\x03\x0a\x01v", False))
+    for extra, accepted in cases:
         spec = k8s_pb2.PodSpec()
         spec.ParseFromString(_go_pod_spec().SerializeToString() + extra)
         data = _envelope("v1", "Pod", k8s_pb2.Pod(metadata=_go_meta("p"), spec=spec))
