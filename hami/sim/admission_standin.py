@@ -65,6 +65,44 @@ class Refused:
     webhook: str
     message: str
     code: int = 400
+    #: kube-apiserver's Status reason ("" = the one its code implies, :func:`reason_for`)
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Denial:
+    """A webhook's refusal as kube-apiserver relays it (:func:`_denial`)."""
+
+    message: str
+    code: int = 400
+    reason: str = ""
+
+
+def _denial(name: str, status: object) -> Denial:
+    """kube-apiserver's ``ToStatusErr``: the webhook's own code (below 400: 400) and reason, and the
+    message prefixed with who denied it (its reason where it gives no message)."""
+    given = status if isinstance(status, Mapping) else {}
+    code, reason, message = given.get("code"), given.get("reason"), given.get("message")
+    reason = reason if isinstance(reason, str) else ""
+    denied = f'admission webhook "{name}" denied the request'
+    if isinstance(message, str) and message:
+        denied += f": {message}"
+    elif reason:
+        denied += f": {reason}"
+    else:
+        denied += " without explanation"
+    return Denial(denied, code if isinstance(code, int) and 400 <= code <= 599 else 400, reason)
+
+
+#: kube-apiserver's Status reason for a code, where the refusal names none.
+REASONS = {400: "BadRequest", 403: "Forbidden", 404: "NotFound", 409: "Conflict", 422: "Invalid"}
+
+
+def reason_for(refused: Refused) -> str:
+    """The Status reason a refusal is answered with: its own, else the one its code implies."""
+    if refused.reason:
+        return refused.reason
+    return REASONS.get(refused.code, "InternalError" if refused.code >= 500 else "BadRequest")
 
 
 Outcome = Admitted | Refused
@@ -93,9 +131,14 @@ class AdmissionStandIn:
             webhook = _webhook_named(exc.message) if self._server_admits else None
             if exc.status == 403 and any(w in exc.message for w in _PRIORITY_WORDS):
                 webhook = PRIORITY
-            if webhook is not None and exc.status in (400, 403, 500):
+            if webhook is not None and exc.status >= 400:
                 return Refused(
-                    namespace=meta["namespace"], name=meta["name"], webhook=webhook, message=exc.message
+                    namespace=meta["namespace"],
+                    name=meta["name"],
+                    webhook=webhook,
+                    message=exc.message,
+                    code=exc.status,
+                    reason=exc.reason,
                 )
             if exc.status not in (403, 422):
                 raise
@@ -142,7 +185,16 @@ class AdmissionStandIn:
                         message=message, code=500,
                     )  # fmt: skip
                 result = await self._call(hook, body, username)
-                if isinstance(result, str):  # refused: the message
+                if isinstance(result, Denial):
+                    return Refused(
+                        namespace=meta["namespace"],
+                        name=meta["name"],
+                        webhook=hook.get("name", "?"),
+                        message=result.message,
+                        code=result.code,
+                        reason=result.reason,
+                    )
+                if isinstance(result, str):  # the call itself failed: the message
                     return Refused(
                         namespace=meta["namespace"],
                         name=meta["name"],
@@ -156,8 +208,9 @@ class AdmissionStandIn:
 
     async def _call(
         self, hook: Mapping[str, Any], pod: JsonDict, username: str
-    ) -> tuple[JsonDict, list[str]] | str:
-        """One webhook call: the patched pod and warnings, or the refusal message."""
+    ) -> tuple[JsonDict, list[str]] | Denial | str:
+        """One webhook call: the patched pod and warnings, the webhook's denial, or why the call
+        failed."""
         name = str(hook.get("name", "?"))
         fail_closed = hook.get("failurePolicy", "Fail") != "Ignore"
         try:
@@ -168,8 +221,7 @@ class AdmissionStandIn:
             return f'Internal error occurred: failed calling webhook "{name}": {exc}'
         response = review.get("response") or {}
         if not response.get("allowed"):
-            status = response.get("status") or {}
-            return f'admission webhook "{name}" denied the request: {status.get("message", "(no message)")}'
+            return _denial(name, response.get("status"))
         warnings = [str(w) for w in response.get("warnings") or []]
         patch_text = response.get("patch")
         if not patch_text:

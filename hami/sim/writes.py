@@ -39,7 +39,7 @@ import yaml
 
 from hami import objects
 from hami.sim import openapi
-from hami.sim.admission_standin import AdmissionStandIn, Refused, apply_defaults
+from hami.sim.admission_standin import AdmissionStandIn, Refused, apply_defaults, reason_for
 from hami.sim.deletion import DeleteRefused, delete_options, precondition_failure
 from hami.sim.restapi import JsonDict, kind_of, not_found, now_utc, stamp_create, stamp_update, status
 from hami.sim.smp import merge_patch_between, strategic_merge
@@ -176,8 +176,7 @@ async def _create(k: Writable, request: kmock.Request, body: JsonDict) -> aiohtt
         ]
         mutated = await k.admission.mutate(pod, configs, k.username(request))
         if isinstance(mutated, Refused):
-            reason = {500: "InternalError", 403: "Forbidden"}.get(mutated.code, "BadRequest")
-            return _json(mutated.code, status(mutated.code, reason, mutated.message))
+            return _json(mutated.code, status(mutated.code, reason_for(mutated), mutated.message))
         body.clear()
         body.update(mutated[0])
     elif request.resource.group == "" and request.resource.plural == "pods":

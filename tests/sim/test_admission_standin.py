@@ -167,6 +167,34 @@ async def test_a_denial_creates_nothing_and_reports_the_message(
     assert (kmock.resource("v1/pods"), "default", "p1") not in apiserver.objects
 
 
+@pytest.mark.parametrize(
+    ("status", "expected"),
+    [
+        # kube-apiserver's ToStatusErr: the webhook's own code and reason are what the client sees
+        ({"message": "bad field", "code": 422, "reason": "Invalid"}, (422, "Invalid", ": bad field")),
+        ({"message": "not allowed", "code": 403, "reason": "Forbidden"}, (403, "Forbidden", ": not allowed")),
+        # no code, or one below 400: 400; no message: the reason, else "without explanation"
+        ({"reason": "Invalid", "code": 200}, (400, "Invalid", ": Invalid")),
+        ({}, (400, "", " without explanation")),
+    ],
+)
+async def test_a_denial_keeps_the_webhooks_code_and_reason(
+    apiserver: kmock.KubernetesEmulator,
+    webhook: tuple[FakeWebhook, TestServer, bytes],
+    standin: AdmissionStandIn,
+    status: dict[str, Any],
+    expected: tuple[int, str, str],
+) -> None:
+    fake, server, ca = webhook
+    await _configure(apiserver, f"https://127.0.0.1:{server.port}/webhook", ca)
+    fake.answer = lambda request: {"allowed": False, "status": status}
+    outcome = await standin.submit(_pod())
+    assert isinstance(outcome, Refused)
+    code, reason, tail = expected
+    assert (outcome.code, outcome.reason) == (code, reason)
+    assert outcome.message == f'admission webhook "vgpu.hami.io" denied the request{tail}'
+
+
 async def test_an_unreachable_webhook_fails_closed_or_is_ignored(
     apiserver: kmock.KubernetesEmulator,
     webhook: tuple[FakeWebhook, TestServer, bytes],
@@ -518,6 +546,23 @@ async def test_a_denial_is_answered_as_kube_apiserver_answers_it(
     assert (status, body["reason"]) == (400, "BadRequest")
     assert body["message"] == 'admission webhook "vgpu.hami.io" denied the request: container c is privileged'
     assert (kmock.resource("v1/pods"), "default", "p1") not in admitting.objects
+
+
+async def test_a_denial_with_the_webhooks_code_is_answered_with_it(
+    admitting: AdmittingEmulator, webhook: tuple[FakeWebhook, TestServer, bytes]
+) -> None:
+    """What kubectl shows: ``Error from server (Invalid): admission webhook ... denied the request``."""
+    fake, server, ca = webhook
+    await _configure(admitting, f"https://127.0.0.1:{server.port}/webhook", ca)
+    fake.answer = lambda request: {
+        "allowed": False,
+        "status": {"message": "gpumem must be a number", "code": 422, "reason": "Invalid"},
+    }
+    status, body = await _call(
+        admitting, "POST", "/api/v1/namespaces/default/pods", _pod(), "alice-token", "application/json"
+    )
+    assert (status, body["code"], body["reason"]) == (422, 422, "Invalid")
+    assert body["message"].endswith("denied the request: gpumem must be a number")
 
 
 async def test_match_conditions_decide_which_pods_are_sent(
