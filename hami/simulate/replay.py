@@ -8,8 +8,10 @@ it; a pod no node can take is dropped (never retried) but its GPU request still 
 After every pod: ``A`` = arrived GPU milli, ``U`` = allocated GPU milli, ``x = round(100 A / capacity)``;
 the curve at x is the mean over the pods with that x of ``100 - 100 U / capacity`` (unallocated GPU
 %), likewise the fragmentation ``100 ΣF / capacity`` and ``100 ΣF / idle``. An x no pod landed on takes
-the mean of its neighbours' pods (x-1..x+1), as the paper's analysis does. On a live cluster ``U`` starts
-at what its pods already hold (cards that cannot take a pod count as held).
+the mean of its neighbours' pods (x-1..x+1), as the paper's analysis does; where those are empty too (a
+small cluster, a live one: one pod moves x by several points) it takes the value of the last x below it
+that pods landed on, the cluster as it stood when that much demand had arrived. On a live cluster ``U``
+starts at what its pods already hold (cards that cannot take a pod count as held).
 ``progress(done, total)`` is called every ``PROGRESS_EVERY`` pods. Pure apart from that callback.
 """
 
@@ -60,11 +62,16 @@ class _Curve:
 
     def means(self, k: int, upto: int) -> dict[int, float]:
         out: dict[int, float] = {}
+        held: float | None = None  # the mean at the last x below that pods landed on
         for x in range(upto + 1):
             near = [x] if self.counts[x] else [y for y in (x - 1, x, x + 1) if self.counts[y]]
             n = sum(self.counts[y] for y in near)
             if n:
                 out[x] = sum(self.sums[y][k] for y in near) / n
+            elif held is not None:
+                out[x] = held
+            if self.counts[x]:
+                held = self.sums[x][k] / self.counts[x]
         return out
 
 
