@@ -6,13 +6,18 @@ pod's annotations through the codec: node, and per container the cards with memo
 ``hami.io/vgpu-devices-allocated``, or why it is pending; a pod evicted by preemption is ``Preempted``
 with the pod it made room for, and that pod names its victims), :func:`render` (fixed-width text; with
 the examples' declared outcomes, an EXPECTED column saying whether each pod became what its example
-expects), :func:`legend` (the HAMi words the table shows, explained in one line) and :func:`verdict`
-(the outcomes that differ). Must not import ``webhook``, ``monitor`` or the Kubernetes client.
+expects), :func:`pending_details` (kube-scheduler's FailedScheduling text made readable: the counts
+kube-scheduler puts before each reason become ``(N nodes)`` after it, the reasons the per-node lines
+already give are not repeated, and the preemption part loses its doubled full stop), :func:`legend` (the
+HAMi words the table shows, explained, wrapped to a width) and :func:`verdict` (the outcomes that
+differ). Must not import ``webhook``, ``monitor`` or the Kubernetes client.
 """
 
 from __future__ import annotations
 
 import re
+import textwrap
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -97,8 +102,9 @@ def describe(
         attempt = scheduler.attempt(pod)
         if attempt is None:
             return PodReport(name=name, status="Pending", details=("not tried by the scheduler yet",))
-        why = (attempt.message, *(f"{n}: {r}" for n, r in sorted(attempt.failed_nodes.items())))
-        return PodReport(name=name, status="Pending", details=why)
+        return PodReport(
+            name=name, status="Pending", details=pending_details(attempt.message, attempt.failed_nodes)
+        )
     bind_phase = annotations.get(POD_BIND_PHASE, "")
     label = phase if not bind_phase else f"{phase} ({bind_phase})"
     details: tuple[str, ...] = ()
@@ -115,6 +121,67 @@ def describe(
             name=name, node=node, status=label, details=(*details, f"unreadable annotation: {exc}")
         )
     return PodReport(name=name, node=node, status=label, cards=lines, details=details)
+
+
+#: kube-scheduler's FitError: ``0/N nodes are available: <count> <reason>, ....`` and, when preemption
+#: was tried and could not help, `` preemption: <why>.`` (whose own text may end in a full stop too).
+_FIT_ERROR = re.compile(
+    r"0/(?P<total>\d+) nodes are available: (?P<counted>.*?)\.(?: preemption: (?P<preemption>.*))?", re.S
+)
+_NODES_MESSAGE = re.compile(r"0/\d+ nodes are available: (?P<counted>.*?)\.*", re.S)
+
+
+def pending_details(message: str, failed_nodes: Mapping[str, str]) -> tuple[str, ...]:
+    """Why a pod is pending, for the table: kube-scheduler's ``message`` in words, then each node's reason.
+
+    ``0/4 nodes are available: 1 1/1 CardInsufficientMemory, 3 node(s) didn't match Pod's node
+    affinity/selector. preemption: 0/4 nodes are available: 4 Preemption is not helpful for scheduling..``
+    reads ``0/4 nodes are available: node(s) didn't match Pod's node affinity/selector (3 nodes), the
+    others' reasons below; preemption: Preemption is not helpful for scheduling (4 nodes)`` followed by
+    ``<node>: 1/1 CardInsufficientMemory``. A message of another shape is kept as it is."""
+    per_node = tuple(f"{node}: {reason}" for node, reason in sorted(failed_nodes.items()))
+    match = _FIT_ERROR.fullmatch(message.strip())
+    if match is None:
+        return (message, *per_node) if message else per_node
+    known = {f"{count} {reason}" for reason, count in Counter(failed_nodes.values()).items()}
+    others = [_per_count(token) for token in _split_counted(match["counted"], known) if token not in known]
+    head = f"0/{match['total']} nodes are available"
+    if others:
+        head += ": " + ", ".join(others) + (", the others' reasons below" if per_node else "")
+    elif per_node:
+        head += " (each node's reason below)"
+    preemption = match["preemption"]
+    if preemption is not None:
+        nodes = _NODES_MESSAGE.fullmatch(preemption.strip())
+        if nodes is not None:
+            why = ", ".join(_per_count(token) for token in _split_counted(nodes["counted"], set()))
+        else:
+            why = preemption.strip().rstrip(".")
+        head += f"; preemption: {why}"
+    return (head, *per_node)
+
+
+def _split_counted(text: str, known: set[str]) -> list[str]:
+    """``<count> <reason>`` tokens of a FitError list: a HAMi reason may hold ``, `` itself (``1/2 A, 1/2
+    B``), so the tokens ``known`` (the per-node reasons with their counts) are matched whole first."""
+    tokens: list[str] = []
+    rest = text.strip()
+    longest_first = sorted(known, key=len, reverse=True)
+    while rest:
+        token = next((t for t in longest_first if rest == t or rest.startswith(t + ", ")), None)
+        if token is None:
+            token = rest.partition(", ")[0]
+        tokens.append(token)
+        rest = rest[len(token) + 2 :]
+    return tokens
+
+
+def _per_count(token: str) -> str:
+    """``3 node(s) didn't match`` -> ``node(s) didn't match (3 nodes)``; a token without a count as is."""
+    count, _, reason = token.partition(" ")
+    if not count.isdigit() or not reason:
+        return token
+    return f"{reason} ({count} node{'' if count == '1' else 's'})"
 
 
 def _card_lines(
@@ -172,30 +239,56 @@ MEANINGS: Mapping[str, str] = {
 _COUNTED = re.compile(r"\b\d+/\d+ ([A-Za-z]+)")
 
 
-def legend(reports: Sequence[PodReport], *, expected: bool = False) -> str:
-    """One line explaining HAMi's words that appear in the table (bind phases, ``n/N Reason``)."""
-    parts: list[str] = []
+def legend(reports: Sequence[PodReport], *, expected: bool = False, width: int = 100) -> str:
+    """The HAMi words that appear in the table (bind phases, ``n/N Reason``, ...) explained, one entry per
+    line, wrapped at ``width`` columns (continuation lines indented); empty when there is nothing to say."""
+    entries: list[tuple[int, str]] = []  # (depth, text)
     phases = sorted({r.status.partition("(")[2].rstrip(")") for r in reports if "(" in r.status})
     if phases:
-        parts.append(
-            f"({'|'.join(phases)}) = HAMi's hami.io/bind-phase, the node agent's hand-out of the cards "
-            "(success: done; allocating: not yet; failed: it could not)"
+        entries.append(
+            (
+                0,
+                f"({'|'.join(phases)}) = HAMi's hami.io/bind-phase, the node agent's hand-out of the cards "
+                "(success: done; allocating: not yet; failed: it could not)",
+            )
         )
     words = dict.fromkeys(w for r in reports for d in r.details for w in _COUNTED.findall(d))
-    meanings = [f"{w}: {MEANINGS[w]}" for w in words if w in MEANINGS]
+    meanings = [(1, f"{w}: {MEANINGS[w]}") for w in words if w in MEANINGS]
     if meanings:
-        parts.append("'n/N Word' = n of the node's N cards failed for Word (" + ", ".join(meanings) + ")")
+        entries.append((0, "'n/N Word' = n of the node's N cards failed for Word:"))
+        entries.extend(meanings)
     if any(Reason.NODE_INSUFFICIENT_DEVICE.value in d for r in reports for d in r.details):
-        parts.append(f"{Reason.NODE_INSUFFICIENT_DEVICE.value}: the node has fewer cards than asked for")
+        entries.append(
+            (0, f"{Reason.NODE_INSUFFICIENT_DEVICE.value}: the node has fewer cards than asked for")
+        )
     if any(r.status == "Preempted" for r in reports):
-        parts.append(
-            "Preempted: deleted by kube-scheduler's preemption to free the cards a pod of higher "
-            "spec.priority (from its PriorityClass) needed; HAMi's /preempt chose the fewest, "
-            "lowest-priority pods on the cards that pod can use (a 'Preempted' Event on each names it)"
+        entries.append(
+            (
+                0,
+                "Preempted: deleted by kube-scheduler's preemption to free the cards a pod of higher "
+                "spec.priority (from its PriorityClass) needed; HAMi's /preempt chose the fewest, "
+                "lowest-priority pods on the cards that pod can use (a 'Preempted' Event on each names it)",
+            )
         )
     if expected:
-        parts.append("EXPECTED: whether the pod became the '# outcome:' its example declares")
-    return "Legend: " + "; ".join(parts) + "." if parts else ""
+        entries.append((0, "EXPECTED: whether the pod became the '# outcome:' its example declares"))
+    if not entries:
+        return ""
+    width = max(width, 40)
+    lines = ["Legend:"]
+    for depth, text in entries:
+        indent = "  " * (depth + 1)
+        lines.append(
+            textwrap.fill(
+                text,
+                width=width,
+                initial_indent=indent,
+                subsequent_indent=indent + "    ",
+                break_long_words=False,
+                break_on_hyphens=False,
+            )
+        )
+    return "\n".join(lines)
 
 
 def outcome(report: PodReport) -> str:
