@@ -39,7 +39,7 @@ from hami.sim.manifests import default_examples_dir as default_examples_dir
 from hami.sim.manifests import load_examples as load_examples
 from hami.sim.processes import ChildFailed
 from hami.sim.report import card_index, describe, is_decided, legend, render, verdict
-from hami.sim.system import EmbeddedSystem, SystemOptions
+from hami.sim.system import DEMO_REQUEST_LOG, EmbeddedSystem, SystemOptions
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -93,7 +93,9 @@ async def _main(args: argparse.Namespace) -> int:
         print(f"hami demo: {exc}", file=sys.stderr)
         return 2
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="hami-demo-"))
-    options = SystemOptions(register_interval=args.register_interval, log_level=args.log_level)
+    options = SystemOptions(
+        register_interval=args.register_interval, log_level=args.log_level, request_log=DEMO_REQUEST_LOG
+    )
     ok = False
     try:
         async with EmbeddedSystem(cluster, workdir, options, progress=_say) as system:
@@ -229,7 +231,9 @@ async def _show(
     expected = {n: e.outcome for n, e in zip(names, pods, strict=True) if e.outcome}
     print()
     print(render(reports, expected if expected else None), flush=True)
-    print(legend(reports, expected=bool(expected)))
+    print(
+        legend(reports, expected=bool(expected), width=min(shutil.get_terminal_size((100, 24)).columns, 100))
+    )
     differ = verdict(reports, expected)
     if expected:
         summary = f"{len(expected) - len(differ)} of {len(expected)} pods became what their example expects"
@@ -238,7 +242,7 @@ async def _show(
     pending = [
         n for n in names if n not in refused and n not in preempted and not read_vgpu_node(stored[n] or {})
     ]
-    placed = [n for n in names if n not in refused and n not in pending]
+    placed = [n for n in names if n not in refused and n not in preempted and n not in pending]
     if pending and not keep:
         print(
             f"Why a pod is pending, per node, with the nearest fit: run `{hami_command()} demo --keep` and "

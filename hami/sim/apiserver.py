@@ -36,7 +36,7 @@ from hami import objects
 from hami.sim.admission_policy import review
 from hami.sim.admission_standin import AdmissionStandIn
 from hami.sim.kubeapi import SimApi
-from hami.sim.lean import LeanHandler, unsupported
+from hami.sim.lean import EVENT_LIMIT, LeanHandler, unsupported
 from hami.sim.protobuf import CONTENT_TYPE as PROTOBUF
 from hami.sim.protobuf import ProtobufError, decode
 from hami.sim.restapi import NAMESPACES as NAMESPACE_RESOURCE
@@ -292,13 +292,16 @@ async def embedded_apiserver(
     *,
     identities: Mapping[str, str] | None = None,
     request_log: int | None = REQUEST_LOG,
+    event_limit: int | None = EVENT_LIMIT,
     call_webhooks: bool = False,
     tls: bool = False,
 ) -> AsyncIterator[AdmittingEmulator]:
     """Run an emulator with the reactions on ``host:port`` (0 = an OS-chosen port); yields it.
 
     ``identities`` maps bearer tokens to usernames (see :class:`AdmittingEmulator`); ``request_log`` is
-    about how many latest requests it keeps for assertions (None: all); ``call_webhooks`` makes it call
+    about how many latest requests it keeps for assertions (None: all; a number also drops deleted
+    objects from the store); ``event_limit`` how many Events it keeps at most (None: those of the last
+    hour, as kube-apiserver; see :class:`~hami.sim.lean.LeanHandler`); ``call_webhooks`` makes it call
     the stored mutating webhooks on pod CREATE, as kube-apiserver does. The server's URL is
     ``str(emulator.url)`` once started. With ``tls`` the same server also listens with HTTPS on another
     OS-chosen port of ``host`` (``emulator.tls_url``, its CA ``emulator.ca_pem``: :mod:`hami.sim.tls`):
@@ -308,6 +311,7 @@ async def embedded_apiserver(
         k = await stack.enter_async_context(AdmittingEmulator())
         await stack.enter_async_context(kmock.Server(k, host=host, port=port))
         k.request_log = request_log
+        k.event_limit = event_limit
         k.set_identities(identities or {})
         await add_reactions(k)
         install(k)

@@ -14,7 +14,13 @@ every request each reaction served, and every version of every object forever.
   nothing else (filters, priorities: everything the embedded cluster and the tests' fault injection
   use), and falls back to kmock's own walk over the history for the others (slices, groups, streams);
 * keeps, when :attr:`LeanHandler.request_log` is set, only about that many of the latest requests (the
-  root's and each reaction's) and only each object's latest version (plus its deletion marker);
+  root's and each reaction's; each one logged holds its aiohttp request, body and parsed data, some
+  10 KiB), only each object's latest version, and no deleted object at all (kmock keeps its last
+  version and a deletion marker forever: every pod ever deleted);
+* expires Events as kube-apiserver does (``--event-ttl``, 1 h by default: :attr:`LeanHandler.event_ttl`
+  after their last write) and, with :attr:`LeanHandler.event_limit`, keeps at most that many (the
+  oldest written go first; a real cluster leaves that bound to etcd's quota); each expired Event is
+  deleted the way a DELETE deletes it, so watchers see it go;
 * answers a body that is not UTF-8 text (protobuf, CBOR) with 415 Unsupported Media Type, as
   kube-apiserver does for a content type it does not serve, instead of failing to decode it (a
   subclass's :meth:`LeanHandler._parse` may read some of them: the emulator reads protobuf).
@@ -23,6 +29,10 @@ Simulation only. Must not import ``hami.kube``, ``webhook`` or ``monitor``.
 """
 
 from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from typing import Any
 
 import aiohttp.web
 import kmock
@@ -35,6 +45,11 @@ _MISMATCH: type[Exception] = getattr(kmock, "ReactionMismatchError")  # noqa: B0
 
 #: Content types of request bodies the embedded apiserver cannot decode (answered 415).
 _BINARY_TYPES = ("protobuf", "cbor")
+#: kube-apiserver's ``--event-ttl`` default: an Event lives this long after its last write.
+EVENT_TTL = 3600.0
+#: How many Events the embedded apiserver keeps at most (some 1-2 KiB each).
+EVENT_LIMIT = 1000
+_WRITES = (kmock.action.CREATE, kmock.action.UPDATE, kmock.action.DELETE)
 
 
 def sees(view: kmock.View, request: kmock.Request, root: kmock.Root) -> bool:
@@ -53,6 +68,10 @@ class LeanHandler(kmock.RawHandler):
 
     #: Keep about this many latest requests (None: keep all, as kmock does; tests that count use it).
     request_log: int | None = None
+    #: Seconds an Event lives after its last write, and how many are kept at most (None: no bound).
+    event_ttl: float = EVENT_TTL
+    event_limit: int | None = None
+    _events: OrderedDict[Any, float] | None = None  # Event key -> its last write (clock), oldest first
     _order_key: tuple[int, ...] = ()
     _order: list[kmock.Reaction] = []  # noqa: RUF012  (replaced per instance)
     _served = 0
@@ -101,6 +120,7 @@ class LeanHandler(kmock.RawHandler):
         """kmock's ``RawHandler.__call__`` with the :meth:`_parse` hook, the 415 check and the trimming."""
         self._served += 1
         raw_response: aiohttp.web.StreamResponse | None = None
+        request: kmock.Request | None = None
         try:
             request = await self._parse(raw_request)
             self._requests.append(request)
@@ -120,36 +140,98 @@ class LeanHandler(kmock.RawHandler):
             return raw_response
         finally:
             self._trim()
+            if request is not None:
+                await self._after_write(request)
+
+    def clock(self) -> float:
+        """The time Events expire by (monotonic seconds)."""
+        return time.monotonic()
 
     def _trim(self) -> None:
         """Drop what is older than :attr:`request_log` (amortised: only once the log is twice that)."""
         limit = self.request_log
         errors = max((len(level) for level in self._errors), default=0)
-        if limit is None or max(len(self._requests), errors) < 2 * limit:
+        if limit is None or max(len(self._requests), errors) < 2 * max(limit, 1):
             return
-        del self._requests[:-limit]
+        _keep_last(self._requests, limit)
         for level in self._errors:  # kmock also keeps every error it answered (404s included)
-            del level[:-limit]
+            _keep_last(level, limit)
         for payload in self._payloads:
             if len(payload._requests) > limit:
-                del payload._requests[:-limit]
+                _keep_last(payload._requests, limit)
+
+    async def _after_write(self, request: kmock.Request) -> None:
+        """After a write: forget the object when it is gone (lean logs only); note an Event's write and
+        expire the Events past their time or beyond the limit."""
+        stored = getattr(self, "objects", None)
+        if stored is None or request.action not in _WRITES:
+            return
+        key = _object_key(request)
+        if key is None:
+            return
+        gone = key in stored and stored[key].deleted
+        if gone and self.request_log is not None:
+            del stored[key]
+        if key[0].plural != "events":
+            return
+        if self._events is None:
+            self._events = OrderedDict()
+        now = self.clock()
+        if gone or key not in stored:
+            self._events.pop(key, None)
+        else:
+            self._events[key] = now
+            self._events.move_to_end(key)
+        await self._expire_events(now)
+
+    async def _expire_events(self, now: float) -> None:
+        events = self._events
+        if not events:
+            return
+        limit = self.event_limit
+        stored = self.objects  # type: ignore[attr-defined]  # the emulator's (see _after_write)
+        while events:
+            key, written = next(iter(events.items()))
+            if now - written < self.event_ttl and (limit is None or len(events) <= limit):
+                break
+            del events[key]
+            async with self._lock:  # type: ignore[attr-defined]  # kmock's, around every store change
+                if key not in stored or stored[key].deleted:
+                    continue
+                raw = stored[key].raw
+                stored[key].delete()
+                if self.request_log is not None:
+                    del stored[key]
+                await self._buses[key[0]].put({"type": "DELETED", "object": raw})  # type: ignore[attr-defined]
 
     def _trim_object(self, request: kmock.Request) -> None:
         """Keep only the latest version (and a deletion marker) of the object this request wrote."""
         stored = getattr(self, "objects", None)
-        if stored is None or request.resource is None or request.action is None:
+        if stored is None or request.action is None:
             return
-        name, namespace = request.name, request.namespace
-        if name is None and isinstance(request.data, dict):  # a create names its object in the body
-            name = objects.name(request.data) or None
-            namespace = namespace or objects.namespace(request.data) or None
-        key = (request.resource, namespace, name)
-        if name is None or key not in stored:
+        key = _object_key(request)
+        if key is None or key not in stored:
             return
         history = stored[key].history
         keep = max((i for i, version in enumerate(history) if version is not None), default=0)
         if keep > 0:
             del history[:keep]
+
+
+def _object_key(request: kmock.Request) -> tuple[Any, str | None, str] | None:
+    """The store key of the object ``request`` addresses (a create names its object in the body)."""
+    if request.resource is None:
+        return None
+    name, namespace = request.name, request.namespace
+    if name is None and isinstance(request.data, dict):
+        name = objects.name(request.data) or None
+        namespace = namespace or objects.namespace(request.data) or None
+    return None if name is None else (request.resource, namespace, name)
+
+
+def _keep_last(log: list[Any], count: int) -> None:
+    """Keep the last ``count`` entries of ``log`` (none for 0: ``del log[:-0]`` would keep them all)."""
+    del log[: max(len(log) - count, 0)]
 
 
 def _is_text(content_type: str, body: bytes) -> bool:

@@ -38,7 +38,7 @@ from hami.annotations import NODE_REGISTER
 from hami.settings import from_device_config
 from hami.sim.admission_policy import BINDINGS_PATH, POLICIES_PATH, annotation_policy, service_account
 from hami.sim.admission_standin import AdmissionStandIn
-from hami.sim.apiserver import embedded_apiserver, write_kubeconfig
+from hami.sim.apiserver import REQUEST_LOG, embedded_apiserver, write_kubeconfig
 from hami.sim.cluster import ClusterSpec, NodeFiles, node_object, write_node_files
 from hami.sim.kubeapi import MWC_PATH, SimApi, nodes_path
 from hami.sim.processes import Supervisor, free_port, poll_until, python_argv
@@ -46,6 +46,8 @@ from hami.sim.restapi import SERVER_VERSION
 from hami.sim.scheduler_standin import SchedulerStandIn
 from hami.sim.workloads_standin import WorkloadStandIn
 
+#: The request log ``hami demo`` keeps: nothing there reads it, and a long-running demo must not grow.
+DEMO_REQUEST_LOG = 50
 SCHEDULER = "scheduler"
 WEBHOOK = "webhook"
 KUBELET = "kubelet-standin"
@@ -71,6 +73,9 @@ class SystemOptions:
     register_interval: float = 1.0
     ready_limit: float = 60.0  # seconds each component may take to become ready
     log_level: str = "INFO"
+    #: How many latest requests the embedded apiserver keeps (None: all). The RBAC audit reads them;
+    #: the demo keeps :data:`DEMO_REQUEST_LOG`: each logged request holds some 10 KiB.
+    request_log: int | None = REQUEST_LOG
 
 
 class EmbeddedSystem:
@@ -140,7 +145,9 @@ class EmbeddedSystem:
         self.workdir.mkdir(parents=True, exist_ok=True)
         identities = {self.tokens[who]: user for who, user in ACCOUNTS.items()}
         self.emulator = await self.stack.enter_async_context(
-            embedded_apiserver(identities=identities, call_webhooks=True, tls=True)
+            embedded_apiserver(
+                identities=identities, call_webhooks=True, tls=True, request_log=self.options.request_log
+            )
         )
         self.url = str(self.emulator.url).rstrip("/")
         for who, path in self.kubeconfigs.items():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -90,7 +91,8 @@ def _the_printed_hints_work(output: str, workdir: Path) -> None:
     """What ``--keep`` prints: the kubeconfig, every component's metrics URL, and commands that run as
     printed (the ``hami`` of this installation, a kubeconfig that exists while the demo runs)."""
     assert "18 of 18 pods became what their example expects." in output, output
-    assert re.search(r"^Legend: .*hami.io/bind-phase", output, re.MULTILINE), output
+    assert re.search(r"^Legend:\n  \(success\) = HAMi's hami.io/bind-phase", output, re.MULTILINE), output
+    assert all(len(line) <= 100 for line in _legend(output)), _legend(output)
     (kubeconfig,) = re.findall(r"^  kubeconfig  (\S+)$", output, re.MULTILINE)
     assert Path(kubeconfig) == workdir / "kubeconfig" and Path(kubeconfig).is_file()
     urls = re.findall(r"(http://127\.0\.0\.1:\d+/metrics)  \((\S+)\)", output)
@@ -98,6 +100,7 @@ def _the_printed_hints_work(output: str, workdir: Path) -> None:
     for url, who in urls:
         with urllib.request.urlopen(url, timeout=30) as response:
             assert response.status == 200 and b"# TYPE" in response.read(), who
+    _the_printed_kubectl_commands_work(output)
     commands = re.findall(r"^  (\S+ (?:explain|doctor) .*--kubeconfig \S+)$", output, re.MULTILINE)
     assert len(commands) == 2, output
     for command in commands:
@@ -106,3 +109,26 @@ def _the_printed_hints_work(output: str, workdir: Path) -> None:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
         assert "Traceback" not in done.stderr and done.returncode in (0, 1), (command, done.stderr)
         assert done.stdout.strip(), command
+
+
+def _legend(output: str) -> list[str]:
+    """The legend's lines: from ``Legend:`` to the summary line after it."""
+    lines = output.splitlines()
+    start = lines.index("Legend:")
+    end = next(i for i in range(start + 1, len(lines)) if not lines[i].startswith("  "))
+    return lines[start:end]
+
+
+def _the_printed_kubectl_commands_work(output: str) -> None:
+    """Every ``kubectl`` hint runs as printed and finds what it names (before: ``get pod batch-1``, a pod
+    the demo's preemption had deleted: NotFound)."""
+    kubectl = shutil.which("kubectl") or str(Path(sys.executable).parent / "kubectl")
+    assert Path(kubectl).is_file(), "no kubectl to run the hints with"
+    hints = re.findall(r"^  (kubectl --kubeconfig .*?)(?:   # .*)?$", output, re.MULTILINE)
+    assert any(" get pod " in hint for hint in hints), output
+    for hint in hints:
+        argv = [kubectl, *shlex.split(hint)[1:]]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+        assert done.returncode == 0 and done.stdout.strip(), (hint, done.stderr)
+        if " get pod " in hint:
+            assert "hami.io/vgpu-devices-allocated" in done.stdout, (hint, done.stdout)
