@@ -74,7 +74,9 @@ def test_demo_keep_then_ctrl_c_stops_everything(demo: subprocess.Popen[str], wor
     assert "running     until Ctrl-C" in output, output
     _the_printed_hints_work(output, workdir)
     kubeconfig = yaml.safe_load((workdir / "kubeconfig").read_text())
-    assert kubeconfig["clusters"][0]["cluster"]["server"].startswith("http://127.0.0.1:")
+    assert kubeconfig["clusters"][0]["cluster"]["server"].startswith(
+        "https://127.0.0.1:"
+    )  # kubectl sends the token
     assert len(_processes_mentioning(str(workdir))) >= 4  # kubelet stand-in, agents, scheduler, webhook
     for pod in load_examples(default_examples_dir()):
         if pod["kind"] == "Pod":
