@@ -253,7 +253,8 @@ async def test_a_hanging_api_request_fails_within_the_timeout(start_extender: St
         await release.wait()
         return Response(status=500)
 
-    ext = await start_extender(nodes=[make_node("n1", cards=1)], pods=[make_pod("p")], api_timeout=0.5)
+    # 2 s: only the held Binding may pass it, never a read before it on a busy machine
+    ext = await start_extender(nodes=[make_node("n1", cards=1)], pods=[make_pod("p")], api_timeout=2.0)
     (ext.apiserver**10)["post", PODS, kmock.subresource("binding")][:1] << hang
     try:
         result = await ext.bind("p", "n1")
