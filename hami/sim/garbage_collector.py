@@ -20,6 +20,7 @@ Foreground or Orphan. Must not import ``hami.kube``, ``webhook`` or ``monitor``.
 
 from __future__ import annotations
 
+import collections
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -59,13 +60,18 @@ def _ours(ref: Mapping[str, Any]) -> bool:
     return (str(ref.get("apiVersion") or ""), str(ref.get("kind") or "")) in OWNER_KINDS
 
 
+#: how many of its latest deletions the collector remembers
+DELETED_KEPT = 100
+
+
 class GarbageCollector:
     """Cascading deletion over ownerReferences (see the module docstring)."""
 
     def __init__(self, api: SimApi) -> None:
         self._api = api
-        #: (namespace, name, kind) of every object it deleted (tests, diagnostics)
-        self.deleted: list[tuple[str, str, str]] = []
+        #: (namespace, name, kind) of the latest objects it deleted (tests, diagnostics); bounded, so a
+        #: long-running demo does not grow with every cascaded deletion
+        self.deleted: collections.deque[tuple[str, str, str]] = collections.deque(maxlen=DELETED_KEPT)
 
     async def collect(self, *, owners: Sequence[JsonDict], dependents: Sequence[JsonDict]) -> bool:
         """One pass; True when it wrote anything. ``owners`` must be read after ``dependents``."""

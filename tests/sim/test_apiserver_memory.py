@@ -32,10 +32,10 @@ TOKEN = "memory-test-token"
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json;g=meta.k8s.io,application/json"
 #: the demo keeps EVENT_LIMIT Events; a smaller bound here fills up sooner (each cycle writes at least one
 #: Event): the warm-up fills the Event store, so that the run measures the steady state
-EVENTS = EVENT_LIMIT // 5
+EVENTS = EVENT_LIMIT // 10
 WARM_UP = EVENTS + 100
-CYCLES = 1000
-#: generous: the run keeps ~250 KiB (dict resizes, connection state); before, such a run kept several
+CYCLES = 500
+#: generous: the run keeps ~100 KiB (dict resizes, connection state); before, such a run kept several
 #: MiB (the deleted pods and the Events alone ~3 KiB a cycle, the request log up to 35 MiB more)
 BOUND = 1024 * 1024
 
