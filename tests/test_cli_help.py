@@ -119,14 +119,21 @@ def test_simulate_without_numpy_names_the_sim_extra(tmp_path: Path) -> None:
         assert done.stderr == "hami simulate: needs the 'sim' extra: pip install 'hami-py[sim]'\n"
 
 
-@pytest.mark.parametrize("argv", [["demo"], ["demo", "--help"]])
+@pytest.mark.parametrize("argv", [["demo"], ["demo", "--bare"]])
 def test_demo_without_its_extra_names_it(argv: list[str], tmp_path: Path) -> None:
-    """The demo is the embedded cluster itself: even its help needs the extra, and says so."""
+    """The demo is the embedded cluster itself: running it needs the extra, and says so."""
     nowhere = ["--nodes", str(tmp_path / "none.yaml"), "--workdir", str(tmp_path / "work")]
     done = _hami(WITHOUT_DEMO, *argv, *nowhere, cwd=tmp_path)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr == "hami demo: needs the 'demo' extra: pip install 'hami-py[demo]'\n"
     assert not (tmp_path / "work").exists()
+
+
+def test_demo_help_needs_no_extra(tmp_path: Path) -> None:
+    """The product image answers ``hami demo --help`` like every other command's."""
+    done = _hami(WITHOUT_DEMO, "demo", "--help", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: hami demo ") and "--bare" in done.stdout
 
 
 def test_simulate_defaults_to_the_replays_split_count() -> None:

@@ -42,7 +42,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 from prometheus_client.parser import text_string_to_metric_families
 
-from hami.commands.demo import default_examples_dir, load_examples, submit_all, wait_decided
+from hami.commands.demo_session import default_examples_dir, load_examples, submit_all, wait_decided
 from hami.sim.cluster import ClusterSpec, load_cluster
 from hami.sim.kubeapi import MWC_PATH, pods_path
 from hami.sim.processes import free_port, python_argv

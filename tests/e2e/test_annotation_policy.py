@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from hami.annotations import POD_BIND_PHASE, POD_DEVICES_ALLOCATED, POD_DEVICES_TO_ALLOCATE, POD_VGPU_NODE
-from hami.commands.demo import final_state, submit_all, wait_decided
+from hami.commands.demo_session import final_state, submit_all, wait_decided
 from hami.sim.admission_standin import Admitted
 from hami.sim.cluster import parse_cluster
 from hami.sim.kubeapi import ApiError, SimApi, pods_path

@@ -24,7 +24,13 @@ from hami.annotations import (
     decode_mig_allocations,
     decode_pod_devices,
 )
-from hami.commands.demo import default_examples_dir, final_state, load_examples, submit_all, wait_decided
+from hami.commands.demo_session import (
+    default_examples_dir,
+    final_state,
+    load_examples,
+    submit_all,
+    wait_decided,
+)
 from hami.core.model import Grant
 from hami.sim.cluster import load_cluster
 from hami.sim.kubeapi import nodes_path

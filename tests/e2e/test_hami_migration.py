@@ -34,7 +34,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from hami.commands.demo import final_state, submit_all, wait_decided
+from hami.commands.demo_session import final_state, submit_all, wait_decided
 from hami.sim.cluster import parse_cluster
 from hami.sim.kubeapi import SimApi, nodes_path, pods_path
 from hami.sim.system import SCHEDULER, EmbeddedSystem

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from hami.annotations import POD_DEVICES_ALLOCATED, decode_pod_devices
-from hami.commands.demo import default_examples_dir
+from hami.commands.demo_session import default_examples_dir
 from hami.sim.cluster import load_cluster
 from hami.sim.system import EmbeddedSystem
 

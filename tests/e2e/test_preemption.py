@@ -22,7 +22,7 @@ import pytest
 
 from hami import objects
 from hami.annotations import POD_DEVICES_ALLOCATED, decode_pod_devices
-from hami.commands.demo import submit_all, wait_decided
+from hami.commands.demo_session import submit_all, wait_decided
 from hami.sim.admission_standin import PRIORITY_CLASSES_PATH
 from hami.sim.cluster import parse_cluster
 from hami.sim.kubeapi import pods_path

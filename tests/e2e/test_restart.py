@@ -21,7 +21,7 @@ from hami.annotations import (
     POD_VGPU_NODE,
     decode_pod_devices,
 )
-from hami.commands.demo import final_state, submit_all, wait_decided
+from hami.commands.demo_session import final_state, submit_all, wait_decided
 from hami.sim.cluster import parse_cluster
 from hami.sim.kubeapi import nodes_path
 from hami.sim.system import SCHEDULER, EmbeddedSystem
