@@ -132,6 +132,7 @@ Fields = tuple[tuple[tuple[str, ...], tuple[type, str]], ...]
 _POD_FIELDS: Fields = (
     (("metadata",), _MAP),
     (("metadata", "name"), _STR),
+    (("metadata", "uid"), _STR),
     (("metadata", "generateName"), _STR),
     (("metadata", "namespace"), _STR),
     (("metadata", "labels"), _MAP),
@@ -227,11 +228,15 @@ def _check_container(container: dict[str, Any], at: str) -> None:
 
 
 def _fields(obj: dict[str, Any], where: str, fields: Fields) -> None:
+    """Each field of ``fields`` is absent or of its type: never an explicit ``null``, which
+    kube-apiserver never sends for these and which Kopf reads as a mapping (``metadata: null``)."""
     for path, kind in fields:
         value: Any = obj
+        present = True
         for key in path:
-            value = value.get(key) if isinstance(value, dict) else None
-        _typed(value, ".".join((where, *path)), kind)
+            present = isinstance(value, dict) and key in value
+            value = value.get(key) if present else None
+        _typed(value, ".".join((where, *path)), kind, optional=not present)
 
 
 def _typed(value: Any, where: str, kind: tuple[type, str], *, optional: bool = True) -> None:
