@@ -122,21 +122,36 @@ def _check_unknown(msg: Any, where: str) -> None:
         )
 
 
+#: how deep an unknown field's zero is looked for (Kubernetes' structs nest a few levels; deeper is refused)
+ZERO_DEPTH = 16
+
+
 def _zero(data: Any) -> bool:
     """An unknown field's value is Go's zero: 0, empty, or a struct of zeros (Go writes a non-pointer
-    struct even when empty, e.g. a self review's ``status``). Bytes that do not read as protobuf are text."""
-    if isinstance(data, UnknownFieldSet):
-        return all(_zero(item.data) for item in data)
-    if not isinstance(data, bytes):
-        return bool(data == 0)
-    if not data:
-        return True
-    inner = empty_pb2.Empty()
-    try:
-        inner.ParseFromString(data)
-    except _message.DecodeError:
-        return False
-    return all(_zero(item.data) for item in UnknownFieldSet(inner))
+    struct even when empty, e.g. a self review's ``status``). Bytes that do not read as protobuf are text.
+    Walked without recursion, at most :data:`ZERO_DEPTH` deep: a body of nested fields is refused, it
+    never exhausts the stack."""
+    stack: list[tuple[Any, int]] = [(data, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > ZERO_DEPTH:
+            return False
+        if isinstance(value, UnknownFieldSet):
+            stack.extend((item.data, depth + 1) for item in value)
+            continue
+        if not isinstance(value, bytes):
+            if value != 0:
+                return False
+            continue
+        if not value:
+            continue
+        inner = empty_pb2.Empty()
+        try:
+            inner.ParseFromString(value)
+        except _message.DecodeError:
+            return False
+        stack.extend((item.data, depth + 1) for item in UnknownFieldSet(inner))
+    return True
 
 
 def _is_unset(field: Any, value: Any) -> bool:
