@@ -40,7 +40,15 @@ from hami.sim.lean import EVENT_LIMIT, LeanHandler, unsupported
 from hami.sim.protobuf import CONTENT_TYPE as PROTOBUF
 from hami.sim.protobuf import ProtobufError, decode
 from hami.sim.restapi import NAMESPACES as NAMESPACE_RESOURCE
-from hami.sim.restapi import build_request, install, install_openapi, is_namespace_path, now_utc, stamp_create
+from hami.sim.restapi import (
+    build_request,
+    install,
+    install_openapi,
+    is_namespace_path,
+    now_utc,
+    stamp_create,
+    status,
+)
 from hami.sim.reviews import ANONYMOUS, groups
 from hami.sim.reviews import answer as review_answer
 from hami.sim.scale import install_scale
@@ -227,12 +235,20 @@ async def add_reactions(k: kmock.KubernetesEmulator) -> None:
     k.resources.load_bundled()
 
     async def bind(request: kmock.Request) -> Any:
-        target = request.data["target"]["name"]
+        data = request.data
+        target = data.get("target") if isinstance(data, dict) else None
+        target = target.get("name") if isinstance(target, dict) else None
+        if not isinstance(target, str) or not target:
+            message = "a Binding must name its target node in target.name"
+            return kmock.Response(status=400, payload=status(400, "BadRequest", message))  # type: ignore[attr-defined]
         path = f"/api/v1/namespaces/{request.namespace}/pods/{request.name}"
         response = await k.patch(path, json={"spec": {"nodeName": target}})
         if response.status != 200:  # e.g. the pod is gone: answer with the patch's own status
             return kmock.Response(status=response.status, payload=await response.json())  # type: ignore[attr-defined]
-        return {"apiVersion": "v1", "kind": "Status", "status": "Success", "code": 201}
+        success = {"apiVersion": "v1", "kind": "Status", "status": "Success", "code": 201}
+        # always a Response with its status: kmock keeps the status of the last one returned for the
+        # reaction's later answers (a 404 once made every later Binding a 404 with a Success body)
+        return kmock.Response(status=201, payload=success)  # type: ignore[attr-defined]
 
     k["post", kmock.resource("v1/pods"), kmock.subresource("binding")] << bind
 

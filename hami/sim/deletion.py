@@ -89,6 +89,9 @@ def delete_options(params: Mapping[str, str], body: Any) -> JsonDict:
             if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
                 raise _bad(f"DeleteOptions.{field} has the wrong type: {type(value).__name__}")
             options[field] = value
+    grace = options.get("gracePeriodSeconds")
+    if grace is not None and not -(2**63) <= grace < 2**63:  # an int64 in kube-apiserver
+        raise _bad(f"gracePeriodSeconds: {str(grace)[:30]} does not fit in 64 bits")
     policy = options.get("propagationPolicy")
     if policy is not None and policy not in POLICIES:
         supported = ", ".join(f'"{p}"' for p in POLICIES)

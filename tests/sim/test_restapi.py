@@ -417,6 +417,9 @@ async def test_served_subresources_keep_working(client: Client) -> None:
     code, body, _ = await client.call("GET", f"{PODS}/a/status")
     assert code == 200 and body["status"]["phase"] == "Running"
     binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "a"}, "target": {"name": "n1"}}
+    for malformed in ([], {"target": "n1"}, {"target": {"name": 7}}, {"kind": "Binding"}):
+        code, body, _ = await client.call("POST", f"{PODS}/a/binding", malformed)
+        assert (code, body["reason"]) == (400, "BadRequest"), (malformed, body)  # was 500
     code, body, _ = await client.call("POST", f"{PODS}/a/binding", binding)
     assert code in (200, 201), body
     _, bound, _ = await client.call("GET", f"{PODS}/a")
@@ -520,6 +523,7 @@ async def test_deletes_read_delete_options_in_json_protobuf_and_the_query(client
         ({"propagationPolicy": "Orphan", "orphanDependents": True}, 422),
         ({"dryRun": ["Some"]}, 422),
         ({"gracePeriodSeconds": "soon"}, 400),
+        ({"gracePeriodSeconds": 10**26}, 400),  # kube-apiserver's is an int64
         ({"kind": "Pod"}, 400),
         ([], 400),
     ]
