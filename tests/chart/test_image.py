@@ -92,3 +92,13 @@ def test_the_shared_values_merge_under_a_test_s_own() -> None:
     }
     assert with_base({"image": {"registry": "r"}})["image"] == {"registry": "r"}
     assert BASE_VALUES == {"image": {"registry": "registry.test"}}  # not changed by a merge
+
+
+def test_the_notes_say_when_limits_are_not_enforced(tmp_path: Path) -> None:
+    """An empty nodeAgent.hookPath (the default) schedules slices but enforces none: NOTES.txt says so."""
+    with helm.Config(kubeconfig_path=_kubeconfig(tmp_path), namespace=NAMESPACE) as config:
+        default = config.install(CHART, RELEASE, dict(BASE_VALUES), namespace=NAMESPACE, dry_run="client")
+        hooked = with_base({"nodeAgent": {"hookPath": "/usr/local"}})
+        enforced = config.install(CHART, RELEASE, hooked, namespace=NAMESPACE, dry_run="client")
+    assert "In-container limits are OFF" in default["notes"]
+    assert "In-container limits" not in enforced["notes"]
