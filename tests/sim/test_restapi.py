@@ -417,7 +417,8 @@ async def test_served_subresources_keep_working(client: Client) -> None:
     code, body, _ = await client.call("GET", f"{PODS}/a/status")
     assert code == 200 and body["status"]["phase"] == "Running"
     binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "a"}, "target": {"name": "n1"}}
-    for malformed in ([], {"target": "n1"}, {"target": {"name": 7}}, {"kind": "Binding"}):
+    malformed_bindings: list[Any] = [[], {"target": "n1"}, {"target": {"name": 7}}, {"kind": "Binding"}]
+    for malformed in malformed_bindings:
         code, body, _ = await client.call("POST", f"{PODS}/a/binding", malformed)
         assert (code, body["reason"]) == (400, "BadRequest"), (malformed, body)  # was 500
     code, body, _ = await client.call(
