@@ -81,8 +81,11 @@ def test_every_container_of_ours_runs_the_pushed_image(image: dict[str, Any], ex
         job = workload["spec"]["jobTemplate"] if workload["kind"] == "CronJob" else workload
         spec = pod_spec(job)
         images.update(c["image"] for c in [*spec["containers"], *spec.get("initContainers", [])])
-    ours = {i for i in images if "kube-scheduler" not in i}
+    # HAMi's own images: the stock kube-scheduler and HAMi's release image carrying HAMi-core (which
+    # this project may not redistribute: tests/chart/test_hami_core.py)
+    ours = {i for i in images if "kube-scheduler" not in i and not i.startswith("docker.io/projecthami/")}
     assert ours == {expected}
+    assert "docker.io/projecthami/hami:v2.10.0" in images
 
 
 def test_the_shared_values_merge_under_a_test_s_own() -> None:
@@ -95,10 +98,17 @@ def test_the_shared_values_merge_under_a_test_s_own() -> None:
 
 
 def test_the_notes_say_when_limits_are_not_enforced(tmp_path: Path) -> None:
-    """An empty nodeAgent.hookPath (the default) schedules slices but enforces none: NOTES.txt says so."""
+    """The chart installs HAMi-core by default; an empty nodeAgent.hookPath schedules slices but enforces
+    none, and with the copy turned off the library is the installer's own: NOTES.txt says so."""
     with helm.Config(kubeconfig_path=_kubeconfig(tmp_path), namespace=NAMESPACE) as config:
-        default = config.install(CHART, RELEASE, dict(BASE_VALUES), namespace=NAMESPACE, dry_run="client")
-        hooked = with_base({"nodeAgent": {"hookPath": "/usr/local"}})
-        enforced = config.install(CHART, RELEASE, hooked, namespace=NAMESPACE, dry_run="client")
-    assert "In-container limits are OFF" in default["notes"]
-    assert "In-container limits" not in enforced["notes"]
+
+        def notes(values: dict[str, Any]) -> str:
+            done = config.install(CHART, RELEASE, with_base(values), namespace=NAMESPACE, dry_run="client")
+            return str(done["notes"])
+
+        enforced = notes({})
+        off = notes({"nodeAgent": {"hookPath": ""}})
+        own = notes({"nodeAgent": {"hamiCore": {"enabled": False}, "hookPath": "/opt/hami/"}})
+    assert "In-container limits" not in enforced
+    assert "In-container limits are OFF" in off
+    assert "need your own library" in own and "/opt/hami/vgpu;" in own

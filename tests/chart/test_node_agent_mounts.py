@@ -63,5 +63,9 @@ def test_hook_path_mounts_only_hami_cores_directory_and_writes_only_the_cache_di
             assert under(host, vgpu) and not any(under(host, w) for w in writable), host
 
 
+def test_the_default_hook_path_is_hamis() -> None:
+    assert host_mounts({}) == host_mounts({"nodeAgent": {"hookPath": HOOK}})
+
+
 def test_without_a_hook_path_nothing_of_hami_core_is_mounted() -> None:
-    assert set(host_mounts({})) == {"/var/lib/kubelet/device-plugins"}
+    assert set(host_mounts({"nodeAgent": {"hookPath": ""}})) == {"/var/lib/kubelet/device-plugins"}

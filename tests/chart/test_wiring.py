@@ -553,13 +553,12 @@ def test_node_agent_flags_are_accepted_and_match_its_mounts(value_set: str, tmp_
 
     settings = load_node_settings(config)
     assert settings is not None  # both files parse with the agent's own loader
+    # HAMi's hookPath is the default (issue 22): every value set here keeps it
+    assert str(config.hook_path) == values.get("nodeAgent", {}).get("hookPath", "/usr/local")
+    assert host_paths["hami-core"] == f"{config.hook_path}/vgpu"  # see test_node_agent_mounts
+    assert host_paths["vgpu-lock"] == "/tmp/vgpulock"  # the allocator's default lock dir
     if value_set == "everything-on":
-        assert str(config.hook_path) == "/usr/local"
-        assert host_paths["hami-core"] == f"{config.hook_path}/vgpu"  # see test_node_agent_mounts
-        assert host_paths["vgpu-lock"] == "/tmp/vgpulock"  # the allocator's default lock dir
         assert agent["spec"]["template"]["spec"]["runtimeClassName"] == "nvidia"
-    else:
-        assert config.hook_path is None and set(host_paths) == {"device-plugins"}
 
 
 @pytest.mark.parametrize(("given", "expected"), [(None, 300.0), (0, 0.0), (45.5, 45.5), (86400, 86400.0)])
