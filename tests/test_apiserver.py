@@ -12,7 +12,7 @@ async def test_binding_sets_node_name_and_lists_carry_kind(apiserver: kmock.Kube
     await apiserver.post("/api/v1/namespaces/default/pods", json=pod)
     binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "p"}, "target": {"name": "node-1"}}
     response = await apiserver.post("/api/v1/namespaces/default/pods/p/binding", json=binding)
-    assert response.status == 200
+    assert response.status == 201  # kube-apiserver: 201 Created, a Status of Success
     stored = await (await apiserver.get("/api/v1/namespaces/default/pods/p")).json()
     assert stored["spec"]["nodeName"] == "node-1"
     listing = await (await apiserver.get("/api/v1/namespaces/default/pods")).json()

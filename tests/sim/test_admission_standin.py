@@ -386,7 +386,7 @@ async def test_other_pod_writes_pass(guarded: AdmittingEmulator) -> None:
         None,
         "application/json",
     )
-    assert status == 200 and _stored(guarded)["spec"]["nodeName"] == "n1"
+    assert status == 201 and _stored(guarded)["spec"]["nodeName"] == "n1"
 
 
 async def test_a_policy_denial_at_create_is_reported_by_the_standin(guarded: AdmittingEmulator) -> None:
