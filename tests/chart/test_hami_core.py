@@ -162,6 +162,16 @@ def test_a_replacement_is_a_rename_and_running_readers_keep_the_old_library(tmp_
     assert len(naming) == 1 and naming[0].startswith(f"mv -f {dest}/.libvgpu.so.tmp."), commands
 
 
+def test_a_killed_run_s_temporary_files_are_cleared(tmp_path: Path) -> None:
+    dest = tmp_path / "vgpu"
+    dest.mkdir()
+    (dest / ".libvgpu.so.tmp.7").write_bytes(b"half a libr")  # SIGKILL: no trap ran
+    (dest / ".ld.so.preload.tmp.7").write_bytes(b"")
+    done, _ = run_install(tmp_path, dest, b"\x7fELF whole")
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in dest.iterdir()) == ["ld.so.preload", "libvgpu.so"]
+
+
 def test_no_match_or_two_matches_in_the_image_fail_and_change_nothing(tmp_path: Path) -> None:
     dest = tmp_path / "vgpu"
     dest.mkdir()

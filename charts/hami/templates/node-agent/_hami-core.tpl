@@ -25,7 +25,8 @@ the image that must match exactly one file, DEST is <hookPath>/vgpu, mounted at 
 is written in place: each file is written under a temporary name in DEST itself (same filesystem),
 flushed, then renamed over its target. rename(2) swaps the name in one step, so a reader sees the old
 file or the new one, never a part; containers already running keep the inode kubelet bind-mounted into
-them, untouched. The library goes first, so ld.so.preload never names a missing file; ld.so.preload
+them, untouched. Temporary files left by a run that was killed are removed first (one agent pod per
+node, so no other run is writing them). The library goes first, so ld.so.preload never names a missing file; ld.so.preload
 names the library at its path inside GPU containers, which is its host path (monitor/allocate_rules.py).
 */ -}}
 {{- define "hami.hamiCore.script" -}}
@@ -43,6 +44,7 @@ for target in "$dest/libvgpu.so" "$dest/ld.so.preload"; do
     exit 1
   fi
 done
+rm -f "$dest"/.libvgpu.so.tmp.* "$dest"/.ld.so.preload.tmp.*
 lib_tmp="$dest/.libvgpu.so.tmp.$$"
 preload_tmp="$dest/.ld.so.preload.tmp.$$"
 trap 'rm -f "$lib_tmp" "$preload_tmp"' EXIT
