@@ -89,6 +89,7 @@ async def run(config: AgentConfig) -> None:
         node_name=config.node_name,
         inventory=inventory,
         settings=settings,
+        hook_path=config.hook_path,
         interval=config.register_interval,
         retry=config.retry_interval,
         refresh=config.refresh_interval,

@@ -2,22 +2,35 @@
 
 Owns the card → registration rules (spec-node-chart §A.3b, spec-scheduler §5.2) and the loop that
 writes them (§A.5): every ``interval`` seconds rebuild the registration and merge-patch ONLY the
-register (and pair-score) keys when the JSON differs from what the Node carries, or when the last
+register, pair-score and enforcement keys when the JSON differs from what the Node carries, or when the last
 patch is older than ``refresh`` (a cheap guard against a lost write); after an error wait ``retry``
 seconds. The comparison is against the Node itself (not a cache of what was sent), so a failed patch
 is retried and an annotation removed by someone else comes back. The node lock key is never written
-here. Imports the codec and ``hami.kube``; must not import grpc or pynvml.
+here. The enforcement per card (``hami.io/node-enforcement``) is read at each registration from what
+is on disk: ``hami-core`` when ``--hook-path`` is set and ``<hook>/vgpu/libvgpu.so`` is a regular
+non-empty file (symlinks followed, as the container runtime would), ``mig`` for MIG-mode cards, else
+``none``. Imports the codec and ``hami.kube``; must not import grpc or pynvml.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import stat
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from hami import objects
-from hami.annotations import NODE_PAIR_SCORES, NODE_REGISTER, encode_node_devices, encode_pair_scores
+from hami.annotations import (
+    NODE_ENFORCEMENT,
+    NODE_PAIR_SCORES,
+    NODE_REGISTER,
+    Enforcement,
+    encode_node_devices,
+    encode_node_enforcement,
+    encode_pair_scores,
+)
 from hami.core.model import Device, DeviceMode, MigPlacement, MigProfile
 from hami.kube.client import KubeError
 from hami.kube.nodes import get_node, patch_node_annotations
@@ -119,9 +132,38 @@ def build_registration(cards: Iterable[Card], links: Iterable[Link], settings: N
     return Registration(devices=tuple(devices), pair_scores=scores, skipped=tuple(skipped))
 
 
-def registration_annotations(registration: Registration, current: Mapping[str, str]) -> dict[str, str | None]:
-    """The node annotations to hold: register JSON, pair scores when known (removed when they vanish)."""
+def hami_core_installed(hook_path: Path | None) -> bool:
+    """True when ``hook_path`` is set and ``<hook_path>/vgpu/libvgpu.so`` is a regular, non-empty file
+    (a symlink counts by what it points to); any error reading it counts as not installed."""
+    if hook_path is None:
+        return False
+    try:
+        info = (hook_path / "vgpu" / "libvgpu.so").stat()
+    except OSError:
+        return False
+    return stat.S_ISREG(info.st_mode) and info.st_size > 0
+
+
+def card_enforcement(devices: Iterable[Device], *, hami_core: bool) -> dict[str, Enforcement]:
+    """Per registered card: ``mig`` for a MIG-mode card, ``hami-core`` when the library is installed,
+    else ``none``."""
+    shared = Enforcement.HAMI_CORE if hami_core else Enforcement.NONE
+    return {d.uuid: Enforcement.MIG if d.mode == DeviceMode.MIG.value else shared for d in devices}
+
+
+def registration_annotations(
+    registration: Registration, current: Mapping[str, str], *, hami_core: bool = False
+) -> dict[str, str | None]:
+    """The node annotations to hold: register JSON, the enforcement per card (left out, with a warning,
+    when a card UUID has a ``,``, ``:`` or whitespace), pair scores when known (removed when they
+    vanish)."""
     wanted: dict[str, str | None] = {NODE_REGISTER: encode_node_devices(registration.devices)}
+    try:
+        wanted[NODE_ENFORCEMENT] = encode_node_enforcement(
+            card_enforcement(registration.devices, hami_core=hami_core)
+        )
+    except ValueError as exc:  # a card UUID the format cannot hold: the register still goes out
+        log.warning("not reporting the node's enforcement: %s", exc)
     if registration.pair_scores:
         wanted[NODE_PAIR_SCORES] = encode_pair_scores(registration.pair_scores)
     elif NODE_PAIR_SCORES in current:
@@ -139,6 +181,7 @@ class Registrar:
         node_name: str,
         inventory: Inventory,
         settings: NodeSettings,
+        hook_path: Path | None = None,
         interval: float = 30.0,
         retry: float = 5.0,
         refresh: float = 300.0,
@@ -146,6 +189,7 @@ class Registrar:
     ) -> None:
         self._api, self._node, self._inventory, self._settings = api, node_name, inventory, settings
         self._interval, self._retry, self._refresh = interval, retry, refresh
+        self._hook = hook_path
         self._clock = clock  # default: the event loop's clock, the one asyncio.sleep counts in
         self._last_patch: float | None = None
 
@@ -168,7 +212,8 @@ class Registrar:
         registration = build_registration(cards, links, self._settings)
         node = await get_node(self._api, self._node)
         current = objects.annotations(node)
-        wanted = registration_annotations(registration, current)
+        hami_core = await asyncio.to_thread(hami_core_installed, self._hook)
+        wanted = registration_annotations(registration, current, hami_core=hami_core)
         changed = any(current.get(key) != value for key, value in wanted.items())
         now = self._clock() if self._clock is not None else asyncio.get_running_loop().time()
         due = self._last_patch is not None and now - self._last_patch >= self._refresh

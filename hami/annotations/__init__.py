@@ -2,8 +2,9 @@
 
 Owns key constants (``keys``) and encode/decode of node registration (JSON, and the legacy colon form
 read) with pair scores and the cordon list (``node``), pod device lists, bind phase and times
-(``pod``), node lock value and handshake (``lock``), MIG allocations (``mig``) and the steering
-annotations users set on pods (``podrequest``). Nothing else in the project splits annotation strings.
+(``pod``), node lock value and handshake (``lock``), MIG allocations (``mig``), the steering
+annotations users set on pods (``podrequest``) and the node's enforcement per card (``enforcement``).
+Nothing else in the project splits annotation strings.
 Decoders are strict and raise :class:`AnnotationError` naming the key and the offending text, and no
 other error whatever the text: the bounds in ``limits`` (value length, JSON depth, digit counts) are
 checked before any decoding work.
@@ -13,10 +14,12 @@ The user-visible contract is ``docs/annotations.md``.
 
 from __future__ import annotations
 
+from hami.annotations.enforcement import Enforcement, decode_node_enforcement, encode_node_enforcement
 from hami.annotations.errors import AnnotationError
 from hami.annotations.keys import (
     INTERNAL_POD_ANNOTATIONS,
     NODE_DEVICE_CORDON,
+    NODE_ENFORCEMENT,
     NODE_HANDSHAKE,
     NODE_LOCK,
     NODE_PAIR_SCORES,
@@ -100,6 +103,7 @@ __all__ = [
     "MISSING_FIELDS",
     "MISSING_REGISTER",
     "NODE_DEVICE_CORDON",
+    "NODE_ENFORCEMENT",
     "NODE_HANDSHAKE",
     "NODE_LOCK",
     "NODE_PAIR_SCORES",
@@ -126,6 +130,7 @@ __all__ = [
     "WEBHOOK_IGNORE_LABEL",
     "AnnotationError",
     "BindPhase",
+    "Enforcement",
     "Handshake",
     "HandshakeKind",
     "NodeLockValue",
@@ -139,6 +144,7 @@ __all__ = [
     "decode_mig_allocations",
     "decode_node_devices",
     "decode_node_devices_legacy",
+    "decode_node_enforcement",
     "decode_node_lock",
     "decode_numa_bind",
     "decode_pair_scores",
@@ -150,6 +156,7 @@ __all__ = [
     "encode_mig_allocations",
     "encode_node_devices",
     "encode_node_devices_legacy",
+    "encode_node_enforcement",
     "encode_node_lock",
     "encode_pair_scores",
     "encode_pod_devices",

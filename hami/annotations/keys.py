@@ -11,6 +11,8 @@ NODE_PAIR_SCORES = "hami.io/node-nvidia-score"
 NODE_HANDSHAKE = "hami.io/node-handshake"
 NODE_LOCK = "hami.io/mutex.lock"
 NODE_DEVICE_CORDON = "hami.io/device-cordon"
+#: ours, not HAMi's: which enforcement the node agent found per card (``enforcement``)
+NODE_ENFORCEMENT = "hami.io/node-enforcement"
 
 # ------------------------------------------------------------------------------------ pod annotations
 # written by the scheduler / node agent

@@ -12,6 +12,7 @@ import kmock
 import pytest
 
 from hami.annotations import (
+    NODE_ENFORCEMENT,
     NODE_LOCK,
     NODE_PAIR_SCORES,
     NODE_REGISTER,
@@ -161,6 +162,7 @@ async def test_registers_every_30s_but_patches_only_on_change(
         assert stored[NODE_LOCK] == lock  # a live allocation's lock is never touched
         assert set(_patches(apiserver)[0].data["metadata"]["annotations"]) == {
             NODE_REGISTER,
+            NODE_ENFORCEMENT,
             NODE_PAIR_SCORES,
         }
 
