@@ -1,5 +1,6 @@
 """The rules behind ``hami doctor`` for the installation: the webhook routing pods to us, GPU nodes and
-node locks (GPU pods and card usage are in :mod:`hami.doctor.pods`; :func:`run_checks` runs them all).
+node locks (GPU pods and card usage are in :mod:`hami.doctor.pods`, enforcement in
+:mod:`hami.doctor.enforcement`; :func:`run_checks` runs them all).
 
 Inputs are plain data: raw JSON objects as the API returns them, the per-card usage the scheduler's
 snapshot computed, the settings and the time (``now`` aware; ``local_now`` the naive local wall-clock
@@ -29,6 +30,7 @@ from hami.annotations import (
     read_node,
 )
 from hami.core.model import NodeState
+from hami.doctor.enforcement import check_enforcement
 from hami.doctor.findings import (
     CLUSTER,
     DoctorSettings,
@@ -60,10 +62,11 @@ def run_checks(
     now: datetime.datetime,
     local_now: datetime.datetime,
 ) -> list[Finding]:
-    """Every finding, in report order: webhook, nodes, locks, pods, usage."""
+    """Every finding, in report order: webhook, nodes, enforcement, locks, pods, usage."""
     return [
         *check_webhooks(configs, settings),
         *check_nodes(nodes, settings, local_now=local_now),
+        *check_enforcement(nodes),
         *check_locks(nodes, {pod_key(p) for p in pods}, settings, now=now),
         *check_pods(pods, settings, now=now),
         *check_usage(states, holders),

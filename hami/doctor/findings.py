@@ -30,7 +30,7 @@ class Finding:
     """One line of the report: what was checked about which object, and what to do about it."""
 
     severity: Severity
-    check: str  # webhook | node | lock | pod | usage
+    check: str  # webhook | node | enforce | lock | pod | usage
     subject: str  # e.g. "node gpu-a", "pod default/train", "cluster"
     message: str
     action: str = ""

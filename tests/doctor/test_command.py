@@ -13,14 +13,17 @@ import pytest
 
 from hami import cli
 from hami.annotations import (
+    NODE_ENFORCEMENT,
     NODE_HANDSHAKE,
     NODE_LOCK,
     NODE_REGISTER,
     POD_DEVICES_ALLOCATED,
     POD_VGPU_NODE,
     AnnotationError,
+    Enforcement,
     decode_node_lock,
     decode_pod_devices,
+    encode_node_enforcement,
     read_node,
 )
 from hami.commands.doctor import doctor
@@ -60,13 +63,19 @@ async def run_doctor(kubeconfig: Path) -> tuple[int, list[str]]:
     return code, out.getvalue().splitlines()
 
 
+def enforced(*uuids: str) -> dict[str, str]:
+    """The agent's report that HAMi-core holds each of these cards."""
+    return {NODE_ENFORCEMENT: encode_node_enforcement(dict.fromkeys(uuids, Enforcement.HAMI_CORE))}
+
+
 def healthy_gpu_node() -> dict[str, Any]:
     return make_node(
         "gpu-a",
         device("GPU-a0"),
         device("GPU-a1"),
         labels={"gpu": "on"},
-        annotations={NODE_LOCK: lock(10)},  # held by default/holder for 10 s: an allocation in progress
+        # held by default/holder for 10 s: an allocation in progress
+        annotations={NODE_LOCK: lock(10), **enforced("GPU-a0", "GPU-a1")},
     )
 
 
@@ -101,9 +110,14 @@ async def test_every_problem_is_reported(apiserver: kmock.KubernetesEmulator, ku
         apiserver,
         configs=[webhook_config(ca_bundle="", failure_policy="Ignore")],
         nodes=[
-            make_node("gpu-a", device("GPU-a0"), device("GPU-a1")),
-            make_node("broken", register=bad_register, cards=0),
-            make_node("sick", device("GPU-s0"), device("GPU-s1", health=False)),
+            make_node("gpu-a", device("GPU-a0"), device("GPU-a1"), annotations=enforced("GPU-a0", "GPU-a1")),
+            make_node("broken", register=bad_register, cards=0, annotations=enforced()),
+            make_node(
+                "sick",
+                device("GPU-s0"),
+                device("GPU-s1", health=False),
+                annotations={NODE_ENFORCEMENT: "GPU-s0:hami-core,GPU-s1:none"},
+            ),
             make_node("agentless", labels={"gpu": "on"}, cards=0),
             make_node("stale", device("GPU-t0"), allocatable=0, annotations={NODE_HANDSHAKE: handshake(95)}),
             make_node("lock-bad", annotations={NODE_LOCK: bad_lock}, cards=0),
@@ -145,6 +159,11 @@ async def test_every_problem_is_reported(apiserver: kmock.KubernetesEmulator, ku
         "WARN  node     node sick: 1 of 2 cards unhealthy: GPU-s1",
         f"FAIL  node     node stale: handshake {handshake(95)!r} unanswered for 95 s and nvidia.com/gpu "
         "allocatable is 0: the scheduler excludes the node",
+        # enforcement: a card at none, and a node whose agent does not report it
+        "WARN  enforce  node sick: slices are not enforced inside containers on 1 of 2 cards (no HAMi-core "
+        "at <hookPath>/vgpu: GPU-s1)",
+        "WARN  enforce  node stale: slices are not enforced inside containers as far as anyone can tell: no "
+        "hami.io/node-enforcement (a node agent older than it, or HAMi's)",
         # locks
         f"FAIL  lock     node lock-bad: unreadable node lock, every bind on the node fails: {lock_error} -> "
         "kubectl annotate node lock-bad hami.io/mutex.lock-",
@@ -170,7 +189,7 @@ async def test_every_problem_is_reported(apiserver: kmock.KubernetesEmulator, ku
     assert "card GPU-a0" not in text
     assert "OK    node     node stale: 1 card registered, all healthy" in lines
     assert len(lines) == len(expected) + 3  # the two OK lines above and the summary
-    assert lines[-1] == "9 FAIL, 5 WARN, 2 OK"
+    assert lines[-1] == "9 FAIL, 7 WARN, 2 OK"
     assert code == 1
 
 
@@ -233,7 +252,7 @@ async def test_objects_of_hostile_shapes_read_as_absent(
         "spec": {"schedulerName": 3, "containers": ["c", {"name": "d", "resources": "many"}, gpu]},
         "status": "Running",
     }
-    gpu_node = make_node("gpu-a", device("GPU-a0"), labels={"gpu": "on"})
+    gpu_node = make_node("gpu-a", device("GPU-a0"), labels={"gpu": "on"}, annotations=enforced("GPU-a0"))
     await seed(apiserver, configs=[webhook_config()], nodes=[gpu_node, odd_node], pods=[odd_pod])
     code, lines = await run_doctor(kubeconfig)
     assert lines[1:] == [
