@@ -129,6 +129,7 @@ def refused(admission: dict[str, Any]) -> str:
     [
         (changed(NODE, annotations={REGISTER: '[{"id": "GPU-a"}]'}), NODE),  # registration
         (changed(NODE, annotations={"hami.io/node-nvidia-score": "{}"}), NODE),  # pair scores
+        (changed(NODE, annotations={"hami.io/node-enforcement": "GPU-a:none"}), NODE),  # enforcement
         (changed(NODE, annotations={LOCK: None}), NODE),  # lock release
         (
             changed(
@@ -139,7 +140,7 @@ def refused(admission: dict[str, Any]) -> str:
         (changed(POD, annotations={"hami.io/bind-phase": "failed"}), POD),
         (changed(POD, annotations={"hami.io/vgpu-mig-allocations": "[]"}), POD),
     ],
-    ids=["register", "scores", "unlock", "served", "failed", "mig"],
+    ids=["register", "scores", "enforcement", "unlock", "served", "failed", "mig"],
 )
 def test_the_agents_own_writes_on_its_node_pass(new: dict[str, Any], old: dict[str, Any]) -> None:
     assert verdict(request(new, old)) is None
@@ -187,7 +188,8 @@ def test_a_token_without_a_node_is_refused() -> None:
             changed(NODE, annotations={"hami.io/device-cordon": "GPU-a"}),
             NODE,
             "the node agent may change only the annotations hami.io/node-nvidia-register, "
-            "hami.io/node-nvidia-score, hami.io/mutex.lock of a node, not hami.io/device-cordon",
+            "hami.io/node-nvidia-score, hami.io/node-enforcement, hami.io/mutex.lock of a node, not "
+            "hami.io/device-cordon",
         ),
         (
             changed(NODE, metadata__labels={"node-role.kubernetes.io/control-plane": ""}),
