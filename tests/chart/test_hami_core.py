@@ -43,9 +43,14 @@ def test_a_default_install_puts_hami_core_on_each_node_and_the_agent_uses_it() -
     # it mounts HAMi-core's directory only, at its host path, and runs without any capability
     spec = pod_spec(render({}).component("DaemonSet", "node-agent"))
     host = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
-    assert [(host[m["name"]], m["mountPath"]) for m in init["volumeMounts"]] == [
+    assert [(host[m["name"]], m["mountPath"]) for m in init["volumeMounts"] if m["name"] in host] == [
         ("/usr/local/vgpu", "/usr/local/vgpu")
     ]
+    # and no service-account token: an empty directory lies over the path Kubernetes would mount it at
+    empty = {v["name"] for v in spec["volumes"] if "emptyDir" in v}
+    others = [(m["mountPath"], m.get("readOnly")) for m in init["volumeMounts"] if m["name"] not in host]
+    assert others == [("/var/run/secrets/kubernetes.io/serviceaccount", True)]
+    assert all(m["name"] in empty for m in init["volumeMounts"] if m["name"] not in host)
     context = init["securityContext"]
     assert context["capabilities"] == {"drop": ["ALL"]} and context["allowPrivilegeEscalation"] is False
     assert context["readOnlyRootFilesystem"] is True
