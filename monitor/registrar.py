@@ -132,16 +132,28 @@ def build_registration(cards: Iterable[Card], links: Iterable[Link], settings: N
     return Registration(devices=tuple(devices), pair_scores=scores, skipped=tuple(skipped))
 
 
+#: how much of ld.so.preload is read (it names one library; a huge file is not ours)
+PRELOAD_LIMIT = 64 * 1024
+
+
 def hami_core_installed(hook_path: Path | None) -> bool:
-    """True when ``hook_path`` is set and ``<hook_path>/vgpu/libvgpu.so`` is a regular, non-empty file
-    (a symlink counts by what it points to); any error reading it counts as not installed."""
+    """True when ``hook_path`` is set, ``<hook_path>/vgpu/libvgpu.so`` is a regular, non-empty file (a
+    symlink counts by what it points to) and ``<hook_path>/vgpu/ld.so.preload`` (Allocate mounts it at
+    ``/etc/ld.so.preload``) is a regular file naming that library on a line of its own: a library that
+    nothing preloads enforces nothing. Any error reading them counts as not installed."""
     if hook_path is None:
         return False
+    library = hook_path / "vgpu" / "libvgpu.so"
+    preload = hook_path / "vgpu" / "ld.so.preload"
     try:
-        info = (hook_path / "vgpu" / "libvgpu.so").stat()
+        info = library.stat()
+        if not stat.S_ISREG(info.st_mode) or info.st_size == 0 or not stat.S_ISREG(preload.stat().st_mode):
+            return False
+        with preload.open("rb") as file:
+            lines = file.read(PRELOAD_LIMIT).decode("utf-8", "replace").splitlines()
     except OSError:
         return False
-    return stat.S_ISREG(info.st_mode) and info.st_size > 0
+    return str(library) in (line.strip() for line in lines)
 
 
 def card_enforcement(devices: Iterable[Device], *, hami_core: bool) -> dict[str, Enforcement]:
@@ -164,6 +176,8 @@ def registration_annotations(
         )
     except ValueError as exc:  # a card UUID the format cannot hold: the register still goes out
         log.warning("not reporting the node's enforcement: %s", exc)
+        if NODE_ENFORCEMENT in current:  # never leave an older, now unknown, value standing
+            wanted[NODE_ENFORCEMENT] = None
     if registration.pair_scores:
         wanted[NODE_PAIR_SCORES] = encode_pair_scores(registration.pair_scores)
     elif NODE_PAIR_SCORES in current:

@@ -29,12 +29,16 @@ from .agent_helpers import annotations_of, card, create_node, write_cards
 NODES = kmock.resource("v1/nodes")
 
 
-def _library(hook: Path, content: bytes | None = b"\x7fELF") -> Path:
+def _library(hook: Path, content: bytes | None = b"\x7fELF", preload: str | None = "") -> Path:
+    """The library at ``hook``/vgpu and, unless ``preload`` is None, the ld.so.preload naming it (or
+    ``preload`` when given)."""
     vgpu = hook / "vgpu"
     vgpu.mkdir(parents=True, exist_ok=True)
     path = vgpu / "libvgpu.so"
     if content is not None:
         path.write_bytes(content)
+    if preload is not None:
+        (vgpu / "ld.so.preload").write_text(f"{preload or path}\n")
     return path
 
 
@@ -47,13 +51,19 @@ def test_symlink_to_the_library_counts_by_its_target(tmp_path: Path) -> None:
     real = _library(tmp_path / "real")
     (tmp_path / "hook" / "vgpu").mkdir(parents=True)
     os.symlink(real, tmp_path / "hook" / "vgpu" / "libvgpu.so")
+    (tmp_path / "hook" / "vgpu" / "ld.so.preload").write_text(
+        f"{tmp_path / 'hook' / 'vgpu' / 'libvgpu.so'}\n"
+    )
     assert hami_core_installed(tmp_path / "hook")
 
 
 @pytest.mark.parametrize(
     "layout",
-    ["missing", "no vgpu dir", "empty file", "directory", "dangling symlink", "no hook path"],
-)
+    [
+        "missing", "no vgpu dir", "empty file", "directory", "dangling symlink", "no hook path",
+        "no preload", "preload a directory", "preload names another library",
+    ],
+)  # fmt: skip
 def test_absent_library_is_not_hami_core(tmp_path: Path, layout: str) -> None:
     hook: Path | None = tmp_path
     if layout == "missing":
@@ -67,6 +77,13 @@ def test_absent_library_is_not_hami_core(tmp_path: Path, layout: str) -> None:
     elif layout == "no hook path":
         _library(tmp_path)  # the library is there, but the agent was not told where to look
         hook = None
+    elif layout == "no preload":  # mounted into containers, loaded by none
+        _library(tmp_path, preload=None)
+    elif layout == "preload a directory":  # what a runtime makes of a missing host path
+        _library(tmp_path, preload=None)
+        (tmp_path / "vgpu" / "ld.so.preload").mkdir()
+    elif layout == "preload names another library":
+        _library(tmp_path, preload="/elsewhere/libvgpu.so")
     assert not hami_core_installed(hook)
 
 
@@ -123,3 +140,12 @@ def test_a_uuid_the_format_cannot_hold_leaves_the_enforcement_out_not_the_regist
     )
     wanted = registration_annotations(registration, {}, hami_core=True)
     assert NODE_REGISTER in wanted and NODE_ENFORCEMENT not in wanted
+
+
+def test_an_unreportable_enforcement_removes_the_older_value() -> None:
+    """A stale ``hami-core`` must not outlive what the agent can no longer say."""
+    registration = build_registration(
+        [Card(uuid="GPU a,b", index=0, model="T4", memory_mib=1)], [], NodeSettings()
+    )
+    wanted = registration_annotations(registration, {NODE_ENFORCEMENT: "GPU-a:hami-core"}, hami_core=True)
+    assert wanted[NODE_ENFORCEMENT] is None
