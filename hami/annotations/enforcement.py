@@ -19,8 +19,9 @@ from hami.annotations.errors import AnnotationError
 from hami.annotations.keys import NODE_ENFORCEMENT
 from hami.annotations.limits import check_length
 
-#: A card UUID as registered: no separator, no whitespace.
-_UUID = re.compile(r"[^\s,:]+")
+#: A card UUID as registered: visible ASCII without the separators (no whitespace, no control character,
+#: nothing a terminal would act on where ``hami doctor`` prints it).
+_UUID = re.compile(r"[!-+\--9;-~]+")
 
 
 class Enforcement(StrEnum):

@@ -11,11 +11,16 @@ QUOTE_LIMIT = 200
 
 
 def quote(text: str) -> str:
-    """``text`` in double quotes, shortened in the middle when it is long."""
+    """``text`` in double quotes, shortened in the middle when it is long; a character that is not
+    printable (a newline, an escape sequence, a bidirectional control) is written as its escape, so an
+    annotation's text cannot start a line of its own or steer a terminal where the message is shown."""
     if len(text) > QUOTE_LIMIT:
         half = QUOTE_LIMIT // 2
         text = f"{text[:half]}...{text[-half:]}"
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    text = text.replace("\\", "\\\\").replace('"', '\\"')
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return '"' + text + '"'
 
 
 class AnnotationError(ValueError):

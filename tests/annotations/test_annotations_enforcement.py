@@ -40,6 +40,8 @@ def test_no_card_is_the_empty_text() -> None:
         ("GPU-a:HAMI-CORE", "card GPU-a: unknown enforcement 'HAMI-CORE'"),
         ("GPU-a:mig:x", "card GPU-a: unknown enforcement 'mig:x'"),
         ("GPU-a: none", "card GPU-a: unknown enforcement ' none'"),
+        ("GPU-\x1b]0;x\x07:none", "entry 'GPU-\\x1b]0;x\\x07:none' has no valid card UUID"),  # a terminal's
+        ("GPU-\u202ea:none", "entry 'GPU-\\u202ea:none' has no valid card UUID"),  # right-to-left override
     ],
 )
 def test_strict_decode_names_the_key_and_the_text(text: str, reason: str) -> None:

@@ -16,6 +16,14 @@ def test_message_names_key_and_quotes_text() -> None:
     assert isinstance(error, ValueError)
 
 
+def test_unprintable_text_is_escaped_in_the_message() -> None:
+    """A node's annotation cannot print a forged line of its own, or a terminal escape, where the
+    message is shown (``hami doctor``)."""
+    error = AnnotationError(NODE_REGISTER, "a\nFAIL  x\x1b]0;t\x07", "bad")
+    assert str(error) == f'{NODE_REGISTER} "a\\nFAIL  x\\x1b]0;t\\x07": bad'
+    assert str(error).isprintable()
+
+
 def test_long_text_is_shortened_only_in_the_message() -> None:
     text = "x" * 1000 + "END"
     error = AnnotationError(NODE_REGISTER, text, "bad")
