@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.kubectl import run_kubectl
+from tests.e2e.commands import run_kubectl
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 

@@ -22,9 +22,7 @@ one of HAMi's formats fails the test (counted usage, the number placed, or the o
 
 from __future__ import annotations
 
-import asyncio
 import datetime
-import sys
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +37,7 @@ from hami.sim.cluster import parse_cluster
 from hami.sim.kubeapi import SimApi, nodes_path, pods_path
 from hami.sim.system import SCHEDULER, EmbeddedSystem
 from tests.e2e import hami_era
+from tests.e2e.commands import run_doctor
 from tests.e2e.hami_era import A0, GPU_A, GPU_B, IN_FLIGHT, NODES, RUNNING, Grant, HamiPod
 from tests.eventually import eventually
 
@@ -227,20 +226,6 @@ def _probe_pod() -> dict[str, Any]:
     return pod
 
 
-async def _doctor(kubeconfig: Path) -> tuple[int, str]:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "hami.cli", "doctor", "--kubeconfig", str(kubeconfig),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-    )  # fmt: skip
-    try:
-        out, _ = await asyncio.wait_for(process.communicate(), 120)  # a hang guard, not a budget
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-    return process.returncode or 0, out.decode()
-
-
 async def test_pods_hami_placed_keep_their_cards_when_our_components_take_over(workdir: Path) -> None:
     cluster = parse_cluster(hami_era.cluster_yaml(), source="hami-era")
     cards = {card.uuid: card for node in NODES for card in node.cards}
@@ -284,7 +269,7 @@ async def test_pods_hami_placed_keep_their_cards_when_our_components_take_over(w
 
         # the node agents' exporters apply the same rule to the pods bound to their node
         await eventually(agents_agree, "the node agents to count what the scheduler counts", within=20)
-        code, report = await _doctor(system.kubeconfig)
+        code, report = await run_doctor(system.kubeconfig)
 
     # the HAMi pods are untouched: still there, same phase, same annotations
     for pod in RUNNING:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from hami.sim.apiserver import AdmittingEmulator
 from hami.sim.bare import BareCluster
 from hami.sim.cluster import load_cluster
 from hami.sim.kubeapi import MWC_PATH
+from tests.e2e.commands import run_doctor
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -45,26 +45,6 @@ def _install(kubeconfig: Path) -> dict[str, Any]:
         return release
 
 
-async def _doctor(kubeconfig: Path) -> tuple[int, str]:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "hami.cli",
-        "doctor",
-        "--kubeconfig",
-        str(kubeconfig),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    try:
-        out, _ = await asyncio.wait_for(process.communicate(), 120)  # a hang guard, not a budget
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-    return process.returncode or 0, out.decode()
-
-
 async def test_helm_installs_the_chart_with_its_hooks_and_doctor_reports_on_it(workdir: Path) -> None:
     async with BareCluster(None, workdir) as bare:
         api, kubeconfig, jobs = bare.api, bare.kubeconfig, bare.jobs
@@ -75,7 +55,7 @@ async def test_helm_installs_the_chart_with_its_hooks_and_doctor_reports_on_it(w
         left = await api.list_objects(f"/apis/batch/v1/namespaces/{NAMESPACE}/jobs")
         scheduler = await api.get(f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/hami-scheduler")
         agents = await api.list_objects(f"/apis/apps/v1/namespaces/{NAMESPACE}/daemonsets")
-        code, report = await _doctor(kubeconfig)
+        code, report = await run_doctor(kubeconfig)
 
     assert release["status"] == "deployed" and release["revision"] == 1
     # the pre-install hook made the serving certificate, the post-install hook put its CA in the config

@@ -14,7 +14,7 @@ import pytest
 from hami.annotations import POD_DEVICES_ALLOCATED, decode_pod_devices
 from hami.sim.cluster import load_cluster
 from hami.sim.system import EmbeddedSystem
-from tests.e2e.kubectl import run_kubectl
+from tests.e2e.commands import run_kubectl
 from tests.eventually import eventually
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
