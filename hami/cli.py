@@ -22,6 +22,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "uncordon": ("hami.commands.cordon", "let new pods onto a node's cordoned cards again"),
     "doctor": ("hami.commands.doctor", "check an installation: webhook, nodes, locks, GPU pods, card usage"),
     "simulate": ("hami.commands.simulate", "replay a pod trace per placement policy: GPU left unallocated"),
+    "heldout": ("hami.commands.heldout", "compare two placement policies on generated trace families"),
     "demo": ("hami.commands.demo", "run the whole system on an embedded cluster and place the example pods"),
 }
 
