@@ -8,11 +8,14 @@ hand-out rule (``monitor.handout``: our scheduler's pod, bound here, ``to-alloca
 scheduler's record, only this node's registered cards), then take the next non-empty container entry of
 ``hami.io/vgpu-devices-to-allocate`` per kubelet container request, build envs and HAMi-core mounts (in
 MIG mode ``monitor.mig`` makes and records the booked instances instead), blank the entry and patch the
-annotation back; when no entry is left set ``bind-phase=success`` and release the lock. On any error
-with the pod known, set ``bind-phase=failed`` and release its lock (only on a pod waiting for our grant
-here; release is owner-checked: a lock held by another pod stays) and remember its UID, since kubelet
-rejects it. Either way an Event tells the pod's owner (``monitor.podevents``). Calls are serialised:
-kubelet's request names no pod, so only one pod may be in flight per node. Also answers
+annotation back; when no entry is left set ``bind-phase=success`` and release the lock. On an MPS-mode
+node each container gets the MPS answer (``monitor.mps.rules``: pipe directory and shared memory
+mounted, per-client limit envs, or with namespaces its own namespace opened on the daemon with the
+limits of its grant first); with the control daemon down nothing is handed out (``MpsUnavailable``).
+On any error with the pod known, set ``bind-phase=failed`` and release its lock (only on a pod waiting
+for our grant here; release is owner-checked: a lock held by another pod stays) and remember its UID,
+since kubelet rejects it. Either way an Event tells the pod's owner (``monitor.podevents``). Calls are
+serialised: kubelet's request names no pod, so only one pod may be in flight per node. Also answers
 GetPreferredAllocation's question, the paired pod's next cards (:meth:`Allocator.next_uuids`).
 The rules are pure modules (``allocate_rules``, ``pairing``, ``handout``); this one does their I/O
 (``monitor.mig`` its own, for the instances). Imports the codec and ``hami.kube``; must not import
@@ -62,6 +65,9 @@ from monitor.backends.base import Backend, BackendError
 from monitor.config import NodeSettings
 from monitor.inventory import Inventory
 from monitor.mig import allocate_mig
+from monitor.mps.control import MpsControl
+from monitor.mps.protocol import MpsError
+from monitor.mps.rules import MpsUnavailable, card_limits, mps_answer, namespace_name
 from monitor.pairing import Pairing, Suspect, ambiguity, asked, pair, suspects
 from monitor.podevents import AMBIGUOUS, FAILED, SUCCEEDED, PodEvents, failure_message, success_message
 from monitor.registrar import build_registration
@@ -87,12 +93,14 @@ class Allocator:
         events: PodEvents | None = None,
         inventory: Inventory | None = None,
         scheduler_name: str = "hami-scheduler",
+        mps: MpsControl | None = None,
     ) -> None:
         self._api, self._node, self._settings = api, node_name, settings
         self._inventory, self._scheduler = inventory, scheduler_name
         self.events = events if events is not None else PodEvents(api)
         self._backend = backend  # makes the MIG instances in MIG mode; the cards when there is no inventory
         self._hook, self._lock_dir = hook_path, lock_dir
+        self._mps = mps  # the node's MPS control daemon (MPS mode only)
         self._serial = asyncio.Lock()
         self._refused: OrderedDict[str, None] = OrderedDict()
 
@@ -171,6 +179,8 @@ class Allocator:
                     answers = await allocate_mig(
                         api=self._api, backend=self._backend, node=self._node, pod=pod, served=served
                     )
+                elif self._settings.mode == DeviceMode.MPS.value:
+                    answers = [await self._answer_mps(pod, index, grants) for index, grants in served]
                 else:
                     answers = [self._answer(pod, index, grants) for index, grants in served]
                 await patch_pod(
@@ -256,6 +266,42 @@ class Allocator:
         envs = container_envs(grants, spec, self._settings, cache_file=cache)
         uuids = tuple(dict.fromkeys(g.uuid for g in grants))
         return ContainerAnswer(container=container, uuids=uuids, envs=envs, mounts=mounts)
+
+    async def _answer_mps(
+        self, pod: Mapping[str, Any], index: int, grants: tuple[Grant, ...]
+    ) -> ContainerAnswer:
+        """MPS mode: the daemon is asked first (a slice it cannot enforce is not handed out); with
+        namespaces the container's own namespace is opened with its limits, else the limits travel in
+        the container's environment (``monitor.mps.rules``)."""
+        namespace, name = pod_key(pod)
+        names = container_names(pod)
+        container = names[index] if index < len(names) else f"#{index}"
+        where = f"pod {namespace}/{name} on node {self._node}: container {container} gets no card"
+        if self._mps is None:
+            raise MpsUnavailable(f"{where}: the node is in MPS mode but the agent runs no MPS control daemon")
+        state = await self._mps.check()
+        if not state.running:
+            raise MpsUnavailable(
+                f"{where}: the MPS control daemon is down ({state.detail}), and a slice it cannot enforce "
+                "is not handed out"
+            )
+        core_limit = not self._settings.device.disable_core_limit
+        limits = card_limits(grants, core_limit=core_limit)  # AllocationError: MPS cannot express it
+        pipe = PurePosixPath(self._mps.pipe_dir)
+        if state.namespaces:
+            uid = objects.uid(pod) or ""
+            try:
+                pipe = await self._mps.open_namespace(namespace_name(uid, index), limits)
+            except MpsError as exc:
+                raise MpsUnavailable(f"{where}: its MPS namespace could not be opened: {exc}") from exc
+        return mps_answer(
+            container,
+            grants,
+            pipe_dir=pipe,
+            shm_dir=PurePosixPath(self._mps.shm_dir),
+            namespaced=state.namespaces,
+            core_limit=core_limit,
+        )
 
     def _prepare_container_dir(self, uid: str, container: str) -> Path:
         """HAMi-core's per-container cache dir, recreated empty and world-writable on every Allocate.

@@ -38,6 +38,7 @@ from hami.kube.protocol import KubeApi
 from monitor.backends.base import BackendError, Card, Link
 from monitor.config import NodeSettings
 from monitor.inventory import Inventory
+from monitor.mps.rules import MAX_CLIENTS, capped_split_count
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,7 @@ class Registration:
     devices: tuple[Device, ...]
     pair_scores: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     skipped: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()  # settings the node could not take as written (logged with the patch)
 
 
 def card_type(model: str) -> str:
@@ -85,11 +87,18 @@ def build_registration(cards: Iterable[Card], links: Iterable[Link], settings: N
     conversion); ``devcore`` = 100 × core scaling. MIG: ``count`` = the largest instance count among the
     allowed profiles, memory unscaled, ``devcore`` 100; a card without an allowed profile is skipped.
     Filtered cards (uuid or index) and cards without a memory size (and no preconfigured size) are
-    skipped too. Example: a 32768 MiB card, scaling 1.5, split 10 → ``count`` 10, ``devmem`` 49152.
+    skipped too. MPS: as hami-core, ``count`` capped at MPS's client limit per card
+    (:data:`monitor.mps.rules.MAX_CLIENTS`, 48), with a note. Example: a 32768 MiB card, scaling 1.5,
+    split 10 → ``count`` 10, ``devmem`` 49152.
     """
     devices: list[Device] = []
     skipped: list[str] = []
     mig = settings.mode == DeviceMode.MIG.value
+    split = settings.split_count
+    notes: list[str] = []
+    if settings.mode == DeviceMode.MPS.value and split > MAX_CLIENTS:
+        split = capped_split_count(split)
+        notes.append(f"deviceSplitCount {settings.split_count} capped at {MAX_CLIENTS}, MPS clients per card")
     for card in cards:
         if card.uuid in settings.filter_uuids or card.index in settings.filter_indexes:
             skipped.append(f"{card.uuid}: filtered by the node config")
@@ -106,7 +115,7 @@ def build_registration(cards: Iterable[Card], links: Iterable[Link], settings: N
             count = max(p.instance_count for p in card.mig_profiles if p.name in {q.name for q in profiles})
             devmem, devcore = memory, 100
         else:
-            profiles, count = (), settings.split_count
+            profiles, count = (), split
             devmem = int(memory * settings.memory_scaling) if settings.memory_scaling != 1 else memory
             devcore = int(settings.core_scaling * 100)
         devices.append(
@@ -129,7 +138,9 @@ def build_registration(cards: Iterable[Card], links: Iterable[Link], settings: N
         if link.a in registered and link.b in registered:
             scores.setdefault(link.a, {})[link.b] = link.score
             scores.setdefault(link.b, {})[link.a] = link.score
-    return Registration(devices=tuple(devices), pair_scores=scores, skipped=tuple(skipped))
+    return Registration(
+        devices=tuple(devices), pair_scores=scores, skipped=tuple(skipped), notes=tuple(notes)
+    )
 
 
 #: how much of ld.so.preload is read (it names one library; a huge file is not ours)
@@ -239,10 +250,11 @@ class Registrar:
         self._last_patch = now
         healthy = sum(d.health for d in registration.devices)
         log.info(
-            "registered node %s: %d cards (%d healthy)%s",
+            "registered node %s: %d cards (%d healthy)%s%s",
             self._node,
             len(registration.devices),
             healthy,
             f", skipped {'; '.join(registration.skipped)}" if registration.skipped else "",
+            f"; {'; '.join(registration.notes)}" if registration.notes else "",
         )
         return True
