@@ -33,7 +33,9 @@ Per pod, in order:
 6. A privileged container in a GPU pod -> refuse.
 7. The isolation rules (:mod:`webhook.isolation`): a GPU container on a shared card with env
    ``CUDA_DISABLE_CONTROL`` true, or any container naming cards itself in ``NVIDIA_VISIBLE_DEVICES``
-   -> refuse (403). Then a preset ``spec.nodeName`` -> refuse.
+   -> refuse (403). Then a pod pinned to MPS cards that asks what MPS cannot express (:mod:`webhook.mps`:
+   GPU containers running together as different users) -> refuse (422). Then a preset
+   ``spec.nodeName`` -> refuse.
 8. Set ``spec.schedulerName``, ``runtimeClassName`` (when configured and absent), and
    ``NVIDIA_VISIBLE_DEVICES=none`` on the pod's non-GPU containers when ``overwriteEnv``; the
    :class:`Admit` carries what the pod asks of its namespace's GPU quota (``quota_ask``), which
@@ -50,16 +52,18 @@ from typing import Any
 from hami import objects
 from hami.annotations import (
     INTERNAL_POD_ANNOTATIONS,
+    POD_VGPU_MODE,
     POD_VGPU_NODE,
     WEBHOOK_IGNORE_LABEL,
     parse_pod_containers,
     pod_annotation_problems,
 )
 from hami.core.quota import QuotaAsk, admission_ask
-from webhook import containers, typos
+from webhook import containers, mps, typos
 from webhook.config import MutationSettings
 from webhook.containers import Container, Problem, mutate_container, resource_names
 from webhook.isolation import isolation_problems, visible_devices_problems
+from webhook.mps import mps_problems
 from webhook.typos import annotation_problems, resource_problems
 
 IGNORE_VALUE = "ignore"
@@ -93,6 +97,7 @@ REFUSAL_REASONS = (
     BAD_ANNOTATION,
     EXCEEDING_QUOTA,
     *typos.REASONS,
+    *mps.REASONS,
 )
 
 
@@ -187,6 +192,15 @@ def plan(pod: Mapping[str, Any], settings: MutationSettings) -> Admit | Refuse:
     unisolated = _isolation(every, settings)
     if unisolated is not None:
         return unisolated
+    inexpressible = mps_problems(
+        spec,
+        (metadata.get("annotations") or {}).get(POD_VGPU_MODE),
+        [c.result for c in groups["initContainers"]],
+        [c.result for c in groups["containers"]],
+        (c.name for c in every if c.uses_gpu),
+    )
+    if inexpressible:
+        return Refuse(message="; ".join(inexpressible), code=CODE_INVALID, reason=mps.MPS_MIXED_USERS)
     if spec.get("nodeName"):
         return Refuse(message="pod has node assigned", code=CODE_FORBIDDEN, reason=NODE_ASSIGNED)
 

@@ -439,4 +439,19 @@ REFUSALS: list[tuple[str, dict[str, Any], str, int, str]] = [
         422,
         "zero_cards",
     ),
+    # what MPS cannot express (webhook/mps.py)
+    (
+        "GPU containers of two users on MPS",
+        make_pod(
+            ctr("a", limits={GPU: "1", MEM: "1000"}),
+            ctr("b", limits={GPU: "1", MEM: "1000"}, securityContext={"runAsUser": 1001}),
+            annotations={"nvidia.com/vgpu-mode": "mps"},
+            securityContext={"runAsUser": 1000},
+        ),
+        'container "b": securityContext.runAsUser 1001 differs from container "a"\'s user 1000, and both use '
+        "an MPS card at the same time (nvidia.com/vgpu-mode: mps); one MPS server serves one user at a time, "
+        "so one would wait for the other to finish; run the pod's GPU containers as one user",
+        422,
+        "mps_mixed_users",
+    ),
 ]
