@@ -7,7 +7,10 @@ logs one clear error and retries every minute instead of exiting, so the DaemonS
 crash-loop; an unusable kubeconfig or an API server that cannot be reached at start-up is one line and
 exit 2 (a wrong flag, not a wait for hardware). The exporter is two more tasks: the pod list behind its
 grant metrics and ``/metrics`` + ``/healthz`` (the shared listener of :mod:`hami.process.http`, its
-collector read in a worker thread), which reads the same inventory. Process set-up (logging, one-line
+collector read in a worker thread), which reads the same inventory. On an MPS-mode node
+(``operatingmode: mps``) the MPS control daemon (:class:`monitor.mps.control.MpsControl`) is started or
+adopted before the device plugin serves, watched by one more task and its gone pods' namespaces closed
+by another (``monitor.mps.keeper``). Process set-up (logging, one-line
 errors, SIGTERM/SIGINT) is the shared :mod:`hami.process.entry`.
 """
 
@@ -21,17 +24,20 @@ from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry
 
+from hami.core.model import DeviceMode
 from hami.kube.client import KubeError
 from hami.process.entry import configure_logging, reachable_api, refuse, until_signalled
 from hami.process.http import alive, metrics_app, serve_retrying
 from monitor.allocate_call import Allocator
 from monitor.backends import Backend, BackendUnavailable, open_backend
-from monitor.config import AgentConfig, ConfigError, load_node_settings, parse_agent_config
+from monitor.config import AgentConfig, ConfigError, NodeSettings, load_node_settings, parse_agent_config
 from monitor.deviceplugin.kubelet import KubeletRunner
 from monitor.deviceplugin.server import DevicePluginService
 from monitor.exporter import NodeCollector
 from monitor.grants import GrantBook
 from monitor.inventory import Inventory
+from monitor.mps.control import MpsControl
+from monitor.mps.keeper import sweep
 from monitor.registrar import Registrar
 
 log = logging.getLogger("monitor")
@@ -66,6 +72,9 @@ async def run(config: AgentConfig) -> None:
         "node %s: using the %s backend, resource %s", config.node_name, backend.name, settings.resource_name
     )
     inventory = Inventory(backend)
+    mps = mps_control(config, settings)
+    if mps is not None:
+        await mps.start()  # adopts a daemon that answers; a failed start is retried by watch()
     allocator = Allocator(
         api=api,
         node_name=config.node_name,
@@ -74,6 +83,7 @@ async def run(config: AgentConfig) -> None:
         backend=backend,
         inventory=inventory,
         scheduler_name=config.scheduler_name,
+        mps=mps,
     )
     service = DevicePluginService(inventory=inventory, settings=settings, allocator=allocator)
     runner = KubeletRunner(
@@ -93,6 +103,7 @@ async def run(config: AgentConfig) -> None:
         interval=config.register_interval,
         retry=config.retry_interval,
         refresh=config.refresh_interval,
+        mps=mps,
     )
     grants = GrantBook(api=api, node_name=config.node_name)
     registry = CollectorRegistry()
@@ -103,6 +114,7 @@ async def run(config: AgentConfig) -> None:
             settings=settings,
             grants=grants,
             legacy=config.legacy_metrics,
+            mps=mps,
         )
     )
 
@@ -112,6 +124,12 @@ async def run(config: AgentConfig) -> None:
             tasks.create_task(registrar.run(), name="registrar")
             tasks.create_task(runner.run(), name="kubelet-plugin")
             tasks.create_task(grants.run(config.health_interval), name="exporter-pods")
+            if mps is not None:
+                tasks.create_task(mps.watch(config.health_interval), name="mps-daemon")
+                tasks.create_task(
+                    sweep(mps, api=api, node_name=config.node_name, interval=config.register_interval),
+                    name="mps-namespaces",
+                )
             tasks.create_task(
                 serve_retrying(
                     lambda: metrics_app(registry, blocking=True, routes={"/healthz": alive}),
@@ -124,8 +142,22 @@ async def run(config: AgentConfig) -> None:
             )
     finally:
         await allocator.events.drain(seconds=2.0)  # the last Events, briefly; never blocks shutdown long
+        if mps is not None:
+            await mps.stop()  # quits the daemon only when this agent started it and --mps-quit-on-stop
         backend.close()
         api.close()
+
+
+def mps_control(config: AgentConfig, settings: NodeSettings) -> MpsControl | None:
+    """The node's MPS control daemon, on an MPS-mode node only (``operatingmode: mps``)."""
+    if settings.mode != DeviceMode.MPS.value:
+        return None
+    return MpsControl(
+        binary=config.mps_control,
+        root=config.mps_root,
+        protocol=config.mps_protocol,
+        quit_on_stop=config.mps_quit_on_stop,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -75,6 +75,10 @@ class AgentConfig:
     metrics_listen: Address = field(default_factory=lambda: Address(host="0.0.0.0", port=9394))
     legacy_metrics: bool = False
     scheduler_name: str = "hami-scheduler"  # Allocate serves only pods this scheduler placed
+    mps_control: str = "nvidia-cuda-mps-control"  # the MPS control daemon binary (operatingmode mps)
+    mps_root: Path = Path("/run/hami/mps")  # pipe/, log/, shm/ of the MPS daemon, same path on the host
+    mps_protocol: int = 3  # ask for MPS protocol 3 (namespaces) where the driver has it
+    mps_quit_on_stop: bool = False  # quit the daemon this agent started when it stops
     log_level: str = "INFO"
 
 
@@ -105,6 +109,18 @@ _FLAGS: dict[str, tuple[type, Any, str]] = {
     "metrics-listen": (str, "0.0.0.0:9394", "HOST:PORT for /metrics and /healthz"),
     "legacy-metrics": (str, "false", "also export HAMi's legacy camel-case metric names (true/false)"),
     "scheduler-name": (str, "hami-scheduler", "Allocate serves only pods with this spec.schedulerName"),
+    "mps-control": (
+        str,
+        "nvidia-cuda-mps-control",
+        "MPS control daemon binary from the host driver (operatingmode mps only)",
+    ),
+    "mps-root": (
+        Path,
+        Path("/run/hami/mps"),
+        "host directory of the MPS daemon's pipe/, log/ and shm/ (mounted at the same path)",
+    ),
+    "mps-protocol": (str, "3", "MPS protocol to ask for: 3 (namespaces where the driver has them) or 2"),
+    "mps-quit-on-stop": (str, "false", "quit the MPS daemon this agent started when the agent stops"),
     "log-level": (str, "INFO", "DEBUG, INFO, WARNING or ERROR"),
 }
 
@@ -150,6 +166,10 @@ def parse_agent_config(argv: Sequence[str] | None, environ: Mapping[str, str]) -
         metrics_listen=parse_address("metrics-listen", args.metrics_listen, ConfigError),
         legacy_metrics=parse_bool("--legacy-metrics", str(args.legacy_metrics), ConfigError),
         scheduler_name=_scheduler_name(args.scheduler_name),
+        mps_control=_mps_control(args.mps_control),
+        mps_root=_mps_root(args.mps_root),
+        mps_protocol=_mps_protocol(args.mps_protocol),
+        mps_quit_on_stop=parse_bool("--mps-quit-on-stop", str(args.mps_quit_on_stop), ConfigError),
         log_level=str(args.log_level).upper(),
         health_recovery=recovery,
         **numbers,
@@ -161,6 +181,27 @@ def _scheduler_name(value: Any) -> str:
     if not name:
         raise ConfigError("--scheduler-name must not be empty")
     return name
+
+
+def _mps_control(value: Any) -> str:
+    binary = str(value or "").strip()
+    if not binary:
+        raise ConfigError("--mps-control must name the MPS control daemon binary")
+    return binary
+
+
+def _mps_root(value: Any) -> Path:
+    root = Path(str(value or ""))
+    if not root.is_absolute():
+        raise ConfigError(f"--mps-root must be an absolute directory, got {str(value)!r}")
+    return root
+
+
+def _mps_protocol(value: Any) -> int:
+    text = str(value).strip()
+    if text not in ("2", "3"):
+        raise ConfigError(f"--mps-protocol must be 2 or 3, got {text!r}")
+    return int(text)
 
 
 def _path(value: Any) -> Path | None:

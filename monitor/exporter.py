@@ -27,6 +27,8 @@ from monitor.cgroups import ProcessOwners
 from monitor.config import NodeSettings
 from monitor.grants import PodGrants, TrackedPods, card_totals
 from monitor.inventory import Inventory
+from monitor.mps.control import MpsControl
+from monitor.mps.metrics import mps_families
 from monitor.registrar import build_registration, card_type
 
 log = logging.getLogger(__name__)
@@ -59,14 +61,17 @@ class NodeCollector:
         grants: TrackedPods,
         owners: ProcessOwners | None = None,
         legacy: bool = False,
+        mps: MpsControl | None = None,
     ) -> None:
         self._node, self._inventory, self._settings, self._grants = node_name, inventory, settings, grants
         self._owners = owners if owners is not None else ProcessOwners()
         self._legacy = legacy
+        self._mps = mps  # MPS mode: the control daemon's families (monitor.mps.metrics)
 
     def describe(self) -> Iterable[Metric]:
         """The families without samples (lets the registry reject a duplicate name at register time)."""
-        return [family for family in self._families().values() if family is not None]
+        families = [family for family in self._families().values() if family is not None]
+        return families + (mps_families(self._node, ZONE, None) if self._mps is not None else [])
 
     def collect(self) -> Iterable[Metric]:
         cards = self._inventory.cards
@@ -80,7 +85,8 @@ class NodeCollector:
         self._card_metrics(families, cards, pods)
         self._host_metrics(families, cards, live)
         self._container_metrics(families, pods, live)
-        return [f for f in families.values() if f is not None]
+        daemon = mps_families(self._node, ZONE, self._mps) if self._mps is not None else []
+        return [f for f in families.values() if f is not None] + daemon
 
     # ----------------------------------------------------------------------------------- families
     def _families(self) -> dict[str, GaugeMetricFamily | None]:

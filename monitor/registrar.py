@@ -8,8 +8,10 @@ seconds. The comparison is against the Node itself (not a cache of what was sent
 is retried and an annotation removed by someone else comes back. The node lock key is never written
 here. The enforcement per card (``hami.io/node-enforcement``) is read at each registration from what
 is on disk: ``hami-core`` when ``--hook-path`` is set and ``<hook>/vgpu/libvgpu.so`` is a regular
-non-empty file (symlinks followed, as the container runtime would), ``mig`` for MIG-mode cards, else
-``none``. Imports the codec and ``hami.kube``; must not import grpc or pynvml.
+non-empty file (symlinks followed, as the container runtime would), ``mig`` for MIG-mode cards, for
+MPS-mode cards what the control daemon answers at that moment (``mps-namespaced``, ``mps``, or
+``none`` when it is down: ``MpsControl.check``), else ``none``. Imports the codec and ``hami.kube``;
+must not import grpc or pynvml.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from hami.kube.protocol import KubeApi
 from monitor.backends.base import BackendError, Card, Link
 from monitor.config import NodeSettings
 from monitor.inventory import Inventory
+from monitor.mps.control import MpsControl
+from monitor.mps.protocol import MpsState
 from monitor.mps.rules import MAX_CLIENTS, capped_split_count
 
 log = logging.getLogger(__name__)
@@ -167,15 +171,27 @@ def hami_core_installed(hook_path: Path | None) -> bool:
     return str(library) in (line.strip() for line in lines)
 
 
-def card_enforcement(devices: Iterable[Device], *, hami_core: bool) -> dict[str, Enforcement]:
-    """Per registered card: ``mig`` for a MIG-mode card, ``hami-core`` when the library is installed,
-    else ``none``."""
+def card_enforcement(
+    devices: Iterable[Device], *, hami_core: bool, mps: MpsState | None = None
+) -> dict[str, Enforcement]:
+    """Per registered card: ``mig`` for a MIG-mode card; for an MPS-mode card what the control daemon
+    answered (``mps-namespaced`` with namespaces, ``mps`` without, ``none`` when it is down or the agent
+    runs none); else ``hami-core`` when the library is installed, else ``none``."""
     shared = Enforcement.HAMI_CORE if hami_core else Enforcement.NONE
-    return {d.uuid: Enforcement.MIG if d.mode == DeviceMode.MIG.value else shared for d in devices}
+    if mps is None or not mps.running:
+        daemon = Enforcement.NONE
+    else:
+        daemon = Enforcement.MPS_NAMESPACED if mps.namespaces else Enforcement.MPS
+    kinds = {DeviceMode.MIG.value: Enforcement.MIG, DeviceMode.MPS.value: daemon}
+    return {d.uuid: kinds.get(d.mode, shared) for d in devices}
 
 
 def registration_annotations(
-    registration: Registration, current: Mapping[str, str], *, hami_core: bool = False
+    registration: Registration,
+    current: Mapping[str, str],
+    *,
+    hami_core: bool = False,
+    mps: MpsState | None = None,
 ) -> dict[str, str | None]:
     """The node annotations to hold: register JSON, the enforcement per card (left out, with a warning,
     when a card UUID has a ``,``, ``:`` or whitespace), pair scores when known (removed when they
@@ -183,7 +199,7 @@ def registration_annotations(
     wanted: dict[str, str | None] = {NODE_REGISTER: encode_node_devices(registration.devices)}
     try:
         wanted[NODE_ENFORCEMENT] = encode_node_enforcement(
-            card_enforcement(registration.devices, hami_core=hami_core)
+            card_enforcement(registration.devices, hami_core=hami_core, mps=mps)
         )
     except ValueError as exc:  # a card UUID the format cannot hold: the register still goes out
         log.warning("not reporting the node's enforcement: %s", exc)
@@ -211,10 +227,12 @@ class Registrar:
         retry: float = 5.0,
         refresh: float = 300.0,
         clock: Callable[[], float] | None = None,
+        mps: MpsControl | None = None,
     ) -> None:
         self._api, self._node, self._inventory, self._settings = api, node_name, inventory, settings
         self._interval, self._retry, self._refresh = interval, retry, refresh
         self._hook = hook_path
+        self._mps = mps  # MPS mode: the cards' enforcement is what the control daemon answers
         self._clock = clock  # default: the event loop's clock, the one asyncio.sleep counts in
         self._last_patch: float | None = None
 
@@ -238,7 +256,8 @@ class Registrar:
         node = await get_node(self._api, self._node)
         current = objects.annotations(node)
         hami_core = await asyncio.to_thread(hami_core_installed, self._hook)
-        wanted = registration_annotations(registration, current, hami_core=hami_core)
+        mps = await self._mps.check() if self._mps is not None else None
+        wanted = registration_annotations(registration, current, hami_core=hami_core, mps=mps)
         changed = any(current.get(key) != value for key, value in wanted.items())
         now = self._clock() if self._clock is not None else asyncio.get_running_loop().time()
         due = self._last_patch is not None and now - self._last_patch >= self._refresh

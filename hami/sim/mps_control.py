@@ -10,7 +10,8 @@ Run as a drop-in binary (``python -m hami.sim.mps_control``, or the executable w
   documented) picks the protocol; ``--card UUID=MIB`` (repeatable; default one 16384 MiB card) the
   simulated cards (or ``HAMI_SIM_MPS_CARDS=GPU-a=8192,...``); ``--mute`` (or
   ``HAMI_SIM_MPS_BEHAVIOUR=mute``) a daemon that accepts connections and never answers;
-  ``--garbage`` (``=garbage``) one that answers every command with text no MPS daemon writes.
+  ``--garbage`` (``=garbage``) one that answers every command with text no MPS daemon writes;
+  ``HAMI_SIM_MPS_DRIVER_PROTOCOL=2`` an older driver (a request for protocol 3 is ignored).
 - without arguments it is the client: one command per stdin line (the protocol 2 shell); with
   arguments (``server list``, ``namespace create --server=...``) one protocol 3 command; ``-q`` quits.
   The exit status is 1 when the daemon refused a command or cannot be reached.
@@ -65,6 +66,8 @@ DEFAULT_CARDS = {"GPU-sim-0": 16384}
 #: The simulation's own knobs for a daemon started as ``<wrapper> -d`` (what the agent runs):
 #: ``GPU-a=8192,GPU-b=8192`` and ``mute`` / ``garbage``.
 CARDS_ENV, BEHAVIOUR_ENV = "HAMI_SIM_MPS_CARDS", "HAMI_SIM_MPS_BEHAVIOUR"
+#: The newest protocol the simulated driver has (2: an older driver, which ignores a request for 3).
+DRIVER_PROTOCOL_ENV = "HAMI_SIM_MPS_DRIVER_PROTOCOL"
 #: How long ``-d`` waits for its daemon to answer.
 START_BOUND = 120.0
 _VALUE = re.compile(r"([0-9]{1,12})([MG])")
@@ -500,6 +503,7 @@ def _daemon_args(argv: Sequence[str]) -> DaemonArgs:
             raise SystemExit(f"nvidia-cuda-mps-control (simulated): unknown option {word!r}")
     if os.environ.get(PROTOCOL_ENV):  # the variable takes precedence over -p, as documented
         args.protocol = int(os.environ[PROTOCOL_ENV])
+    args.protocol = min(args.protocol, int(os.environ.get(DRIVER_PROTOCOL_ENV) or 3))
     if args.protocol not in (2, 3):
         raise SystemExit(f"nvidia-cuda-mps-control (simulated): protocol must be 2 or 3, got {args.protocol}")
     if cards:
