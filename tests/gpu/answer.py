@@ -6,8 +6,9 @@ pod uid ``uid``, answered through ``monitor.allocate_rules`` (:func:`container_e
 them out (``<hook>/vgpu/containers/<uid>_<container>``, world-writable; the shared cache file
 ``<hook>/vgpu/<random>.cache``; the lock directory). The Allocator itself needs a Kubernetes API, which
 the GPU machine does not have; ``tests/monitor/test_enforcement_modes.py`` holds this answer equal to
-the one the running agent gives kubelet over gRPC for the same grant. Imports only the agent's pure
-rules (no Kubernetes client, no gRPC).
+the one the running agent gives kubelet over gRPC for the same grant. :func:`mps_agent_answer` is the
+same for an MPS-mode node (``monitor.mps.rules``, the namespace opened through
+``monitor.mps.control.MpsControl``). Imports no Kubernetes client and no gRPC.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ from typing import Any
 from hami.core.model import Grant
 from monitor.allocate_rules import ContainerAnswer, container_envs, hook_mounts
 from monitor.config import NodeSettings
+from monitor.mps.control import MpsControl
+from monitor.mps.protocol import MpsState
+from monitor.mps.rules import card_limits, mps_answer, namespace_name
 
 
 def agent_answer(
@@ -51,3 +55,31 @@ def agent_answer(
     grants = (Grant(uuid=card, memory_mib=memory_mib, cores=cores),)
     envs = container_envs(grants, spec, settings or NodeSettings(), cache_file=cache)
     return ContainerAnswer(container=container, uuids=(card,), envs=envs, mounts=mounts)
+
+
+async def mps_agent_answer(
+    control: MpsControl,
+    state: MpsState,
+    card: str,
+    memory_mib: int,
+    cores: int,
+    *,
+    uid: str,
+    container: str = "main",
+    index: int = 0,
+) -> ContainerAnswer:
+    """What the agent answers on an MPS-mode node for container number ``index`` (``container``) of pod
+    ``uid`` granted ``memory_mib`` MiB and ``cores`` % of ``card``, with the daemon ``control`` in
+    ``state``: as ``Allocator`` does it, the namespace opened on the daemon with the grant's limits
+    first when the daemon has namespaces, else the limits in the environment (``monitor.mps.rules``)."""
+    grants = (Grant(uuid=card, memory_mib=memory_mib, cores=cores),)
+    pipe = PurePosixPath(control.pipe_dir)
+    if state.namespaces:
+        pipe = await control.open_namespace(namespace_name(uid, index), card_limits(grants))
+    return mps_answer(
+        container,
+        grants,
+        pipe_dir=pipe,
+        shm_dir=PurePosixPath(control.shm_dir),
+        namespaced=state.namespaces,
+    )

@@ -11,13 +11,16 @@ started by ``tests.gpu.runtime`` and probed by ``tests.gpu.probe``:
   cache file: 4 GiB allocates. This one documents a limit (HAMi-core reads the limit from the
   process's environment), so its expectation is what docs/security.md claims: not held.
 
-Writes ``DIR/enforcement.json`` (driver, card, answer, each scenario's outcome and verdict) and exits 0
-only when every verdict matches its expectation; 2 when the check cannot run (no library, no card).
+Part (b), MPS, is :mod:`tests.gpu.mps_check` (skipped, and said so, where the driver has no
+``nvidia-cuda-mps-control``). Writes ``DIR/enforcement.json`` (driver, card, answers, each scenario's
+outcome and verdict, what MPS offered) and exits 0 only when every verdict matches its expectation; 2
+when the check cannot run (no library, no card).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import subprocess
 import sys
@@ -28,12 +31,14 @@ from pathlib import Path
 from typing import Any
 
 from tests.gpu.answer import agent_answer
+from tests.gpu.mps_check import mps_scenarios
 from tests.gpu.runtime import Outcome, namespace_available, probe_argv, run_in_container
 
 REPO = Path(__file__).resolve().parents[2]
 GRANT_MIB, GRANT_CORES = 3000, 100
 WITHIN_MIB, BEYOND_MIB = 2048, 4096
 EDITED_LIMIT = "8000m"
+PROCESS_BOUND = 90.0
 
 
 class CannotRun(Exception):
@@ -124,6 +129,7 @@ def hami_core_scenarios(library: Path, work: Path, card: str) -> dict[str, Any]:
     if not namespace:  # LD_PRELOAD on this host: HAMi-core's lock directory is the host's own
         Path("/tmp/vgpulock").mkdir(exist_ok=True)
     common: dict[str, Any] = {
+        "timeout": PROCESS_BOUND,
         "stage": work / "stage",
         "library": installed,
         "namespace": namespace,
@@ -149,6 +155,12 @@ def hami_core_scenarios(library: Path, work: Path, card: str) -> dict[str, Any]:
     }
 
 
+def write(out: Path, report: Mapping[str, Any]) -> None:
+    """``out/enforcement.json`` as far as the check got (written after each part: a run killed at its
+    bound still leaves what it found)."""
+    (out / "enforcement.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+
+
 def run(library: Path, out: Path, work: Path) -> tuple[int, dict[str, Any]]:
     report: dict[str, Any] = {"driver": driver_facts()}
     try:
@@ -158,11 +170,13 @@ def run(library: Path, out: Path, work: Path) -> tuple[int, dict[str, Any]]:
             )
         report["card"] = card = first_card()
         report["hami_core"] = hami_core_scenarios(library, work, card)
+        write(out, report)
+        report["mps"] = asyncio.run(mps_scenarios(card, work, repo=REPO))
     except CannotRun as exc:
         report["cannot_run"] = str(exc)
         return 2, report
-    agree = all(v["agrees"] for v in report["hami_core"]["verdicts"].values())
-    return (0 if agree else 1), report
+    verdicts = [*report["hami_core"]["verdicts"].values(), *report["mps"].get("verdicts", {}).values()]
+    return (0 if all(v["agrees"] for v in verdicts) else 1), report
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -179,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     work = args.work or Path(tempfile.mkdtemp(prefix="hami-gpu-check-"))
     code, report = run(args.library.resolve(), args.out, work)
     report["exit"] = code
-    (args.out / "enforcement.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    write(args.out, report)
     print(json.dumps(report, indent=2, default=str))
     return code
 

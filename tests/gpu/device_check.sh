@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The enforcement check on a real GPU (docs/security.md, "Enforcement modes", "On a real GPU").
 #
-# What it does, in one run bounded to about 5 minutes (each step has its own timeout):
+# What it does, in one run bounded to under 5 minutes (each step has its own timeout):
 #   1. records the driver (nvidia-smi) into $OUT/nvidia-smi.txt;
 #   2. python3 -m tests.gpu.check: the node agent's Allocate answer for a 3,000 MiB grant on this
 #      machine's card (read through the agent's NVML backend), applied to CuPy processes as a container
 #      runtime applies it, with the HAMi-core library given in HAMI_CORE_LIB; and the MPS part where
 #      the control daemon is there (see tests/gpu/check.py); writes $OUT/enforcement.json;
-#   3. pytest -m gpu tests/gpu: the same claims as tests ($OUT/pytest.log; SKIP_PYTEST=1 leaves it out);
+#   3. pytest -m gpu tests/gpu: the same claims as tests, judged on that enforcement.json
+#      ($OUT/pytest.log; SKIP_PYTEST=1 leaves it out);
 #   4. $OUT/summary.txt: each step's exit status. Exits with the check's status (0 = every verdict as
 #      expected, 1 = a verdict differs, 2 = could not run), or 3 when a step timed out.
 # It never changes the card's settings (no MIG, compute-mode or clock change, no reset) and writes
@@ -57,18 +58,19 @@ step() {  # step NAME SECONDS COMMAND...: run it bounded, note its status
     return "$status"
 }
 
-step nvidia-smi 30 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
-step driver 30 nvidia-smi --query-gpu=driver_version,name,uuid,memory.total,compute_mode,mig.mode.current \
+step nvidia-smi 20 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
+step driver 20 nvidia-smi --query-gpu=driver_version,name,uuid,memory.total,compute_mode,mig.mode.current \
     --format=csv
 echo "library: $LIBRARY"
 ls -l "$LIBRARY" || echo "no library at $LIBRARY: the check will say it cannot run"
 
-step check 180 "$PYTHON" -m tests.gpu.check --library "$LIBRARY" --out "$OUT"
+step check 200 "$PYTHON" -m tests.gpu.check --library "$LIBRARY" --out "$OUT"
 check=$?
 
 if [ "${SKIP_PYTEST:-0}" != 1 ]; then
     # --confcutdir: the suite's own conftest files need the test kit (kmock), not on the GPU machine
-    step pytest 120 "$PYTHON" -m pytest -q -p no:cacheprovider -p no:xdist \
+    export HAMI_GPU_REPORT="$OUT/enforcement.json"
+    step pytest 60 "$PYTHON" -m pytest -q -p no:cacheprovider -p no:xdist \
         -o addopts= --confcutdir=tests/gpu -m gpu tests/gpu > "$OUT/pytest.log" 2>&1
 fi
 

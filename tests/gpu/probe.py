@@ -1,9 +1,13 @@
-"""The process inside the emulated container: ``python3 -m tests.gpu.probe MIB...``.
+"""The process inside the emulated container: ``python3 -m tests.gpu.probe [--hold] MIB...``.
 
 Owns what one tenant process sees: whether HAMi-core is mapped into it, whether ``/etc/ld.so.preload``
 can be opened for writing (a read-only mount refuses even root), the card memory CUDA reports, and for
 each size in turn whether CuPy can allocate it with ``cudaMalloc`` (freed before the next). Prints one
 JSON object as its last line; never raises (an error is a field). Needs CuPy only when sizes are given.
+
+``--hold MIB``: the neighbour. Fills MIB MiB with a pattern, prints ``{"held": true, ...}`` (or the
+error), keeps the memory until its stdin closes, then checks the pattern is still whole and prints
+``{"stands": true|false, ...}``.
 """
 
 from __future__ import annotations
@@ -62,7 +66,36 @@ def allocations(sizes: list[int]) -> dict[str, Any]:
     return found
 
 
+def hold(mib: int) -> int:
+    """The neighbour: keep ``mib`` MiB filled with a pattern until stdin closes, then check it."""
+    try:
+        import cupy  # type: ignore[import-not-found, unused-ignore]  # only on the GPU machine
+    except ImportError as exc:
+        print(json.dumps({"held": False, "error": f"CuPy is not importable: {exc}"}), flush=True)
+        return 0
+    try:
+        block = cupy.full(mib * MIB, 0x5A, dtype=cupy.uint8)
+        cupy.cuda.runtime.deviceSynchronize()
+    except Exception as exc:  # a refusal is a finding
+        print(json.dumps({"held": False, "error": str(exc)}), flush=True)
+        return 0
+    print(json.dumps({"held": True, "mib": mib, "mapped": mapped_libraries()}), flush=True)
+    sys.stdin.read()
+    try:
+        whole = bool((block == 0x5A).all())
+    except Exception as exc:
+        print(json.dumps({"held": True, "stands": False, "error": str(exc)}), flush=True)
+        return 0
+    print(json.dumps({"held": True, "stands": whole, "mib": mib}), flush=True)
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--hold"]:
+        if len(argv) != 2 or not argv[1].isdigit():
+            print(json.dumps({"error": f"--hold takes one whole MiB, got {argv[1:]}"}))
+            return 2
+        return hold(int(argv[1]))
     try:
         sizes = [int(text) for text in argv]
     except ValueError:

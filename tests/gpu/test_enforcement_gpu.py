@@ -1,10 +1,13 @@
 """The GPU check's claims as tests (docs/security.md, "On a real GPU"): HAMi-core with the agent's
-answer for a 3,000 MiB grant on this host's card. Marked ``gpu``: skipped without NVML; skipped too
-without a HAMi-core library (``HAMI_CORE_LIB``) or CuPy, which only the GPU machine has."""
+answer for a 3,000 MiB grant on this host's card, and MPS with the agent's limits. Marked ``gpu``:
+skipped without NVML; skipped too without a HAMi-core library (``HAMI_CORE_LIB``) or CuPy, which only
+the GPU machine has. ``HAMI_GPU_REPORT`` names an ``enforcement.json`` the check already wrote on this
+machine (tests/gpu/device_check.sh): the tests then judge it instead of running the check again."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -18,6 +21,12 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    written = os.environ.get("HAMI_GPU_REPORT")
+    if written:
+        found: dict[str, Any] = json.loads(Path(written).read_text())
+        if "cannot_run" in found:
+            pytest.skip(f"the check could not run here: {found['cannot_run']}")
+        return found
     library = Path(os.environ.get("HAMI_CORE_LIB", ".gpu-deps/libvgpu.so"))
     if not library.is_file():
         pytest.skip(f"no HAMi-core library at {library} (HAMI_CORE_LIB; tests/gpu/device_check.sh)")
@@ -67,3 +76,28 @@ def test_the_preload_is_read_only_in_the_container(report: dict[str, Any]) -> No
         pytest.skip("no mount namespace on this host: the library was preloaded through LD_PRELOAD")
     found = verdict(report, claims[0])
     assert found["agrees"], (found, report["hami_core"]["scenarios"]["granted"])
+
+
+@pytest.fixture(scope="module")
+def mps(report: dict[str, Any]) -> dict[str, Any]:
+    part: dict[str, Any] = report.get("mps") or {}
+    if "cannot_run" in part:
+        pytest.skip(f"MPS part not run: {part['cannot_run']}")
+    return part
+
+
+@pytest.mark.parametrize(
+    "claim",
+    [
+        "mps: the control daemon runs",
+        "neighbour: holds 2 GiB",
+        "tenant: 2 GiB within",
+        "tenant: 4 GiB beyond its grant is refused",
+        "neighbour: its 2 GiB stands",
+    ],
+)
+def test_mps_holds_a_client_to_the_agents_limits_and_the_neighbour_stands(
+    mps: dict[str, Any], claim: str
+) -> None:
+    (found,) = [v for c, v in mps["verdicts"].items() if c.startswith(claim)]
+    assert found["agrees"], (found, mps.get("offered"), mps.get("scenarios"))

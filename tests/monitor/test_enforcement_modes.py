@@ -6,11 +6,12 @@ stand-in library built here), and the GPU check's own answer held equal to the a
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import subprocess
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import kmock
@@ -19,10 +20,20 @@ import pytest
 from monitor.allocate_call import Allocator
 from monitor.allocate_rules import ContainerAnswer, MountSpec
 from monitor.config import NodeSettings
-from tests.gpu.answer import agent_answer
+from monitor.mps.control import MpsControl
+from monitor.mps.protocol import CardLimit, MpsState
+from tests.gpu.answer import agent_answer, mps_agent_answer
 from tests.gpu.runtime import namespace_available, probe_argv, run_in_container
 
-from .agent_helpers import allocate_request, card, create_node, g, placed, plugin_stub, sim_inventory
+from .agent_helpers import (
+    allocate_request,
+    card,
+    create_node,
+    g,
+    placed,
+    plugin_stub,
+    sim_inventory,
+)
 
 PRELOAD = "/etc/ld.so.preload"
 
@@ -32,13 +43,41 @@ class Agent:
     stub: Any
     hook: Path | None
     lock_dir: Path
+    mps: Daemon | None = None
+
+
+class Daemon(MpsControl):
+    """The node's MPS control daemon as the agent sees it, answering ``state`` (per-client limits, or
+    namespaces); opening a namespace makes its directory (what the real daemon's socket lives in)."""
+
+    def __init__(self, root: Path, state: MpsState) -> None:
+        super().__init__(root=root)
+        self.answer = state
+
+    async def check(self) -> MpsState:
+        return self.answer
+
+    async def open_namespace(self, name: str, limits: Sequence[CardLimit]) -> PurePosixPath:
+        await asyncio.to_thread(Path(self.namespace_dir(name)).mkdir, parents=True, exist_ok=True)
+        return self.namespace_dir(name)
+
+
+PER_CLIENT = MpsState(running=True, protocol=2, detail="per-client limits")
+NAMESPACED = MpsState(running=True, protocol=3, namespaces=True, detail="namespaces")
 
 
 async def _agent(
-    apiserver: kmock.KubernetesEmulator, api: Any, sock_dir: Path, tmp_path: Path, *, hook: Path | None
+    apiserver: kmock.KubernetesEmulator,
+    api: Any,
+    sock_dir: Path,
+    tmp_path: Path,
+    *,
+    hook: Path | None,
+    mps: MpsState | None = None,
 ) -> AsyncIterator[Agent]:
     await create_node(apiserver, "n1")
-    settings = NodeSettings()
+    settings = NodeSettings() if mps is None else NodeSettings(mode="mps")
+    daemon = None if mps is None else Daemon(tmp_path / "mps", mps)
     inventory = await sim_inventory(tmp_path, [card("GPU-a"), card("GPU-b")])
     allocator = Allocator(
         api=api,
@@ -47,9 +86,10 @@ async def _agent(
         hook_path=hook,
         lock_dir=tmp_path / "vgpulock",
         inventory=inventory,
+        mps=daemon,
     )
     async with plugin_stub(allocator, inventory, settings, sock_dir) as stub:
-        yield Agent(stub=stub, hook=hook, lock_dir=tmp_path / "vgpulock")
+        yield Agent(stub=stub, hook=hook, lock_dir=tmp_path / "vgpulock", mps=daemon)
 
 
 @pytest.fixture
@@ -67,6 +107,19 @@ async def no_library(
 ) -> AsyncIterator[Agent]:
     """Node n1's agent without ``--hook-path`` (enforcement ``none``)."""
     async for agent in _agent(apiserver, api, sock_dir, tmp_path, hook=None):
+        yield agent
+
+
+@pytest.fixture(params=[PER_CLIENT, NAMESPACED], ids=["mps", "mps-namespaced"])
+async def mps_node(
+    apiserver: kmock.KubernetesEmulator,
+    api: Any,
+    sock_dir: Path,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+) -> AsyncIterator[Agent]:
+    """Node n1's agent in MPS mode, its daemon answering per-client limits or namespaces."""
+    async for agent in _agent(apiserver, api, sock_dir, tmp_path, hook=tmp_path / "hook", mps=request.param):
         yield agent
 
 
@@ -138,6 +191,55 @@ async def test_the_gpu_checks_answer_is_the_agents_answer(
     real_envs, made_envs = dict(real.envs), dict(made.envs)
     assert Path(real_envs.pop(cache)).parent == Path(made_envs.pop(cache)).parent == hami_core.hook / "vgpu"
     assert made_envs == real_envs
+    assert mounts_of(made) == mounts_of(real)
+
+
+# ----------------------------------------------------------------------------------------------- mps
+async def test_mps_mounts_the_daemon_s_pipe_directory_or_only_the_container_s_namespace(
+    apiserver: kmock.KubernetesEmulator, api: Any, mps_node: Agent
+) -> None:
+    """Per-client limits (``mps``): the container mounts the daemon's whole pipe directory read-write,
+    where the control daemon also takes its commands, and carries its limits in its environment
+    (not held against a tenant who edits it). Namespaces (``mps-namespaced``): only its own
+    namespace's directory and no limit in the environment (the daemon holds them)."""
+    assert mps_node.mps is not None
+    answer = await answer_for(apiserver, api, mps_node, g("GPU-a", 3000, 30))
+    envs, mounts = dict(answer.envs), mounts_of(answer)
+    pipe = mps_node.mps.pipe_dir
+    if mps_node.mps.answer.namespaces:
+        assert mounts["/tmp/nvidia-mps"] == (f"{pipe}/hami/uid-p-0", False)
+        assert {k for k in envs if k.startswith("CUDA_MPS_")} == {"CUDA_MPS_PIPE_DIRECTORY"}
+    else:
+        assert mounts["/tmp/nvidia-mps"] == (str(pipe), False)
+        assert envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=3000M"
+        assert envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
+
+
+async def test_every_mps_container_on_a_node_shares_one_dev_shm(
+    apiserver: kmock.KubernetesEmulator, api: Any, mps_node: Agent
+) -> None:
+    """Both MPS modes: ``/dev/shm`` of every container is the daemon's one shared-memory directory,
+    read-write (the MPS server and its clients meet there): a tenant can see and write what another
+    tenant's processes keep in ``/dev/shm`` (docs/security.md, "Enforcement modes")."""
+    assert mps_node.mps is not None
+    await placed(apiserver, api, "p", ((g("GPU-a", 3000, 30),),))
+    first = (await mps_node.stub.Allocate(allocate_request(["GPU-a-0"]), timeout=10)).container_responses[0]
+    await placed(apiserver, api, "q", ((g("GPU-a", 2000, 30),),))  # admitted after p
+    second = (await mps_node.stub.Allocate(allocate_request(["GPU-a-1"]), timeout=10)).container_responses[0]
+    assert dict(first.envs)["CUDA_MPS_PIPE_DIRECTORY"] == dict(second.envs)["CUDA_MPS_PIPE_DIRECTORY"]
+    shm = (str(mps_node.mps.shm_dir), False)
+    assert mounts_of(first)["/dev/shm"] == mounts_of(second)["/dev/shm"] == shm
+
+
+async def test_the_gpu_checks_mps_answer_is_the_agents_answer(
+    apiserver: kmock.KubernetesEmulator, api: Any, mps_node: Agent
+) -> None:
+    """tests/gpu/mps_check.py answers its two containers with the agent's MPS rules: for the same
+    grant and daemon it is the answer the running agent gives kubelet."""
+    assert mps_node.mps is not None
+    real = await answer_for(apiserver, api, mps_node, g("GPU-a", 3000, 30))
+    made = await mps_agent_answer(mps_node.mps, mps_node.mps.answer, "GPU-a", 3000, 30, uid="uid-p")
+    assert dict(made.envs) == dict(real.envs)
     assert mounts_of(made) == mounts_of(real)
 
 
