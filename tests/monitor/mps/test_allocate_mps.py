@@ -32,6 +32,8 @@ from tests.monitor.agent_helpers import (
     sim_inventory,
 )
 
+from .kit import MpsKit, cuda_client
+
 MPS = NodeSettings(mode="mps")
 UP = MpsState(running=True, protocol=2, detail="pid 7, per-client limits")
 NAMESPACED = MpsState(running=True, protocol=3, namespaces=True, detail="pid 7, namespaces")
@@ -260,3 +262,50 @@ async def test_hami_core_mode_ignores_the_daemon(
     envs = dict(response.container_responses[0].envs)
     assert envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m" and "CUDA_MPS_PIPE_DIRECTORY" not in envs
     assert daemon.checks == 0
+
+
+# --------------------------------------------------------------------- against the simulated daemon
+def as_container(answer: Any) -> tuple[str, dict[str, str]]:
+    """What the container sees, played on this host: its envs, with the pipe directory read where the
+    answer mounts it from (the bind mount kubelet would make)."""
+    envs = dict(answer.envs)
+    pipe = mounts_of(answer)[envs["CUDA_MPS_PIPE_DIRECTORY"]][0]
+    return pipe, {**envs, "CUDA_MPS_PIPE_DIRECTORY": pipe}
+
+
+@pytest.mark.parametrize("protocol", [2, 3])
+async def test_the_answer_is_enforced_by_the_simulated_daemon(
+    apiserver: kmock.KubernetesEmulator,
+    api: Any,
+    sock_dir: Path,
+    tmp_path: Path,
+    mps_kit: MpsKit,
+    protocol: int,
+) -> None:
+    """Allocate with the real MpsControl over the simulated nvidia-cuda-mps-control: a CUDA client run
+    with the answer gets its grant and not a MiB more; with namespaces (protocol 3) even when it lies
+    about its limits in its environment."""
+    mps_kit.driver_protocol = protocol
+    control = mps_kit.control()
+    state = await control.start()
+    assert state.running and state.namespaces is (protocol == 3), state
+    await create_node(apiserver, "n1")
+    inventory = await sim_inventory(tmp_path, [card("GPU-a", memory=8192), card("GPU-b", memory=8192)])
+    allocator = Allocator(api=api, node_name="n1", settings=MPS, inventory=inventory, mps=control)
+    await placed(apiserver, api, "p", ((g("GPU-b", 2048, 25),),))
+    async with plugin_stub(allocator, inventory, MPS, sock_dir) as stub:
+        response = await stub.Allocate(allocate_request(["GPU-a-0"]), timeout=120)
+    pipe, envs = as_container(response.container_responses[0])
+    assert envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-b"
+    if protocol == 3:
+        assert pipe == str(control.pipe_dir / "hami" / "uid-p-0")
+        envs |= {"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=100000M", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100"}
+    else:
+        assert pipe == str(control.pipe_dir)
+    beyond = await cuda_client(mps_kit, pipe, 3000, env=envs)
+    assert not beyond.ok and "limit 2048M" in beyond.reply, beyond.reply
+    await beyond.release()
+    within = await cuda_client(mps_kit, pipe, 2000, env=envs)
+    assert within.ok and "threads=25" in within.reply, within.reply
+    assert await within.release() == 0
+    assert (await annotations_of(apiserver, POD + "p"))[POD_BIND_PHASE] == "success"
