@@ -35,6 +35,20 @@ from tests.gpu.runtime import Held, Outcome, launch, namespace_available, probe_
 GRANT_MIB, GRANT_CORES = 3000, 50
 WITHIN_MIB, BEYOND_MIB, NEIGHBOUR_MIB = 2048, 4096, 2048
 PROCESS_BOUND = 90.0
+MPS_BINARY = "nvidia-cuda-mps-control"
+#: Where the driver's programs are when they are not on the PATH (a mounted driver, a host install).
+DRIVER_BINS = (Path("/usr/local/nvidia/bin"), Path("/usr/bin"), Path("/usr/local/bin"))
+
+
+def find_binary() -> str | None:
+    """The driver's MPS control program: on the PATH, else in a driver folder a container is given."""
+    found = shutil.which(MPS_BINARY)
+    if found:
+        return found
+    for folder in DRIVER_BINS:
+        if (folder / MPS_BINARY).is_file():
+            return str(folder / MPS_BINARY)
+    return None
 
 
 def shm_wrapper(binary: str, shm: Path, directory: Path) -> Path:
@@ -42,7 +56,7 @@ def shm_wrapper(binary: str, shm: Path, directory: Path) -> Path:
     namespace (the daemon, and the servers it starts, live on in it)."""
     directory.mkdir(parents=True, exist_ok=True)
     shm.mkdir(parents=True, exist_ok=True)
-    path = directory / "nvidia-cuda-mps-control"
+    path = directory / MPS_BINARY
     script = 'mount --bind "$0" /dev/shm && exec "$@"'
     path.write_text(
         "#!/bin/sh\n"
@@ -85,10 +99,10 @@ def mps_verdicts(
 async def mps_scenarios(
     card: str, work: Path, *, repo: Path, binary: str | None = None, environ: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
-    """Part (b); ``binary`` defaults to ``nvidia-cuda-mps-control`` on the PATH."""
-    found = binary or shutil.which("nvidia-cuda-mps-control")
+    """Part (b); ``binary`` defaults to ``nvidia-cuda-mps-control`` on the PATH or beside the driver."""
+    found = binary or find_binary()
     if found is None:
-        return {"offered": {"binary": None}, "cannot_run": "no nvidia-cuda-mps-control on the PATH"}
+        return {"offered": {"binary": None}, "cannot_run": f"no {MPS_BINARY} on the PATH or in {DRIVER_BINS}"}
     root = work / "mps"
     namespace = namespace_available()
     daemon = str(shm_wrapper(found, root / "shm", work / "bin")) if namespace else found
