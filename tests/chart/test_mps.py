@@ -13,7 +13,7 @@ import pytest
 
 from monitor.config import parse_agent_config
 
-from .rendering import container, flags, pod_spec, render
+from .rendering import container, flags, pod_spec, render, schema_errors
 
 MPS_NODE = {"nodeAgent": {"nodeConfig": [{"name": "gpu-1", "operatingmode": "mps"}]}}
 
@@ -52,6 +52,11 @@ def test_an_mps_node_gets_the_daemon_root_shared_memory_and_flags(values: dict[s
     context = ctr["securityContext"]
     assert context["capabilities"] == {"drop": ["ALL"], "add": ["SETUID", "SETGID"]}
     assert context["readOnlyRootFilesystem"] is True and context["allowPrivilegeEscalation"] is False
+
+
+@pytest.mark.parametrize("version", ["1.28", "1.32"])
+def test_the_mps_daemonset_is_valid_kubernetes(version: str) -> None:
+    assert schema_errors(render(MPS_NODE).component("DaemonSet", "node-agent"), version) == []
 
 
 def test_the_flags_are_the_agents_own() -> None:
