@@ -14,7 +14,15 @@ The user-visible contract is ``docs/annotations.md``.
 
 from __future__ import annotations
 
-from hami.annotations.enforcement import Enforcement, decode_node_enforcement, encode_node_enforcement
+from hami.annotations.enforcement import (
+    Enforcement,
+    decode_node_enforcement,
+    decode_pod_enforcement,
+    decode_require_enforcement,
+    encode_node_enforcement,
+    encode_pod_enforcement,
+    read_card_enforcement,
+)
 from hami.annotations.errors import AnnotationError
 from hami.annotations.keys import (
     INTERNAL_POD_ANNOTATIONS,
@@ -35,9 +43,11 @@ from hami.annotations.keys import (
     POD_NOUSE_GPUTYPE,
     POD_NOUSE_GPUUUID,
     POD_NUMA_BIND,
+    POD_REQUIRE_ENFORCEMENT,
     POD_SCORING_WEIGHTS,
     POD_USE_GPUTYPE,
     POD_USE_GPUUUID,
+    POD_VGPU_ENFORCEMENT,
     POD_VGPU_MODE,
     POD_VGPU_NODE,
     POD_VGPU_TIME,
@@ -120,9 +130,11 @@ __all__ = [
     "POD_NOUSE_GPUTYPE",
     "POD_NOUSE_GPUUUID",
     "POD_NUMA_BIND",
+    "POD_REQUIRE_ENFORCEMENT",
     "POD_SCORING_WEIGHTS",
     "POD_USE_GPUTYPE",
     "POD_USE_GPUUUID",
+    "POD_VGPU_ENFORCEMENT",
     "POD_VGPU_MODE",
     "POD_VGPU_NODE",
     "POD_VGPU_TIME",
@@ -149,6 +161,8 @@ __all__ = [
     "decode_numa_bind",
     "decode_pair_scores",
     "decode_pod_devices",
+    "decode_pod_enforcement",
+    "decode_require_enforcement",
     "decode_scoring_weights",
     "decode_unix_time",
     "encode_cordon",
@@ -160,6 +174,7 @@ __all__ = [
     "encode_node_lock",
     "encode_pair_scores",
     "encode_pod_devices",
+    "encode_pod_enforcement",
     "encode_scoring_weights",
     "encode_unix_time",
     "node_shape_problem",
@@ -169,6 +184,7 @@ __all__ = [
     "pod_annotations",
     "read_bind_phase",
     "read_bind_time",
+    "read_card_enforcement",
     "read_node",
     "read_pod_devices",
     "read_pod_mig_allocations",

@@ -23,6 +23,8 @@ POD_DEVICES_ALLOCATED = "hami.io/vgpu-devices-allocated"
 POD_MIG_ALLOCATIONS = "hami.io/vgpu-mig-allocations"
 POD_BIND_PHASE = "hami.io/bind-phase"
 POD_BIND_TIME = "hami.io/bind-time"
+#: ours, not HAMi's: the enforcement of each granted card at bind (``enforcement``)
+POD_VGPU_ENFORCEMENT = "hami.io/vgpu-enforcement"
 # written by users
 POD_USE_GPUTYPE = "nvidia.com/use-gputype"
 POD_NOUSE_GPUTYPE = "nvidia.com/nouse-gputype"
@@ -33,6 +35,8 @@ POD_VGPU_MODE = "nvidia.com/vgpu-mode"
 POD_NODE_POLICY = "hami.io/node-scheduler-policy"
 POD_GPU_POLICY = "hami.io/gpu-scheduler-policy"
 POD_SCORING_WEIGHTS = "hami.io/device-scoring-weights"
+#: ours, not HAMi's: the least enforcement the pod's cards must have (``enforcement``)
+POD_REQUIRE_ENFORCEMENT = "hami.io/require-enforcement"
 
 # labels
 WEBHOOK_IGNORE_LABEL = "hami.io/webhook"  # value "ignore" excludes a pod or namespace
@@ -49,6 +53,7 @@ USER_POD_ANNOTATIONS: tuple[str, ...] = (
     POD_NODE_POLICY,
     POD_GPU_POLICY,
     POD_SCORING_WEIGHTS,
+    POD_REQUIRE_ENFORCEMENT,
 )
 
 #: Annotations only our components may write; a new pod carrying one is refused by the webhook.
@@ -61,4 +66,5 @@ INTERNAL_POD_ANNOTATIONS: tuple[str, ...] = (
     POD_BIND_PHASE,
     POD_BIND_TIME,
     NODE_LOCK,
+    POD_VGPU_ENFORCEMENT,
 )

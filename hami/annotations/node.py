@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Any, NotRequired, TypedDict
 
 from hami.annotations._text import (
@@ -32,6 +33,7 @@ from hami.annotations._text import (
     json_kind,
     split_list,
 )
+from hami.annotations.enforcement import read_card_enforcement
 from hami.annotations.errors import AnnotationError
 from hami.annotations.keys import (
     NODE_DEVICE_CORDON,
@@ -349,7 +351,9 @@ def read_node(name: str, annotations: Mapping[str, str]) -> NodeState:
     """A node's cards (zero usage), pair scores and cordon list from its annotations.
 
     Raises :class:`AnnotationError` for a missing or unreadable registration (HAMi then skips the
-    node), and for unreadable pair scores (HAMi fails the whole node on those too).
+    node), and for unreadable pair scores (HAMi fails the whole node on those too). Each card carries
+    its enforcement from ``hami.io/node-enforcement`` (``read_card_enforcement``: ``none`` when the
+    node does not list it, or when the annotation is missing or unreadable; never an error here).
     """
     register = annotations.get(NODE_REGISTER)
     if register is None:
@@ -357,6 +361,12 @@ def read_node(name: str, annotations: Mapping[str, str]) -> NodeState:
     devices = decode_node_devices(register)
     scores_text = annotations.get(NODE_PAIR_SCORES)
     scores = decode_pair_scores(scores_text) if scores_text is not None else {}
+    kinds, _ = read_card_enforcement(annotations)
+    if kinds:
+        devices = tuple(
+            replace(device, enforcement=kinds[device.uuid]) if device.uuid in kinds else device
+            for device in devices
+        )
     return NodeState(
         name=name,
         devices=tuple(DeviceState(device=device) for device in devices),

@@ -13,6 +13,7 @@ from typing import Any
 
 from hami import objects
 from hami.annotations._text import go_bool, go_int, split_list
+from hami.annotations.enforcement import decode_require_enforcement
 from hami.annotations.errors import AnnotationError
 from hami.annotations.keys import (
     POD_GPU_POLICY,
@@ -20,6 +21,7 @@ from hami.annotations.keys import (
     POD_NOUSE_GPUTYPE,
     POD_NOUSE_GPUUUID,
     POD_NUMA_BIND,
+    POD_REQUIRE_ENFORCEMENT,
     POD_SCORING_WEIGHTS,
     POD_USE_GPUTYPE,
     POD_USE_GPUUUID,
@@ -27,6 +29,7 @@ from hami.annotations.keys import (
 )
 from hami.annotations.limits import check_length
 from hami.annotations.pod import pod_annotations
+from hami.core.enforcement import Level
 from hami.core.model import PodRequest, ScoringWeights
 from hami.core.requests import ParsedContainer, parse_container
 from hami.core.score import BINPACK, FRAGMENTATION, MUTEX, NUMA, SPREAD, TOPOLOGY
@@ -164,6 +167,10 @@ def pod_annotation_problems(pod: Mapping[str, Any]) -> tuple[AnnotationError, ..
         decode_scoring_weights(annotations.get(POD_SCORING_WEIGHTS))
     except AnnotationError as exc:
         problems.append(AnnotationError(exc.key, exc.text, f"{exc.reason}; {_WEIGHTS_ACCEPTED}"))
+    try:
+        decode_require_enforcement(annotations.get(POD_REQUIRE_ENFORCEMENT))
+    except AnnotationError as exc:
+        problems.append(exc)
     return tuple(problems)
 
 
@@ -194,7 +201,8 @@ def read_pod_request(pod: Mapping[str, Any], config: DeviceConfig) -> PodRequest
 
     Follows HAMi: an unreadable ``numa-bind`` counts as false and unknown policies are passed on for
     the scheduler to ignore. An unreadable
-    ``hami.io/device-scoring-weights`` raises :class:`AnnotationError` (HAMi reports it as an error).
+    ``hami.io/device-scoring-weights`` raises :class:`AnnotationError` (HAMi reports it as an error), and
+    so does an unreadable ``hami.io/require-enforcement`` (ours: never read as "no requirement").
     """
     annotations = pod_annotations(pod)
     init, _ = _containers(pod)
@@ -213,4 +221,5 @@ def read_pod_request(pod: Mapping[str, Any], config: DeviceConfig) -> PodRequest
         gpu_policy=decode_gpu_policy(annotations.get(POD_GPU_POLICY)),
         node_policy=decode_node_policy(annotations.get(POD_NODE_POLICY)),
         weights=decode_scoring_weights(annotations.get(POD_SCORING_WEIGHTS)),
+        enforcement=decode_require_enforcement(annotations.get(POD_REQUIRE_ENFORCEMENT)) or Level.NONE,
     )

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 
 from hami.core import fragmentation, fragplacement, precheck
+from hami.core.enforcement import Level
 from hami.core.fit import FitResult, Steering, fit_container
 from hami.core.model import (
     NVIDIA,
@@ -50,7 +51,7 @@ from hami.core.score import (
 )
 from hami.core.usage import add_grant
 
-__all__ = ["Decisions", "Policy", "allocate", "fit_node", "priorities"]
+__all__ = ["Decisions", "Policy", "allocate", "fit_node", "priorities", "required"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -59,12 +60,23 @@ class Policy:
 
     ``target``: the workload the ``fragmentation`` policies measure against (the scheduler's learned one);
     without it ``fragmentation`` ranks nodes like ``binpack`` and cards like ``spread``, as HAMi does
-    with a value it does not know.
+    with a value it does not know. ``enforcement``: the cluster's floor (``--require-enforcement``): the
+    least enforcement level every granted card must provide; a pod's ``hami.io/require-enforcement``
+    (``PodRequest.enforcement``) may raise it, never lower it (:func:`required`).
     """
 
     node_policy: str = BINPACK
     gpu_policy: str = SPREAD
     target: fragmentation.Target | None = None
+    enforcement: Level = Level.NONE
+
+
+def required(request: PodRequest, policy: Policy) -> PodRequest:
+    """The request with the enforcement level its cards must have: the higher of the pod's own and the
+    cluster's floor (the pod can raise the floor, never lower it)."""
+    if policy.enforcement > request.enforcement:
+        return replace(request, enforcement=policy.enforcement)
+    return request
 
 
 def fit_node(
@@ -75,6 +87,7 @@ def fit_node(
     quotas: Mapping[str, NamespaceQuota] | None = None,
 ) -> Decision:
     """Place the pod on one node (§7 step 4), or say why not and whether it ever could."""
+    request = required(request, policy)
     quota = (quotas or {}).get(request.namespace)
     gpu = parse_gpu_policy(request.gpu_policy or policy.gpu_policy)
     target = policy.target if gpu.fragmentation else None
@@ -193,6 +206,7 @@ class Decisions:
         policy: Policy,
         quotas: Mapping[str, NamespaceQuota] | None,
     ) -> None:
+        request = required(request, policy)
         self._request = request
         self._policy = policy
         self._quotas = quotas

@@ -1,7 +1,9 @@
 """Fit: one container request against one node's sorted card list (spec-scheduler §8, §9, §12, §13).
 
 Owns :func:`fit_container`, HAMi's card walk: from the last card of the sorted list to the first, the
-first failing check of 1..16 records its reason and skips the card; picks accumulate until ``nums``
+first failing check of 1..16 records its reason and skips the card (after check 3, ours: a card whose
+enforcement level is below the pod's required one, ``CardEnforcementInsufficient``, checked only when a
+level above ``none`` is required); picks accumulate until ``nums``
 (or, in topology mode, every passing card is collected and :mod:`hami.core.topology` chooses). A
 picked MIG card is visited again so one card can supply several instances. A failure is the reason
 codes with their card counts (:mod:`hami.core.rejection` renders HAMi's text from them).
@@ -16,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hami.core import mig, topology
+from hami.core.enforcement import Level, level_of
 from hami.core.model import (
     NVIDIA,
     PERCENT_NOT_GIVEN,
@@ -43,6 +46,7 @@ class Steering:
     policy: GpuPolicy
     cordoned: frozenset[str]
     pair_scores: Mapping[str, Mapping[str, int]]
+    required: Level = Level.NONE  # the least enforcement a card must provide (pod's and cluster's)
     #: check 3's answer per (card type, mode) met so far: decided once per kind of card, not per card.
     _types: dict[tuple[str, str], bool] = field(default_factory=dict, compare=False, repr=False)
 
@@ -64,6 +68,7 @@ class Steering:
             policy=policy,
             cordoned=node_cordoned,
             pair_scores=pair_scores,
+            required=pod.enforcement,
         )
 
     def type_ok(self, request: ContainerRequest, state: DeviceState) -> bool:
@@ -138,6 +143,7 @@ def fit_container(
     reasons: dict[Reason, int] = {}
     cores = min(request.cores, 100)  # check 8: clamped, no reason recorded
     topo = steer.policy.topology
+    required = steer.required
     i = total - 1
     while i >= 0:
         state = cards[i]
@@ -150,6 +156,8 @@ def fit_container(
             reason = Reason.CARD_CORDONED
         elif not steer.type_ok(request, state):
             reason = Reason.CARD_TYPE_MISMATCH
+        elif required and level_of(dev.enforcement) < required:
+            reason = Reason.CARD_ENFORCEMENT_INSUFFICIENT
         else:
             if steer.numa_bind and dev.numa != prev_numa:
                 # Check 4 happens before the uuid check: even a card rejected below resets the group.

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from operator import itemgetter
 
+from hami.core.enforcement import Enforcement, Level, level_of
 from hami.core.gocompat import f32
 from hami.core.rejection import Reason as Reason
 from hami.core.rejection import Rejection as Rejection
@@ -72,6 +73,13 @@ class Device:
     mode: str = ""  # DeviceMode value; empty when the registration omitted it
     health: bool = False
     mig_profiles: tuple[MigProfile, ...] = ()
+    #: what holds a container to its slice here (``hami.io/node-enforcement``); none when not reported
+    enforcement: Enforcement = Enforcement.NONE
+
+    @property
+    def level(self) -> Level:
+        """The enforcement level this card provides (:func:`~hami.core.enforcement.level_of`)."""
+        return level_of(self.enforcement)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -144,7 +152,8 @@ class NodeSummary:
     not MIG, a free slot), sorted by free memory descending (registration order on ties); ``kinds``
     are their distinct (type, mode), first seen first; ``groups`` splits them by (type, mode, NUMA
     node) when there is more than one kind; ``by_numa`` by NUMA node (NUMA ascending, each free memory
-    descending); ``uuids`` are their uuids; ``score`` is the HAMi node score of the usage (§11).
+    descending); ``uuids`` are their uuids; ``min_level``/``max_level`` the weakest and strongest
+    enforcement among them; ``score`` is the HAMi node score of the usage (§11).
     """
 
     score: float
@@ -157,6 +166,9 @@ class NodeSummary:
     kinds: tuple[tuple[str, str], ...] = ()
     by_numa: tuple[tuple[OpenCard, ...], ...] = ()
     uuids: frozenset[str] = frozenset()
+    #: the weakest and strongest enforcement level among the open cards (NONE, NONE without any)
+    min_level: Level = Level.NONE
+    max_level: Level = Level.NONE
 
 
 def summarize(devices: tuple[DeviceState, ...], cordoned: frozenset[str]) -> NodeSummary:
@@ -169,6 +181,7 @@ def summarize(devices: tuple[DeviceState, ...], cordoned: frozenset[str]) -> Nod
     vendor: list[int] = []
     has_mig = False
     open_cards: list[OpenCard] = []
+    levels: set[Level] = set()
     for position, state in enumerate(devices):
         dev = state.device
         slots, memory, cores = state.used, state.used_mem, state.used_cores
@@ -185,6 +198,7 @@ def summarize(devices: tuple[DeviceState, ...], cordoned: frozenset[str]) -> Nod
         if dev.mode == DeviceMode.MIG:
             has_mig = True
         elif dev.health and not state.inconsistencies and slots < dev.count and dev.uuid not in cordoned:
+            levels.add(level_of(dev.enforcement))
             open_cards.append(
                 (
                     dev.memory_mib - memory,
@@ -207,10 +221,12 @@ def summarize(devices: tuple[DeviceState, ...], cordoned: frozenset[str]) -> Nod
             f32(f32(umem) / f32(tmem)),
         )
         score = f32(10 * f32(f32(terms[0] + terms[1]) + terms[2]))
-    return _summary(score, vendor, has_mig, open_cards)
+    return _summary(score, vendor, has_mig, open_cards, levels)
 
 
-def _summary(score: float, vendor: list[int], has_mig: bool, open_cards: list[OpenCard]) -> NodeSummary:
+def _summary(
+    score: float, vendor: list[int], has_mig: bool, open_cards: list[OpenCard], levels: set[Level]
+) -> NodeSummary:
     open_cards.sort(key=_FREE_MEM, reverse=True)  # stable: registration order on ties
     ordered = tuple(open_cards)
     numas = {card[8] for card in ordered}
@@ -238,6 +254,8 @@ def _summary(score: float, vendor: list[int], has_mig: bool, open_cards: list[Op
         kinds=kinds,
         by_numa=by_numa if ordered else (),
         uuids=frozenset([c[5] for c in ordered]),
+        min_level=min(levels, default=Level.NONE),
+        max_level=max(levels, default=Level.NONE),
     )
 
 
@@ -347,6 +365,8 @@ class PodRequest:
     gpu_policy: str | None = None  # hami.io/gpu-scheduler-policy raw value; None -> global default
     node_policy: str | None = None  # hami.io/node-scheduler-policy; None -> global default
     weights: ScoringWeights = ScoringWeights()
+    #: hami.io/require-enforcement: the pod's own floor; the cluster's (Policy) applies as well
+    enforcement: Level = Level.NONE
 
     @property
     def has_devices(self) -> bool:

@@ -20,7 +20,10 @@ on the card order, because no check 5..15 looks at the cards picked before:
 or for a steered pod the card groups whose type and mode pass (decided once per distinct type and mode
 per pod, not per card) and the uuid filter (skipped when the node's uuids are disjoint from the lists),
 split by NUMA node for numa-bind, and counts the cards that pass in each pool, free memory descending,
-stopping at ``nums``. It answers True/False, or None ("run Fit") for a node with MIG cards. Tests
+stopping at ``nums``. A pod that must have an enforcement level (``PodRequest.enforcement``, the
+cluster's floor already applied) is judged as usual on a node whose open cards all reach it
+(``NodeSummary.min_level``), fails a node where none does (``max_level``) and gets None ("run Fit") on a
+node with some of each. It answers True/False, or None ("run Fit") for a node with MIG cards. Tests
 compare it with Fit on random nodes (``tests/core/test_precheck.py``).
 
 Pure: stdlib only; must not import a Kubernetes client, aiohttp, kopf, grpc, pynvml, ``logging``,
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hami.core.enforcement import Level, level_of
 from hami.core.model import (
     NVIDIA,
     PERCENT_NOT_GIVEN,
@@ -72,6 +76,7 @@ class Plan:
     nouse_uuids: frozenset[str] = frozenset()
     vgpu_mode: str | None = None
     uuids: bool = False  # use_uuids or nouse_uuids given
+    required: Level = Level.NONE  # the least enforcement level a card must provide
     #: type_ok per (lower-cased type, mode) seen so far: one decision per distinct card type per pod.
     _types: dict[tuple[str, str], bool] = field(default_factory=dict, compare=False, repr=False)
 
@@ -140,6 +145,7 @@ def plan(request: PodRequest, policy: GpuPolicy, quota: NamespaceQuota | None) -
         nouse_uuids=frozenset(request.nouse_uuids),
         vgpu_mode=request.vgpu_mode,
         uuids=bool(request.use_uuids or request.nouse_uuids),
+        required=request.enforcement,
     )
 
 
@@ -147,6 +153,10 @@ def verdict(p: Plan, summary: NodeSummary) -> bool | None:
     """Does the pod fit a node with this summary? None when the node has MIG cards."""
     if summary.has_mig:
         return None
+    if p.required > summary.min_level:
+        if p.required > summary.max_level:
+            return False  # no open card has the enforcement required
+        return None  # some have, some not: Fit counts them
     kinds = summary.kinds
     if not p.steered:
         pools = summary.by_numa if p.numa_bind else (summary.open_cards,)
@@ -185,6 +195,8 @@ def idle_verdict(p: Plan, node: NodeState) -> bool | None:
         if not dev.health or dev.count <= 0 or dev.uuid in node.cordoned:
             continue
         if p.steered and not p.card_ok(dev.uuid, card_type, dev.mode):
+            continue
+        if p.required and level_of(dev.enforcement) < p.required:
             continue
         usable.append((dev.memory_mib, dev.cores, dev.numa if p.numa_bind else 0))
     for check in p.checks:

@@ -1,6 +1,7 @@
 """Why a node cannot take a pod, as data: the reason codes, the rejection, and its one rendering.
 
-Owns :class:`Reason` (one member per HAMi reason word of spec-scheduler §19, and one per way a node is
+Owns :class:`Reason` (one member per HAMi reason word of spec-scheduler §19, ours in HAMi's style for a
+card below the required enforcement level (``CardEnforcementInsufficient``), and one per way a node is
 excluded before Fit runs: no registration, one without cards, an unreadable one, unreadable pair
 scores, an unanswered handshake, a Node of the wrong shape), :class:`Rejection` (the reasons keyed by
 code, with counts; the detail of a node-level reason as data) and :func:`render`, the only place
@@ -30,6 +31,7 @@ class Reason(StrEnum):
     CARD_NOT_HEALTH = "CardNotHealth"
     CARD_CORDONED = "CardCordoned"
     CARD_TYPE_MISMATCH = "CardTypeMismatch"
+    CARD_ENFORCEMENT_INSUFFICIENT = "CardEnforcementInsufficient"  # ours: below the required level
     NUMA_NOT_FIT = "NumaNotFit"
     CARD_UUID_MISMATCH = "CardUuidMismatch"
     CARD_TIME_SLICING_EXHAUSTED = "CardTimeSlicingExhausted"

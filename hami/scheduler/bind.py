@@ -15,15 +15,18 @@ the node's queue decide the cards with the core's ``fit_node`` on the snapshot (
 nominated pods of equal or higher priority counted as used: :mod:`hami.core.reservations`) and book them
 at once; one JSON patch that applies only to the pod as re-read (uid, resourceVersion, annotation and
 label maps tested) writes the device lists, ``vgpu-node`` annotation and label, ``vgpu-time``,
-``bind-phase=allocating``, ``bind-time`` and MIG reservations; create the Binding. Before every write
-the remaining time of kube-scheduler's deadline (``--bind-timeout`` from the request's arrival) is
+``bind-phase=allocating``, ``bind-time``, MIG reservations and ``hami.io/vgpu-enforcement`` (the
+enforcement of each granted card as the snapshot read it from the node); create the Binding. Before
+every write the remaining time of kube-scheduler's deadline (``--bind-timeout`` from the request's arrival) is
 checked, and every write's own timeout is cut to it; past it, the attempt gives back what it took and
 answers an error.
 
 A failed write whose outcome is unknown (5xx, timeout, reset) or a refused Binding leads to a re-read
 before anything is undone (:func:`hami.scheduler.attempt.undo`): a pod bound here with our grant is a
 success (booking and lock kept); anything else is undone with conditional writes. Success: a
-``BindingSucceed`` Event; the lock stays for the node agent to release after Allocate. Failure: a
+``BindingSucceed`` Event, and a ``NoEnforcement`` Warning Event when a granted card has enforcement
+``none`` (its memory and core limits are not held inside the container); the lock stays for the node
+agent to release after Allocate. Failure: a
 ``BindingFailed`` Warning Event (the error and what to do about it) and the error in the reply. Each
 outcome is counted (``hami_scheduler_binds_total{result}``), each lock takeover by its reason, and
 every acquired lock is handed to the hold-time metric. Must not import the Kubernetes client (only
@@ -41,16 +44,19 @@ from hami.annotations import (
     NODE_LOCK,
     POD_BIND_PHASE,
     POD_DEVICES_ALLOCATED,
+    POD_VGPU_ENFORCEMENT,
     POD_VGPU_NODE,
     AnnotationError,
     BindPhase,
+    Enforcement,
     allocation_annotations,
     bind_annotations,
+    encode_pod_enforcement,
     read_bind_time,
     read_pod_request,
 )
 from hami.core.allocate import fit_node
-from hami.core.model import Allocation, PodRequest
+from hami.core.model import Allocation, NodeState, PodRequest
 from hami.core.rejection import Rejection
 from hami.core.usage import pod_usage
 from hami.kube.client import KubeError, NotFound
@@ -187,10 +193,15 @@ async def _allocate(ctx: Context, att: Attempt, request: PodRequest, priority: i
     async with ctx.node_queue(att.node):
         # decide and book with no await in between: the next bind on this loop sees the booking
         now = max(after(ctx.clock(), _bind_time(pod)), att.locked_at or ctx.clock())
-        decision = _decide(ctx, request, att.node, att.key, priority)
+        decision, state = _decide_on(ctx, request, att.node, att.key, priority)
         annotations = allocation_annotations(
             node=att.node, devices=decision.devices, mig=decision.mig, now=now
         )
+        kinds = granted_enforcement(state, decision)
+        try:
+            annotations[POD_VGPU_ENFORCEMENT] = encode_pod_enforcement(kinds)
+        except ValueError as exc:  # a card UUID the annotation cannot carry: said in the log only
+            logger.warning("%s: %s left out: %s", att.ref, POD_VGPU_ENFORCEMENT, exc)
         usage = pod_usage(decision.devices, request.init_count, init_done=False, mig=decision.mig)
         record = PodRecord(node=att.node, usage=usage, allocated=annotations[POD_DEVICES_ALLOCATED])
         ctx.snapshot.book(att.key, record)
@@ -201,7 +212,36 @@ async def _allocate(ctx: Context, att: Attempt, request: PodRequest, priority: i
     await bind_pod(
         ctx.api, att.namespace, att.name, att.node, att.uid or None, limit=att.deadline.remaining()
     )
-    return _succeeded(ctx, pod, att.node)
+    result = _succeeded(ctx, pod, att.node)
+    bare = [uuid for uuid, kind in kinds.items() if kind is Enforcement.NONE]
+    if bare:
+        ctx.event(pod, NO_ENFORCEMENT, unenforced_message(att.node, bare), warning=True)
+    return result
+
+
+#: The Warning Event on a pod granted a card without enforcement.
+NO_ENFORCEMENT = "NoEnforcement"
+
+
+def granted_enforcement(state: NodeState, allocation: Allocation) -> dict[str, Enforcement]:
+    """The enforcement of each card granted in ``allocation`` (grant order, each card once), as the
+    node's state carries it."""
+    kinds: dict[str, Enforcement] = {}
+    for grants in allocation.devices:
+        for grant in grants:
+            at = state.positions.get(grant.uuid)
+            kinds[grant.uuid] = state.devices[at].device.enforcement if at is not None else Enforcement.NONE
+    return kinds
+
+
+def unenforced_message(node: str, uuids: list[str]) -> str:
+    """The ``NoEnforcement`` text: which cards of which node hold nothing to the pod's slice."""
+    cards = f"card {uuids[0]}" if len(uuids) == 1 else f"cards {', '.join(uuids)}"
+    return (
+        f"placed on {cards} of node {node} without enforcement: its memory/core limits are not held "
+        "inside the container (hami doctor names such nodes; hami.io/require-enforcement keeps a pod "
+        "off them)"
+    )
 
 
 def _bind_time(pod: RawPod) -> datetime.datetime | None:
@@ -258,6 +298,13 @@ async def _bind_plain(ctx: Context, att: Attempt, pod: RawPod) -> ExtenderBindin
 def _decide(ctx: Context, request: PodRequest, node: str, key: tuple[str, str], priority: int) -> Allocation:
     """The pod's allocation on ``node`` now (its own current booking left out, the cards held for
     nominated pods of ``priority`` or higher counted as used), or BindFailure."""
+    return _decide_on(ctx, request, node, key, priority)[0]
+
+
+def _decide_on(
+    ctx: Context, request: PodRequest, node: str, key: tuple[str, str], priority: int
+) -> tuple[Allocation, NodeState]:
+    """:func:`_decide`, and the node's state it decided on."""
     found = ctx.snapshot.candidate(node, local_time(ctx.clock()), exclude=key, priority=priority)
     if isinstance(found, Rejection):
         raise BindFailure(found.message)
@@ -266,7 +313,7 @@ def _decide(ctx: Context, request: PodRequest, node: str, key: tuple[str, str], 
     decision = fit_node(request, found, policy, quotas=quotas)
     if not isinstance(decision, Allocation):
         raise BindFailure(f"pod {key[0]}/{key[1]} does not fit node {node}: {decision.message}")
-    return decision
+    return decision, found
 
 
 #: What a person can do about each kind of failed bind (appended to the ``BindingFailed`` Event).

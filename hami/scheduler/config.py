@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from hami import devicefile
 from hami.annotations.lock import parse_go_duration
 from hami.core.allocate import Policy
+from hami.core.enforcement import LEVEL_WORDS, Level, parse_level
 from hami.core.fragmentation import TargetClass
 from hami.process.flags import Address, env_default, parse_address, parse_number, parse_whole
 from hami.scheduler.workload import DEFAULT_FALLBACK, DEFAULT_HALF_LIFE, DEFAULT_MIN_PODS, parse_fallback
@@ -47,6 +48,8 @@ class SchedulerSettings:
     scheduler_name: str = "hami-scheduler"
     node_policy: str = "binpack"
     gpu_policy: str = "spread"
+    # the least enforcement every granted card must have (pods may raise it): docs/scheduler.md
+    require_enforcement: Level = Level.NONE
     # the fragmentation policy's learned target workload (hami.scheduler.workload)
     fragmentation_half_life: float = DEFAULT_HALF_LIFE  # seconds
     fragmentation_min_pods: float = DEFAULT_MIN_PODS
@@ -72,7 +75,9 @@ class SchedulerSettings:
 
     @property
     def policy(self) -> Policy:
-        return Policy(node_policy=self.node_policy, gpu_policy=self.gpu_policy)
+        return Policy(
+            node_policy=self.node_policy, gpu_policy=self.gpu_policy, enforcement=self.require_enforcement
+        )
 
     @property
     def listen(self) -> Address:
@@ -104,6 +109,12 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str] | 
         "gpu-scheduler-policy",
         "spread",
         "default GPU policy: binpack, spread, topology-aware, fragmentation, ...",
+    )
+    flag(
+        "require-enforcement",
+        "none",
+        "least enforcement of every granted card: none, cooperative (hami-core, mps) or isolated "
+        "(mps-namespaced, mig); a pod's hami.io/require-enforcement may raise it, never lower it",
     )
     flag(
         "fragmentation-half-life",
@@ -204,6 +215,13 @@ def _wait(name: str, text: str) -> float:
     return parse_number(name, text, unit="seconds", minimum=0, maximum=28, error=SettingsError)
 
 
+def _level(text: str) -> Level:
+    level = parse_level(str(text))
+    if level is None:
+        raise SettingsError(f"--require-enforcement must be one of {', '.join(LEVEL_WORDS)}, got {text!r}")
+    return level
+
+
 def load_device_config(path: str | None) -> DeviceConfig:
     try:
         return devicefile.load_device_config(path)
@@ -254,6 +272,7 @@ def from_args(args: argparse.Namespace) -> SchedulerSettings:
         scheduler_name=args.scheduler_name,
         node_policy=args.node_scheduler_policy,
         gpu_policy=args.gpu_scheduler_policy,
+        require_enforcement=_level(args.require_enforcement),
         fragmentation_half_life=parse_number(
             "fragmentation-half-life",
             args.fragmentation_half_life,

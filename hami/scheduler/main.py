@@ -76,6 +76,7 @@ def build_context(
         count_resource=resources.count,
         handshake_window=settings.handshake_window,
         on_malformed=registration.report_malformed,
+        on_enforcement=registration.report_enforcement,
         on_handshake=registration.request_handshake,
         on_lock=metrics.lock_holds.seen,
         quotas=QuotaBook(

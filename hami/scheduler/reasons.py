@@ -39,6 +39,9 @@ _HINTS: Mapping[str, str] = {
     "CardUuidMismatch": "no card has a UUID the pod's use-gpuuuid/nouse-gpuuuid annotations allow",
     "CardNotHealth": "the cards are unhealthy: check the driver and the hami-monitor log on these nodes",
     "CardCordoned": "the cards are cordoned (hami.io/device-cordon on the node)",
+    "CardEnforcementInsufficient": "the cards' enforcement is below the level required (the scheduler's "
+    "--require-enforcement or the pod's hami.io/require-enforcement): install HAMi-core on these nodes "
+    "(hami doctor names them) or require less",
     "NumaNotFit": "the pod asks for all its cards on one NUMA node (numa-bind) and no node has enough there",
     "ExclusiveDeviceAllocateConflict": "a card is held exclusively (100% of its cores) or the pod "
     "wants one alone: wait for it, or ask for fewer cores",

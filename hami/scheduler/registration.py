@@ -7,6 +7,8 @@ the service's :class:`~hami.process.tasks.TaskSet` (an extender answer never wai
   ``Requesting_<local time YYYY-MM-DD HH:MM:SS>``, at most one write per node in flight;
 - ``InvalidNodeRegistration``: a Warning Event on a Node whose registration cannot be read, or of a
   shape no API server stores (the snapshot reports each distinct problem once);
+- ``InvalidNodeEnforcement``: a Warning Event on a Node whose ``hami.io/node-enforcement`` cannot be
+  read (its cards then count as enforcement ``none``; the node stays schedulable);
 - the resync pass: every ``--resync-seconds``, the handshake again on each node that still lacks it
   (a write that failed: an API error, a missing right, a Node not yet stored).
 
@@ -30,6 +32,8 @@ from hami.scheduler.snapshot import local_time
 
 #: The Event reason on a Node whose registration annotation cannot be read.
 MALFORMED_REGISTRATION = "InvalidNodeRegistration"
+#: The Event reason on a Node whose enforcement annotation cannot be read.
+MALFORMED_ENFORCEMENT = "InvalidNodeEnforcement"
 
 
 class Unanswered(Protocol):
@@ -90,6 +94,19 @@ class Registration:
         )
         name = objects.name(node)
         self._background.spawn(event, f"record the {MALFORMED_REGISTRATION} event on node {name}")
+
+    def report_enforcement(self, node: Mapping[str, Any], message: str) -> None:
+        """An ``InvalidNodeEnforcement`` Warning Event on ``node``, in the background."""
+        event = record_event(
+            self._api,
+            involved=node,
+            reason=MALFORMED_ENFORCEMENT,
+            message=f"its cards count as enforcement none: {message}",
+            type="Warning",
+            component=self._component,
+        )
+        name = objects.name(node)
+        self._background.spawn(event, f"record the {MALFORMED_ENFORCEMENT} event on node {name}")
 
     def resync_once(self, nodes: Unanswered) -> list[str]:
         """Ask again for the handshake on every node still without one; the nodes asked."""

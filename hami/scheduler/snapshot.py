@@ -41,10 +41,14 @@ Registration (spec-scheduler §5): a node without a readable registration is exc
 Node of a shape no API server stores (``node_shape_problem``: a field we read of the wrong JSON type,
 ``Reason.NODE_MALFORMED``), so a list holding one still builds (``hami doctor``, ``hami simulate``);
 malformed data is reported once per distinct text through ``on_malformed`` (the app records a Warning
-Event on the Node). Handshake (§5.3): a node whose ``hami.io/node-handshake`` lacks ``Requesting`` is
-reported through ``on_handshake`` (the app writes ``Requesting_<time>``); a node whose Requesting stamp
-is older than the window while its allocatable count is 0 is stale (its device plugin is not
-registered with the kubelet) and excluded until that changes. Every change of a node's
+Event on the Node). A node's ``hami.io/node-enforcement`` is read with its registration (each card's
+enforcement, ``none`` for a card it does not list; re-read only when the text changes); an unreadable
+one does not exclude the node: its cards count as ``none`` and the problem is logged and reported once
+per distinct text through ``on_enforcement``. Handshake (§5.3): a node whose
+``hami.io/node-handshake`` lacks ``Requesting`` is reported through ``on_handshake`` (the app writes
+``Requesting_<time>``); a node whose Requesting stamp is older than the window while its allocatable
+count is 0 is stale (its device plugin is not registered with the kubelet) and excluded until that
+changes. Every change of a node's
 ``hami.io/mutex.lock`` (``None`` when removed or the node is gone) goes to ``on_lock`` (lock hold
 metrics) and wakes the binds waiting for that node's lock.
 
@@ -66,6 +70,7 @@ from hami import objects
 from hami.annotations import (
     NO_GPU,
     NODE_DEVICE_CORDON,
+    NODE_ENFORCEMENT,
     NODE_HANDSHAKE,
     NODE_LOCK,
     NODE_PAIR_SCORES,
@@ -74,6 +79,7 @@ from hami.annotations import (
     HandshakeKind,
     decode_handshake,
     node_shape_problem,
+    read_card_enforcement,
     read_node,
 )
 from hami.annotations.holding import ALLOCATING_HORIZON, allocating_until, init_containers_done
@@ -94,7 +100,8 @@ logger = logging.getLogger(__name__)
 @dataclass(slots=True, kw_only=True)
 class NodeEntry:
     name: str
-    signature: tuple[str | None, str | None, str | None] | None = None  # register, scores, cordon
+    # register, scores, cordon, enforcement
+    signature: tuple[str | None, str | None, str | None, str | None] | None = None
     base: NodeState | None = None  # registered cards, zero usage; None when excluded
     state: NodeState | None = None  # base plus every tracked pod's usage
     problem: Rejection | None = None  # why the node is excluded (set by the first _register)
@@ -126,6 +133,7 @@ class Snapshot:
         count_resource: str = "nvidia.com/gpu",
         handshake_window: datetime.timedelta = datetime.timedelta(seconds=60),
         on_malformed: Callable[[Mapping[str, Any], str], None] | None = None,
+        on_enforcement: Callable[[Mapping[str, Any], str], None] | None = None,
         on_handshake: Callable[[str], None] | None = None,
         on_lock: Callable[[str, str | None], None] | None = None,
         quotas: QuotaBook | None = None,
@@ -142,6 +150,7 @@ class Snapshot:
         self.workload = workload if workload is not None else Workload()  # fragmentation's target
         self._window = handshake_window
         self._on_malformed = on_malformed
+        self._on_enforcement = on_enforcement
         self.on_handshake = on_handshake
         self._on_lock = on_lock
         self._nodes: dict[str, NodeEntry] = {}
@@ -226,6 +235,7 @@ class Snapshot:
             annotations.get(NODE_REGISTER),
             annotations.get(NODE_PAIR_SCORES),
             annotations.get(NODE_DEVICE_CORDON),
+            annotations.get(NODE_ENFORCEMENT),
         )
         if signature != entry.signature:
             entry.signature = signature
@@ -258,6 +268,12 @@ class Snapshot:
         try:
             base = read_node(entry.name, annotations)
             entry.problem = None
+            _, unreadable = read_card_enforcement(annotations)
+            if unreadable is not None and entry.name and str(unreadable) not in entry.reported:
+                entry.reported.add(str(unreadable))
+                logger.warning("node %s: its cards count as enforcement none: %s", entry.name, unreadable)
+                if self._on_enforcement is not None:
+                    self._on_enforcement(obj, str(unreadable))
         except AnnotationError as exc:
             base = None
             entry.problem = registration_rejection(entry.name, exc)

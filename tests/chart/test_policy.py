@@ -359,7 +359,12 @@ def test_every_internal_key_of_the_codec_is_covered(key: str, change: str) -> No
 
 
 def test_exempt_keys_are_exactly_the_codecs_user_keys() -> None:
-    assert {keys.POD_NODE_POLICY, keys.POD_GPU_POLICY, keys.POD_SCORING_WEIGHTS} == USER_KEYS
+    assert {
+        keys.POD_NODE_POLICY,
+        keys.POD_GPU_POLICY,
+        keys.POD_SCORING_WEIGHTS,
+        keys.POD_REQUIRE_ENFORCEMENT,
+    } == USER_KEYS
     policy, _ = policy_and_binding()
     (user_keys,) = [v["expression"] for v in policy["spec"]["variables"] if v["name"] == "userKeys"]
     assert sorted(cel.evaluate(user_keys)) == sorted(USER_KEYS)

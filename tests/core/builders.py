@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from hami.core.enforcement import Enforcement, Level
 from hami.core.model import (
     NVIDIA,
     PERCENT_NOT_GIVEN,
@@ -31,6 +32,7 @@ def make_device(
     mode: str = "hami-core",
     health: bool = True,
     mig_profiles: tuple[MigProfile, ...] = (),
+    enforcement: Enforcement = Enforcement.NONE,
 ) -> Device:
     return Device(
         uuid=uuid,
@@ -43,6 +45,7 @@ def make_device(
         mode=mode,
         health=health,
         mig_profiles=mig_profiles,
+        enforcement=enforcement,
     )
 
 
@@ -103,6 +106,7 @@ def make_request(
     gpu_policy: str | None = None,
     node_policy: str | None = None,
     weights: ScoringWeights | None = None,
+    enforcement: Level = Level.NONE,
 ) -> PodRequest:
     return PodRequest(
         namespace=namespace,
@@ -118,6 +122,7 @@ def make_request(
         gpu_policy=gpu_policy,
         node_policy=node_policy,
         weights=weights or ScoringWeights(),
+        enforcement=enforcement,
     )
 
 

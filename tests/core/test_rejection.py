@@ -24,6 +24,8 @@ HAMI_CARD_WORDS = {
     Reason.CARD_MIG_TOPOLOGY_INFEASIBLE: "CardMigTopologyInfeasible",
     Reason.CARD_NOT_FOUND_CUSTOM_FILTER_RULE: "CardNotFoundCustomFilterRule",
     Reason.ALLOCATED_CARDS_INSUFFICIENT_REQUEST: "AllocatedCardsInsufficientRequest",
+    # ours, in HAMi's style: a card below the required enforcement level (docs/scheduler.md)
+    Reason.CARD_ENFORCEMENT_INSUFFICIENT: "CardEnforcementInsufficient",
 }
 #: Node-level strings in FailedNodes; every exclusion of a node reads HAMi's ``node unregistered``.
 HAMI_NODE_TEXTS = {

@@ -50,6 +50,7 @@ async def test_bind_writes_exactly_the_protocol_and_keeps_the_lock(start_extende
         "hami.io/vgpu-devices-allocated": devices,
         "hami.io/bind-phase": "allocating",
         "hami.io/bind-time": STAMP,
+        "hami.io/vgpu-enforcement": "GPU-n1-1:none",  # ours: the node reports no enforcement
     }
     assert pod["metadata"]["labels"] == {"hami.io/vgpu-node": "n1"}
     assert pod["spec"]["nodeName"] == "n1"

@@ -291,7 +291,8 @@ def test_reason_labels_are_a_closed_vocabulary() -> None:
     assert rejection_words(card) == {"CardInsufficientMemory", "CardNotHealth"}
     assert set(VOCABULARY) == {label(reason) for reason in Reason}
     assert set(VOCABULARY) >= {"CardUuidMismatch", "NodeUsageUnavailable"}
-    assert len(VOCABULARY) == len(set(VOCABULARY)) == 18  # HAMi's 18 words; every exclusion is one
+    # HAMi's 18 words and our CardEnforcementInsufficient; every exclusion is one
+    assert len(VOCABULARY) == len(set(VOCABULARY)) == 19
     assert advice([frozenset({"CardNotFoundCustomFilterRule"})]) == ""  # a word without a remedy
     assert advice(
         [frozenset({"NodeUnregistered"}), frozenset({"CardCordoned", "NodeUnregistered"})]
