@@ -3,7 +3,10 @@
 Owns the command: read the pod, the nodes, the pods and the pod's namespace ResourceQuotas from any
 cluster (the embedded one included), build the same :class:`~hami.scheduler.snapshot.Snapshot` the
 extender keeps, and ask the core's :func:`~hami.core.explain.explain_node` about every node (with the
-namespace's GPU quota). When no node fits, it also names the cheapest preemption that would make room
+namespace's GPU quota). It says which enforcement the pod requires (its ``hami.io/require-enforcement``
+and the cluster's floor, ``--require-enforcement``), which enforcement each node's cards have, and for a
+placed pod the enforcement of its cards (``hami.io/vgpu-enforcement``). When no node fits, it also names
+the cheapest preemption that would make room
 (:func:`~hami.core.explain.cheapest_preemption` over the pods the extender's ``/preempt`` may evict:
 bound there, of lower ``spec.priority``), or says that none would. Read-only: writes nothing to the
 cluster.
@@ -19,8 +22,18 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
 from hami import objects
-from hami.annotations import AnnotationError, read_pod_devices, read_pod_request, read_vgpu_node
-from hami.core.allocate import Policy
+from hami.annotations import (
+    POD_REQUIRE_ENFORCEMENT,
+    POD_VGPU_ENFORCEMENT,
+    AnnotationError,
+    decode_pod_enforcement,
+    pod_annotations,
+    read_pod_devices,
+    read_pod_request,
+    read_vgpu_node,
+)
+from hami.core.allocate import Policy, required
+from hami.core.enforcement import LEVEL_WORDS, Enforcement, Level, parse_level
 from hami.core.explain import NodeExplanation, cheapest_preemption, explain_node
 from hami.core.model import PERCENT_NOT_GIVEN, PodRequest
 from hami.core.rejection import Rejection
@@ -52,6 +65,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--node-scheduler-policy", default="binpack", choices=("binpack", "spread", "fragmentation")
     )
     parser.add_argument("--gpu-scheduler-policy", default="spread")
+    parser.add_argument(
+        "--require-enforcement",
+        default="none",
+        choices=LEVEL_WORDS,
+        help="the cluster's floor, as the scheduler's --require-enforcement (default: none)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,7 +78,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = load_device_config(args.device_config)
         api = load_api_client(args.kubeconfig, component="hami-explain")
-        policy = Policy(node_policy=args.node_scheduler_policy, gpu_policy=args.gpu_scheduler_policy)
+        policy = Policy(
+            node_policy=args.node_scheduler_policy,
+            gpu_policy=args.gpu_scheduler_policy,
+            enforcement=parse_level(args.require_enforcement) or Level.NONE,
+        )
         return asyncio.run(explain(api, namespace or "default", name, config, policy, out=sys.stdout))
     except (KubeError, ValueError) as exc:
         print(f"hami explain: {exc}", file=sys.stderr)
@@ -89,7 +112,9 @@ async def explain(
     placed = read_vgpu_node(pod)
     if placed:
         print(f"placed on node {placed}: {describe_grants(pod)}", file=out)
+        print(describe_enforcement(pod), file=out)
         return 0
+    print(describe_requirement(request, policy), file=out)
     book = QuotaBook(
         memory_resource=config.resources.memory,
         cores_resource=config.resources.cores,
@@ -111,6 +136,7 @@ async def explain(
     snapshot.replace_pods(pods)
     results = explain_all(snapshot, request, priority_of(pod), policy, (namespace, name))
     print_results(results, out)
+    print_enforcement(snapshot, out)
     if any(r.fits for r in results):
         return 0
     print(preemption_option(snapshot, request, pod, policy, (namespace, name)), file=out)
@@ -187,6 +213,53 @@ def print_results(results: Sequence[NodeExplanation], out: TextIO) -> None:
         nearest = min(hinted, key=lambda r: (r.distance or 0.0, r.node), default=None)
         if nearest is not None:
             print(f"nearest fit: node {nearest.node} {nearest.hints[0]}", file=out)
+
+
+def describe_requirement(request: PodRequest, policy: Policy) -> str:
+    """One line: the enforcement level the pod's cards must have, and where it comes from."""
+    level = required(request, policy).enforcement
+    source = (
+        f"the pod's {POD_REQUIRE_ENFORCEMENT}"
+        if request.enforcement > policy.enforcement
+        else "the cluster's --require-enforcement"
+    )
+    if level is Level.NONE:
+        return "enforcement required: none (any card; a card without enforcement does not hold its limits)"
+    return f"enforcement required: {level.word} ({source}); cards below it are not used"
+
+
+def print_enforcement(snapshot: Snapshot, out: TextIO) -> None:
+    """Each node's cards by enforcement (``hami.io/node-enforcement`` as the scheduler reads it)."""
+    entries = sorted(snapshot.entries(), key=lambda e: e.name)
+    if not entries:
+        return
+    print("enforcement per node:", file=out)
+    width = max(len(e.name) for e in entries)
+    for entry in entries:
+        if entry.base is None:
+            print(f"  {entry.name.ljust(width)}  no usable registration", file=out)
+            continue
+        counts: dict[str, int] = {}
+        for state in entry.base.devices:
+            kind = state.device.enforcement.value
+            counts[kind] = counts.get(kind, 0) + 1
+        text = ", ".join(f"{kind} x{n}" for kind, n in counts.items()) or "no cards"
+        print(f"  {entry.name.ljust(width)}  {text}", file=out)
+
+
+def describe_enforcement(pod: Mapping[str, Any]) -> str:
+    """One line: the enforcement of the pod's cards as the scheduler recorded it at bind."""
+    text = pod_annotations(pod).get(POD_VGPU_ENFORCEMENT)
+    if text is None:
+        return f"enforcement: not recorded (no {POD_VGPU_ENFORCEMENT}: bound by HAMi's or an older scheduler)"
+    try:
+        cards = decode_pod_enforcement(text)
+    except AnnotationError as exc:
+        return f"enforcement: unreadable: {exc}"
+    bare = [uuid for uuid, kind in cards.items() if kind is Enforcement.NONE]
+    listed = ", ".join(f"{uuid} {kind.value}" for uuid, kind in cards.items()) or "no cards"
+    warning = f"; {', '.join(bare)} without enforcement: its limits are not held" if bare else ""
+    return f"enforcement: {listed}{warning}"
 
 
 def describe_request(request: PodRequest, config: DeviceConfig) -> str:

@@ -3,11 +3,13 @@
 Owns :func:`explain_node`: the node's verdict (the core's :class:`~hami.core.rejection.Rejection`, whose
 ``message`` is HAMi's reason text), plus hints a person can act on:
 "fits if gpumem <= 7000", "fits if gpucores <= 40", "fits if nvidia.com/gpu <= 2", "needs 2 cards on one
-NUMA node, best NUMA node has 1", "fits without the use-gputype preference", "fits when pod ns/name
-ends". Each hint is found by re-running the real fit (:func:`hami.core.allocate.fit_node`) on a changed
-request or node, never by a second implementation of the rules. And :func:`cheapest_preemption`: the
-cheapest set of lower-priority pods whose eviction would make room, over all nodes, as the extender's
-``/preempt`` chooses it on each node (:func:`hami.core.preempt.preempt_node`).
+NUMA node, best NUMA node has 1", "fits without the use-gputype preference", "fits without the
+hami.io/require-enforcement annotation" (only when the pod raised the level above the cluster's floor:
+the floor itself is no preference), "fits when pod ns/name ends". Each hint is found by re-running the
+real fit (:func:`hami.core.allocate.fit_node`) on a changed request or node, never by a second
+implementation of the rules. And :func:`cheapest_preemption`: the cheapest set of lower-priority pods
+whose eviction would make room, over all nodes, as the extender's ``/preempt`` chooses it on each node
+(:func:`hami.core.preempt.preempt_node`).
 
 Pure: stdlib only; must not import a Kubernetes client, aiohttp, kopf, grpc, pynvml, ``logging``,
 ``os`` or ``time``.
@@ -19,6 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from hami.core.allocate import Policy, fit_node
+from hami.core.enforcement import Level
 from hami.core.model import (
     PERCENT_NOT_GIVEN,
     Allocation,
@@ -173,6 +176,8 @@ def _steering_hints(request: PodRequest, fits: Callable[[PodRequest], bool]) -> 
     ]
     if request.vgpu_mode is not None and fits(replace(request, vgpu_mode=None)):
         hints.append((DROP_PREFERENCE, "fits without the nvidia.com/vgpu-mode annotation"))
+    if request.enforcement > Level.NONE and fits(replace(request, enforcement=Level.NONE)):
+        hints.append((DROP_PREFERENCE, "fits without the hami.io/require-enforcement annotation"))
     return hints
 
 
