@@ -165,3 +165,30 @@ async def test_the_directories_are_made_under_the_root(mps_kit: MpsKit) -> None:
     for path in (control.pipe_dir, control.log_dir, control.shm_dir):
         assert stat.S_ISDIR(path.stat().st_mode)
     assert (control.log_dir / "control.log").read_text().count("daemon started") == 1
+
+
+async def test_a_daemon_that_will_not_start_is_retried_with_a_doubling_backoff(mps_kit: MpsKit) -> None:
+    attempts = mps_kit.base / "attempts"
+    failing = mps_kit.base / "failing-mps-control"
+    failing.write_text(f"#!/bin/sh\ndate +%s.%N >> {attempts}\necho 'no such device' >&2\nexit 3\n")
+    failing.chmod(0o755)
+    control = MpsControl(binary=str(failing), root=mps_kit.root, backoff=0.05, max_backoff=10.0)
+    state = await control.start()
+    assert not state.running and "exited with status 3" in state.detail and "no such device" in state.detail
+
+    def starts() -> list[float]:
+        return [float(line) for line in attempts.read_text().split()] if attempts.exists() else []
+
+    watch = asyncio.create_task(control.watch(0.01))
+    try:
+        await eventually(
+            lambda: len(starts()) >= 6, "five more start attempts", within=60, progress=lambda: len(starts())
+        )
+    finally:
+        watch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watch
+    gaps = [b - a for a, b in zip(starts()[1:], starts()[2:], strict=False)]
+    for i, gap in enumerate(gaps):  # lower bounds only: a slow machine only widens the gaps
+        assert gap >= 0.05 * 2**i * 0.9, (i, gaps)
+    assert control.restarts == 0 and not control.state.running
