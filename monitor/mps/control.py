@@ -3,10 +3,11 @@
 Owns :class:`MpsControl`: the daemon's directories under ``--mps-root`` (``pipe/`` = the daemon's
 ``CUDA_MPS_PIPE_DIRECTORY``, ``log/`` = ``CUDA_MPS_LOG_DIRECTORY``, ``shm/`` = what the containers and
 the agent mount as ``/dev/shm``), its life (start with ``<binary> -d``; ADOPT a daemon that already
-answers, found by the pid file it writes in the pipe directory, so an agent restart never disturbs the
-containers it serves; restart with backoff when it died; ``quit`` at agent stop only when this agent
+answers, found by the pid file it writes in the pipe directory: one the host runs, or one that outlived
+the agent's process; a pid file naming a process that is not a daemon is stale; restart with backoff
+when it died; ``quit`` at agent stop only when this agent
 started it and ``quit_on_stop`` says so; never a signal to the daemon), its health (a command answered
-within ``command_timeout``) and the per-pod namespaces of protocol 3 (daemon-side limits, re-created
+within ``command_timeout``) and the per-container namespaces of protocol 3 (daemon-side limits, re-created
 after a daemon restart). Every command goes through the binary's client mode as a child process with
 a bounded wait (killed when over), so nothing blocks the event loop; the command language is
 :mod:`monitor.mps.protocol`. Commands are serialised (one lock). Must not import ``hami.sim``,
@@ -87,6 +88,21 @@ def pid_alive(pid: int) -> bool:
     except OSError:
         return True  # no /proc: the signal said it exists
     return not fields or fields[0] not in (b"Z", b"X")
+
+
+def pid_is_daemon(pid: int) -> bool:
+    """Whether ``pid`` may be the control daemon: alive, not this agent (the process or one of its
+    threads), and with ``mps`` in its command line. A pid file outlives its daemon when the agent's
+    container restarts (the daemon ends with it); its number may since belong to any process, the
+    new agent's own threads included, and such a pid file must not stop the node's daemon starting."""
+    if pid == os.getpid() or os.path.exists(f"/proc/self/task/{pid}") or not pid_alive(pid):
+        return False
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as file:
+            cmdline = file.read(4096)
+    except OSError:
+        return True  # no /proc to read: the signal said it exists
+    return b"mps" in cmdline.lower()
 
 
 class MpsControl:
@@ -253,6 +269,9 @@ class MpsControl:
     def _make_dirs(self) -> None:
         for path in (self.pipe_dir, self.log_dir, self.shm_dir):
             path.mkdir(parents=True, exist_ok=True)
+        # shm/ is every MPS container's /dev/shm: writable by the users they run as, each file its
+        # owner's (sticky), as a host's /dev/shm is
+        self.shm_dir.chmod(0o1777)
 
     def _env(self, *, start: bool = False) -> dict[str, str]:
         env = {**self._environ, PIPE_ENV: str(self.pipe_dir), LOG_ENV: str(self.log_dir)}
@@ -262,12 +281,12 @@ class MpsControl:
 
     async def _check(self) -> MpsState:
         pid = await asyncio.to_thread(read_pid, self.pipe_dir)
-        alive = pid is not None and await asyncio.to_thread(pid_alive, pid)
+        alive = pid is not None and await asyncio.to_thread(pid_is_daemon, pid)
         self._live_pid = pid if alive else None
         if pid is None:
             state = MpsState(running=False, detail=f"no control daemon (no pid file in {self.pipe_dir})")
         elif not alive:
-            state = MpsState(running=False, detail=f"control daemon pid {pid} is not running")
+            state = MpsState(running=False, detail=f"pid file names {pid}, not a live daemon")
         else:
             try:
                 parse_server_list(get_server_list(), await self._send(get_server_list()))

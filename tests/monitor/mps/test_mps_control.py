@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from monitor.mps.control import MpsControl, pid_alive
-from monitor.mps.protocol import CardLimit, MpsError, MpsNameError
+from monitor.mps.protocol import PID_FILE, CardLimit, MpsError, MpsNameError
 from tests.eventually import eventually
 
 from .kit import MpsKit
@@ -192,3 +192,38 @@ async def test_a_daemon_that_will_not_start_is_retried_with_a_doubling_backoff(m
     for i, gap in enumerate(gaps):  # lower bounds only: a slow machine only widens the gaps
         assert gap >= 0.05 * 2**i * 0.9, (i, gaps)
     assert control.restarts == 0 and not control.state.running
+
+
+async def test_a_stale_pid_file_naming_another_process_does_not_stop_the_start(mps_kit: MpsKit) -> None:
+    """After the agent's container restarts, the pid file outlives its daemon and its number may name
+    any process: the agent's own, or an unrelated one. Neither is adopted or waited on."""
+    mps_kit.pipe.mkdir(parents=True, exist_ok=True)
+    (mps_kit.pipe / PID_FILE).write_text(f"{os.getpid()}\n")  # the agent itself
+    control = mps_kit.control()
+    state = await control.start()
+    assert state.running and control.started_here, state
+    daemon = mps_kit.daemon_pid()
+    assert daemon is not None and daemon != os.getpid()
+    await control.stop()
+
+    other = mps_kit.base / "other"
+    other.mkdir()
+    unrelated = await asyncio.create_subprocess_exec("sleep", "600", stdin=asyncio.subprocess.DEVNULL)
+    try:
+        kit = MpsKit(base=other)
+        kit.pipe.mkdir(parents=True)
+        (kit.pipe / PID_FILE).write_text(f"{unrelated.pid}\n")
+        try:
+            state = await kit.control().start()
+            assert state.running and kit.daemon_pid() != unrelated.pid, state
+        finally:
+            await kit.stop_all()
+    finally:
+        unrelated.kill()
+        await unrelated.wait()
+
+
+async def test_the_shared_memory_directory_is_everyones_like_dev_shm(mps_kit: MpsKit) -> None:
+    control = mps_kit.control()
+    await control.start()
+    assert stat.S_IMODE(control.shm_dir.stat().st_mode) == 0o1777
