@@ -28,7 +28,7 @@ MODES = ("hami-core", "mig")
 #: The fields of each part of the file (cards, MIG profiles, processes and links: the agent's sim format,
 #: ``monitor/backends/sim.py``).
 TOP_FIELDS = ("device_config", "nodes")
-NODE_FIELDS = ("name", "labels", "mode", "cards", "links")
+NODE_FIELDS = ("name", "labels", "mode", "cards", "links", "hami_core")
 CARD_FIELDS = (
     "uuid", "model", "memory_mib", "numa", "healthy", "index",
     "used_memory_mib", "utilization", "memory_utilization", "processes", "mig",
@@ -45,13 +45,17 @@ class ClusterFileError(ValueError):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NodeSpec:
-    """One simulated node: its name, labels, operating mode and its cards/links (agent's sim format)."""
+    """One simulated node: its name, labels, operating mode and its cards/links (agent's sim format).
+    ``hami_core``: whether HAMi-core is installed there (a stand-in library under the node's hook
+    directory, which its agent is given with ``--hook-path``); without it the agent finds nothing and
+    reports its cards' enforcement as ``none``."""
 
     name: str
     labels: Mapping[str, str]
     mode: str = "hami-core"
     cards: tuple[Mapping[str, Any], ...]
     links: tuple[Mapping[str, Any], ...] = ()
+    hami_core: bool = True
 
     @property
     def card_uuids(self) -> tuple[str, ...]:
@@ -140,7 +144,12 @@ def _node(entry: Any, where: str) -> NodeSpec:
         raise ClusterFileError(f"{where}.links: must be a list of {{a, b, score}}, got {links!r}")
     for j, link in enumerate(links):
         _known(link, LINK_FIELDS, f"{where}.links[{j}]")
-    return NodeSpec(name=name, labels=dict(labels), mode=mode, cards=tuple(cards), links=tuple(links))
+    hami_core = entry.get("hami_core", True)
+    if not isinstance(hami_core, bool):
+        raise ClusterFileError(f"{where}.hami_core: must be true or false, got {hami_core!r}")
+    return NodeSpec(
+        name=name, labels=dict(labels), mode=mode, cards=tuple(cards), links=tuple(links), hami_core=hami_core
+    )
 
 
 def _card_fields(card: Mapping[str, Any], where: str) -> None:
@@ -211,10 +220,18 @@ class NodeFiles:
     devices: Path
     config: Path
     kubelet_dir: Path
+    hook: Path | None = None  # the agent's --hook-path: HAMi-core installed there (stand-in)
+
+
+#: What the stand-in library file holds: the agent checks only that it is a non-empty regular file that
+#: ``ld.so.preload`` names (monitor/registrar.py); no container runs in the embedded cluster.
+STAND_IN_LIBRARY = b"simulated HAMi-core (hami demo): not a library\n"
 
 
 def write_node_files(node: NodeSpec, root: Path) -> NodeFiles:
-    """Write the node's devices file, agent config and an empty kubelet device-plugin dir under ``root``."""
+    """Write the node's devices file, agent config and an empty kubelet device-plugin dir under ``root``;
+    with ``hami_core``, ``<root>/<node>/hook/vgpu/libvgpu.so`` (a stand-in) and the ``ld.so.preload``
+    naming it, as the chart's init container installs HAMi-core."""
     base = root / node.name
     kubelet_dir = base / "dp"  # short: unix socket paths are limited to 107 bytes
     kubelet_dir.mkdir(parents=True, exist_ok=True)
@@ -222,4 +239,12 @@ def write_node_files(node: NodeSpec, root: Path) -> NodeFiles:
     devices.write_text(yaml.safe_dump(devices_document(node), sort_keys=False), encoding="utf-8")
     config = base / "config.json"
     config.write_text(json.dumps(agent_config_document(node), indent=2), encoding="utf-8")
-    return NodeFiles(devices=devices, config=config, kubelet_dir=kubelet_dir)
+    hook = None
+    if node.hami_core:
+        hook = base / "hook"
+        vgpu = hook / "vgpu"
+        vgpu.mkdir(parents=True, exist_ok=True)
+        library = vgpu / "libvgpu.so"
+        library.write_bytes(STAND_IN_LIBRARY)
+        (vgpu / "ld.so.preload").write_text(f"{library}\n", encoding="utf-8")
+    return NodeFiles(devices=devices, config=config, kubelet_dir=kubelet_dir, hook=hook)

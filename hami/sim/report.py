@@ -3,7 +3,8 @@
 Owns :func:`is_decided` (refused at admission, Running/Failed, preempted, or unschedulable with no
 cluster change since the last try), :func:`describe` (one pod -> a :class:`PodReport` read from the
 pod's annotations through the codec: node, and per container the cards with memory and cores from
-``hami.io/vgpu-devices-allocated``, or why it is pending; a pod evicted by preemption is ``Preempted``
+``hami.io/vgpu-devices-allocated`` and each card's enforcement from ``hami.io/vgpu-enforcement``, or why
+it is pending; a pod evicted by preemption is ``Preempted``
 with the pod it made room for, and that pod names its victims), :func:`render` (fixed-width text; with
 the examples' declared outcomes, an EXPECTED column saying whether each pod became what its example
 expects), :func:`pending_details` (kube-scheduler's FailedScheduling text made readable: the counts
@@ -27,9 +28,12 @@ from hami.annotations import (
     POD_BIND_PHASE,
     POD_DEVICES_ALLOCATED,
     POD_MIG_ALLOCATIONS,
+    POD_VGPU_ENFORCEMENT,
     AnnotationError,
+    Enforcement,
     decode_mig_allocations,
     decode_pod_devices,
+    decode_pod_enforcement,
 )
 from hami.core.model import Reason
 from hami.sim.admission_standin import Refused
@@ -45,6 +49,7 @@ class CardLine:
     memory_mib: int
     cores: int
     profile: str = ""  # MIG profile when the card is in MIG mode
+    enforcement: str = "-"  # hami.io/vgpu-enforcement's kind for the card; "-" when not recorded
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -194,6 +199,13 @@ def _card_lines(
         c.get("name", "?") for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
     ]
     profiles: dict[tuple[int, int], str] = {}
+    enforcement: dict[str, Enforcement] = {}
+    unreadable = False
+    if annotations.get(POD_VGPU_ENFORCEMENT) is not None:
+        try:
+            enforcement = decode_pod_enforcement(annotations[POD_VGPU_ENFORCEMENT])
+        except AnnotationError:
+            unreadable = True  # the cards are still shown; their enforcement is not known
     if annotations.get(POD_MIG_ALLOCATIONS):
         for mig in decode_mig_allocations(annotations[POD_MIG_ALLOCATIONS]):
             profiles[(mig.container_index, mig.device_index)] = mig.profile
@@ -211,12 +223,17 @@ def _card_lines(
                     memory_mib=grant.memory_mib,
                     cores=grant.cores,
                     profile=profiles.get((c, d), ""),
+                    enforcement="?" if unreadable else _kind(enforcement.get(grant.uuid)),
                 )
             )
     return tuple(lines)
 
 
-_HEADERS = ("POD", "NODE", "CONTAINER", "CARD", "MODEL", "MEMORY", "CORES", "STATUS")
+def _kind(kind: Enforcement | None) -> str:
+    return "-" if kind is None else kind.value
+
+
+_HEADERS = ("POD", "NODE", "CONTAINER", "CARD", "MODEL", "MEMORY", "CORES", "ENFORCEMENT", "STATUS")
 
 #: What each of HAMi's per-card reason words (spec-scheduler §19) says about a card, for the legend.
 MEANINGS: Mapping[str, str] = {
@@ -270,6 +287,15 @@ def legend(reports: Sequence[PodReport], *, expected: bool = False, width: int =
                 "lowest-priority pods on the cards that pod can use (a 'Preempted' Event on each names it)",
             )
         )
+    if any(line.enforcement == Enforcement.NONE.value for r in reports for line in r.cards):
+        entries.append(
+            (
+                0,
+                "ENFORCEMENT = what holds the container to its slice on the card (hami.io/vgpu-enforcement);"
+                " none: nothing, its memory/core limits are not held (a NoEnforcement Event on the pod;"
+                " hami doctor warns about the node; hami.io/require-enforcement keeps a pod off it)",
+            )
+        )
     if expected:
         entries.append((0, "EXPECTED: whether the pod became the '# outcome:' its example declares"))
     if not entries:
@@ -319,7 +345,7 @@ def render(reports: Sequence[PodReport], expected: Mapping[str, str] | None = No
             want = expected.get(report.name, "")
             mark = ("-" if not want else "yes" if outcome(report) == want else f"NO: {want}",)
         if not report.cards:
-            rows.append((report.name, report.node or "-", "-", "-", "-", "-", "-", report.status, *mark))
+            rows.append((report.name, report.node or "-", "-", "-", "-", "-", "-", "-", report.status, *mark))
         for i, line in enumerate(report.cards):
             model = f"{line.model} [{line.profile}]" if line.profile else line.model
             rows.append(
@@ -331,6 +357,7 @@ def render(reports: Sequence[PodReport], expected: Mapping[str, str] | None = No
                     model,
                     f"{line.memory_mib} MiB",
                     f"{line.cores}%",
+                    line.enforcement,
                     report.status if i == 0 else "",
                     *(mark if i == 0 else ("",) * len(mark)),
                 )
