@@ -92,7 +92,7 @@ def test_demo_keep_then_ctrl_c_stops_everything(demo: subprocess.Popen[str], wor
 def _the_printed_hints_work(output: str, workdir: Path) -> None:
     """What ``--keep`` prints: the kubeconfig, every component's metrics URL, and commands that run as
     printed (the ``hami`` of this installation, a kubeconfig that exists while the demo runs)."""
-    assert "18 of 18 pods became what their example expects." in output, output
+    assert "19 of 19 pods became what their example expects." in output, output
     assert re.search(r"^Legend:\n  \(success\) = HAMi's hami.io/bind-phase", output, re.MULTILINE), output
     assert all(len(line) <= 100 for line in _legend(output)), _legend(output)
     (kubeconfig,) = re.findall(r"^  kubeconfig  (\S+)$", output, re.MULTILINE)

@@ -67,13 +67,14 @@ def test_every_packaged_example_declares_its_outcome() -> None:
         "priorityclass/gpu-urgent",
     ]
     pods = [e for e in examples if e.kind == "Pod"]
-    assert len(pods) == 18
+    assert len(pods) == 19
     outcomes = {e.key: e.outcome for e in pods}
     assert outcomes["default/privileged-gpu"] == "Refused"
     assert {k for k, v in outcomes.items() if v == "Pending"} == {
         "default/too-much-memory",
         "default/too-many-cards",
         "default/wants-h100",
+        "default/a10-enforced-only",
     }
     assert {k for k, v in outcomes.items() if v == "Preempted"} == {"default/batch-1", "default/batch-2"}
     assert all(v in ("Running", "Pending", "Refused", "Preempted") for v in outcomes.values()), outcomes
@@ -251,7 +252,7 @@ def test_the_demo_finds_its_data_outside_the_repository(unpacked_wheel: Path, tm
     found = yaml.safe_load(done.stdout)
     assert found["hami"].startswith(str(unpacked_wheel)), found
     assert found["examples"].startswith(str(unpacked_wheel)), found
-    assert (found["pods"], found["nodes"]) == (18, 4)
+    assert (found["pods"], found["nodes"]) == (19, 4)
     assert found["validations"] > 0
 
 
@@ -272,7 +273,7 @@ def test_hami_demo_runs_from_the_wheel_outside_the_repository(unpacked_wheel: Pa
             check=False,
         )
         assert done.returncode == 0, done.stdout + done.stderr
-        assert "18 of 18 pods became what their example expects." in done.stdout, done.stdout
+        assert "19 of 19 pods became what their example expects." in done.stdout, done.stdout
         logs = "".join(p.read_text(errors="replace") for p in (work / "logs").glob("*"))
         assert str(REPO / "hami") not in logs  # nothing ran from the checkout
     finally:
