@@ -181,7 +181,7 @@ def summarize(devices: tuple[DeviceState, ...], cordoned: frozenset[str]) -> Nod
     vendor: list[int] = []
     has_mig = False
     open_cards: list[OpenCard] = []
-    levels: set[Level] = set()
+    kinds: set[Enforcement] = set()
     for position, state in enumerate(devices):
         dev = state.device
         slots, memory, cores = state.used, state.used_mem, state.used_cores
@@ -198,7 +198,7 @@ def summarize(devices: tuple[DeviceState, ...], cordoned: frozenset[str]) -> Nod
         if dev.mode == DeviceMode.MIG:
             has_mig = True
         elif dev.health and not state.inconsistencies and slots < dev.count and dev.uuid not in cordoned:
-            levels.add(level_of(dev.enforcement))
+            kinds.add(dev.enforcement)
             open_cards.append(
                 (
                     dev.memory_mib - memory,
@@ -221,7 +221,7 @@ def summarize(devices: tuple[DeviceState, ...], cordoned: frozenset[str]) -> Nod
             f32(f32(umem) / f32(tmem)),
         )
         score = f32(10 * f32(f32(terms[0] + terms[1]) + terms[2]))
-    return _summary(score, vendor, has_mig, open_cards, levels)
+    return _summary(score, vendor, has_mig, open_cards, {level_of(kind) for kind in kinds})
 
 
 def _summary(
