@@ -80,6 +80,7 @@ async def run(config: AgentConfig) -> None:
         node_name=config.node_name,
         settings=settings,
         hook_path=config.hook_path,
+        lock_dir=config.lock_dir,
         backend=backend,
         inventory=inventory,
         scheduler_name=config.scheduler_name,

@@ -71,6 +71,7 @@ class AgentConfig:
     config: Path | None = None
     device_config: Path | None = None
     hook_path: Path | None = None
+    lock_dir: Path = Path("/tmp/vgpulock")  # HAMi-core's lock directory on the host (with --hook-path)
     topology_score: bool = False
     metrics_listen: Address = field(default_factory=lambda: Address(host="0.0.0.0", port=9394))
     legacy_metrics: bool = False
@@ -104,6 +105,11 @@ _FLAGS: dict[str, tuple[type, Any, str]] = {
         Path,
         None,
         "HAMi HOOK_PATH on the host (e.g. /usr/local; HAMi-core in HOOK/vgpu); unset = no mounts",
+    ),
+    "lock-dir": (
+        Path,
+        Path("/tmp/vgpulock"),
+        "host dir HAMi-core containers share for locks, mounted at /tmp/vgpulock (with --hook-path)",
     ),
     "topology-score": (str, "false", "register NVLink/PCIe pair scores (true/false)"),
     "metrics-listen": (str, "0.0.0.0:9394", "HOST:PORT for /metrics and /healthz"),
@@ -162,6 +168,7 @@ def parse_agent_config(argv: Sequence[str] | None, environ: Mapping[str, str]) -
         config=_path(args.config),
         device_config=_path(args.device_config),
         hook_path=_path(args.hook_path),
+        lock_dir=Path(args.lock_dir),
         topology_score=parse_bool("--topology-score", str(args.topology_score), ConfigError),
         metrics_listen=parse_address("metrics-listen", args.metrics_listen, ConfigError),
         legacy_metrics=parse_bool("--legacy-metrics", str(args.legacy_metrics), ConfigError),

@@ -228,6 +228,7 @@ class EmbeddedSystem:
             "--metrics-listen", f"127.0.0.1:{metrics}",
             "--log-level", self.options.log_level,
             *(["--hook-path", str(files.hook)] if files.hook is not None else []),
+            *(["--lock-dir", str(files.hook / "vgpulock")] if files.hook is not None else []),
         )  # fmt: skip
 
     async def _all_registered(self) -> bool | None:

@@ -35,6 +35,15 @@ def test_flags_env_and_defaults() -> None:
     assert (config.backend, config.register_interval) == ("nvml", 3.0)
 
 
+def test_the_lock_dir_is_hamis_unless_given() -> None:
+    """HAMi-core's shared lock directory: /tmp/vgpulock on the host (HAMi's), or where --lock-dir says
+    (the embedded cluster gives each node its own, so no run needs the host's /tmp/vgpulock)."""
+    assert parse_agent_config([], {"NODE_NAME": "n1"}).lock_dir == Path("/tmp/vgpulock")
+    given = parse_agent_config(["--lock-dir", "/run/n1/vgpulock"], {"NODE_NAME": "n1"})
+    assert given.lock_dir == Path("/run/n1/vgpulock")
+    assert parse_agent_config([], {"NODE_NAME": "n1", "HAMI_LOCK_DIR": "/x"}).lock_dir == Path("/x")
+
+
 def test_health_recovery_defaults_to_300_and_0_means_never() -> None:
     assert parse_agent_config([], {"NODE_NAME": "n1"}).health_recovery == 300.0
     env = {"NODE_NAME": "n1", "HAMI_HEALTH_RECOVERY": "0"}
