@@ -5,7 +5,7 @@
 #       hami-webhook              the mutating admission webhook (Kopf)
 #       hami-monitor              the node agent (device plugin, registration, metrics)
 #       python -m webhook.certs   the chart's certificate job
-#       hami explain|cordon|uncordon|doctor, and `hami simulate|demo --help` (running them needs the
+#       hami explain|cordon|uncordon|doctor, and `hami simulate|heldout|demo --help` (running them needs the
 #       'sim' or the 'demo' extra)
 #     installed without extras: no embedded cluster, no simulator (no kmock, CEL, OpenAPI schemas, numpy).
 #   docker build --target demo -t hami-py-demo:0.1.0 .         the same plus the 'demo' extra:
@@ -52,7 +52,7 @@ FROM runtime AS product
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     pip install --no-cache-dir --no-index --find-links=/wheels /wheels/hami_py-*.whl \
- && for command in scheduler explain cordon uncordon doctor simulate demo; do \
+ && for command in scheduler explain cordon uncordon doctor simulate heldout demo; do \
         hami "$command" --help >/dev/null || exit 1; \
     done \
  && hami --help >/dev/null \
