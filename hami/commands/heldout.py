@@ -185,8 +185,13 @@ def _table(args: argparse.Namespace, out: TextIO) -> int:
     if len(args.policy) != 2:
         raise TraceError("--policy needs exactly two policies, BASE,OTHER")
     runs = _read_results(Path(args.results))
+    recipes: dict[str, str] = {}
+    for line in Path(args.results).read_text().splitlines():
+        row = json.loads(line) if line.strip() else {}
+        if isinstance(row.get("recipe"), str):
+            recipes[str(row["trace"])] = row["recipe"]
     base, other = args.policy
-    print(render(compare(runs, base, other), base, other), file=out)
+    print(render(compare(runs, base, other), base, other, recipes), file=out)
     return 0
 
 

@@ -47,6 +47,10 @@ MILLI = 1000
 #: How much of a free card's share the measure holds back for the demand restricted to its type, per
 #: unit of that demand's density over the average (see :func:`reserves`).
 RESERVE = 1.0
+#: The reserves count only where some type's restricted demand per card reaches this share of the average
+#: demand per card; below, FGD's own balance serves the few restricted pods and the reserves only perturb
+#: it (docs/policies.md, the held-out protocol: chosen on the design family).
+RESERVE_FLOOR = 0.5
 #: Memo sizes: beyond them a memo starts again empty (template nodes in requests are not bounded).
 MEMO_LIMIT = 65536
 
@@ -86,11 +90,13 @@ class CardInfo:
 @dataclass(frozen=True, slots=True)
 class NodeFrag:
     """A node's sums: free share ``g`` (as ``F`` counts it, see :attr:`CardInfo.free`), per GPU class ``r``
-    (usable share) and ``n`` (usable cards)."""
+    (usable share) and ``n`` (usable cards), and ``held``: the free share the card-type reserves hold back
+    (``Σ (milli - free)``; 0 without reserves)."""
 
     g: float
     r: tuple[int, ...]
     n: tuple[int, ...]
+    held: float = 0.0
 
 
 _NONE = CardInfo(0, (), 0, 0.0)
@@ -204,14 +210,15 @@ class Target:
         """The sums over cards with these usages."""
         width = len(self.gpu)
         r, n = [0] * width, [0] * width
-        g = 0.0
+        g = held = 0.0
         for key in keys:
             info = self.card(key)
             g += info.free
+            held += info.milli - info.free
             for m in info.usable:
                 r[m] += info.milli
                 n[m] += 1
-        return NodeFrag(g, tuple(r), tuple(n))
+        return NodeFrag(g, tuple(r), tuple(n), held)
 
     def node(self, node: NodeState, host: Host | None = None) -> NodeView:
         """A node's view, memoised per node name until its state object changes (a grant changed);
@@ -263,7 +270,8 @@ def reserves(gpu: Sequence[TargetClass], p: Sequence[float], supply: Mapping[str
 
     A class limited to some types spreads its demand (``p`` x cards x share) evenly over the cards of the
     types it accepts; a type's density is the sum of what falls on one of its cards, against the whole
-    GPU demand spread over every card. Unrestricted classes hold nothing (they can go anywhere).
+    GPU demand spread over every card. Unrestricted classes hold nothing (they can go anywhere). No
+    reserves at all (``{}``) unless some type's density reaches :data:`RESERVE_FLOOR` of the average.
     """
     cards: dict[str, int] = {}
     for name, count in supply.items():
@@ -282,6 +290,8 @@ def reserves(gpu: Sequence[TargetClass], p: Sequence[float], supply: Mapping[str
         for name in accepted:
             density[name] += q * cls.nums * card_share(cls) / held
     average = demand / total
+    if max(density.values(), default=0.0) < RESERVE_FLOOR * average:
+        return {}
     return {name: RESERVE * d / average for name, d in density.items() if d > 0}
 
 

@@ -33,6 +33,24 @@ def gradient(before: float, after: float) -> int:
     return math.floor(100.0 / (1.0 + math.exp(-x)))
 
 
+def reserved_gradient(before: float, after: float, held_before: float, held_after: float) -> int:
+    """A placement's score when card-type reserves hold back ``held`` of the free share (before, after):
+    FGD's :func:`gradient` of the fragmentation without the reserves, moved by what the reserves change
+    in the exact score, rounded to whole points (0..99). A reserve worth less than half a point moves
+    nothing, so a placement that leaves FGD's measure unchanged keeps its 50; without reserves (``held``
+    unchanged) this is :func:`gradient` itself."""
+    if held_before == held_after:
+        return gradient(before, after)
+    raw_before, raw_after = before + held_before, after + held_after
+    base = gradient(raw_before, raw_after)
+    shift = _sigmoid((before - after) / MILLI) - _sigmoid((raw_before - raw_after) / MILLI)
+    return max(0, min(99, base + round(100.0 * shift)))
+
+
+def _sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-max(-700.0, min(700.0, x))))
+
+
 def priority(score: int) -> int:
     """A placement score (0..99) on kube-scheduler's extender range 0..10 (rounded)."""
     return min(MAX_PRIORITY, (score + 5) // 10)
@@ -55,6 +73,7 @@ class _Walk:
     def __init__(self, target: Target, view: NodeView, host: Host | None) -> None:
         self.t = target
         self.g = view.sums.g
+        self.held = view.sums.held
         self.r = list(view.sums.r)
         self.n = list(view.sums.n)
         self.keys = list(view.keys)
@@ -76,9 +95,15 @@ class _Walk:
             total += self._term(m, r[m] - old.milli + now.milli * inside, n[m] - 1 + inside) - terms[m]
         return self.g - old.free + now.free - total
 
+    def held_after(self, j: int, new: CardKey) -> float:
+        """The reserves' held-back share if card ``j`` had usage ``new``."""
+        old, now = self.t.card(self.keys[j]), self.t.card(new)
+        return self.held - (old.milli - old.free) + (now.milli - now.free)
+
     def apply(self, j: int, new: CardKey) -> None:
         old, now = self.t.card(self.keys[j]), self.t.card(new)
         self.g += now.free - old.free
+        self.held += (now.milli - now.free) - (old.milli - old.free)
         for m in old.usable:
             self.r[m] -= old.milli
             self.n[m] -= 1
@@ -129,7 +154,8 @@ def place(
         steer = steering(request)
     steered = _steered(request)
     chosen: list[tuple[int, ...]] = []
-    pending: tuple[int, CardKey, float] | None = None  # the last pick, applied when another follows
+    held = view.sums.held
+    pending: tuple[int, CardKey, float, float] | None = None  # the last pick, applied when another follows
     for container in request.containers[request.init_count :]:
         if container is None or container.nums <= 0:
             chosen.append(())
@@ -149,8 +175,8 @@ def place(
         for _ in range(container.nums):
             if pending is not None:
                 walk.apply(pending[0], pending[1])
-            best: tuple[int, int, CardKey, float] | None = None
-            seen: dict[CardKey, tuple[int, float]] = {}
+            best: tuple[int, int, CardKey, float, float] | None = None
+            seen: dict[CardKey, tuple[int, float, float]] = {}
             for j in allowed:
                 key = walk.keys[j]
                 need = memory_need(container, key[2])
@@ -159,17 +185,22 @@ def place(
                 new = granted(key, need, cores)
                 known = seen.get(key)
                 if known is None:
-                    after = walk.after(j, new)
-                    known = seen[key] = (gradient(view.frag, after), after)
+                    after, kept = walk.after(j, new), walk.held_after(j, new)
+                    known = seen[key] = (reserved_gradient(view.frag, after, held, kept), after, kept)
                 if best is None or known[0] > best[1]:
-                    best = (j, known[0], new, known[1])
+                    best = (j, known[0], new, known[1], known[2])
             if best is None:
                 return None
-            pending = (best[0], best[2], best[3])
+            pending = (best[0], best[2], best[3], best[4])
             picks.append(best[0])
         chosen.append(tuple(picks))
-    after = walk.frag() if pending is None else pending[2]
-    return Placement(score=gradient(view.frag, after), before=view.frag, after=after, cards=tuple(chosen))
+    after, kept = (walk.frag(), walk.held) if pending is None else (pending[2], pending[3])
+    return Placement(
+        score=reserved_gradient(view.frag, after, held, kept),
+        before=view.frag,
+        after=after,
+        cards=tuple(chosen),
+    )
 
 
 def steering(request: PodRequest) -> Steering:
@@ -227,7 +258,8 @@ def card_scores(
         if not key[0] or not accepts(key, need, cores):
             out.append(-1)
             continue
-        out.append(gradient(view.frag, walk.after(j, granted(key, need, cores))))
+        new = granted(key, need, cores)
+        out.append(reserved_gradient(view.frag, walk.after(j, new), sums.held, walk.held_after(j, new)))
     return out
 
 

@@ -18,7 +18,9 @@ card that fits; whole cards are the lowest-index free ones), with three changes:
   away 1.5 % of the capacity in G3-only pods, for want of G3 cards). Here the measure knows the
   cluster's cards per type (:func:`hami.core.fragmentation.reserves`): a free card counts only for the
   share its type's restricted demand does not hold, so taking a card of a model that restricted pods
-  wait for costs what it is worth to them.
+  wait for costs what it is worth to them. Only where some type's restricted demand per card reaches half
+  the average (else FGD's own balance serves the few restricted pods), and a reserve moves a score by the
+  whole points it is worth (:func:`hami.core.fragplacement.reserved_gradient`).
 - **CPU-only pods.** FGD's integer score ties across hundreds of nodes for a pod that asks for no card
   (its CPU does not yet decide whether a class fits), and the seed's order sends that CPU to nodes with
   idle GPUs as often as to nodes whose GPUs are all in use. Among the best-scored nodes a CPU-only pod

@@ -5,6 +5,7 @@ figures equal to recomputing a node the core really booked, and the policy throu
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 
 from hami.core.allocate import Policy, fit_node, priorities
 from hami.core.fragmentation import Target, TargetClass, reserves
-from hami.core.fragplacement import card_scores, gradient, node_priorities, place, priority
+from hami.core.fragplacement import card_scores, gradient, node_priorities, place, priority, reserved_gradient
 from hami.core.model import NVIDIA, Allocation, Grant, NodeState, PodRequest
 from hami.core.usage import apply_usage, pod_usage
 
@@ -68,10 +69,30 @@ def test_a_type_holds_back_what_the_demand_restricted_to_it_needs_per_card() -> 
     held = reserves(gpu, [0.6, 0.3, 0.1], {"NVIDIA ModelX": 8, "NVIDIA ModelY": 1})
     assert held == pytest.approx({"nvidia modelx": 0.3 / 8 * 9, "nvidia modely": 0.1 * 9})
     # a class accepting both spreads over all 9 cards; unrestricted demand holds nothing; halves count half
-    both = reserves([cls(1, 100), cls(1, 50, types=("model",))], [0.5, 0.5], {"ModelX": 8, "ModelY": 1})
-    assert both == pytest.approx({"modelx": (0.25 / 9) / (0.75 / 9), "modely": (0.25 / 9) / (0.75 / 9)})
+    both = reserves([cls(1, 100), cls(1, 50, types=("model",))], [0.2, 0.8], {"ModelX": 8, "ModelY": 1})
+    assert both == pytest.approx({"modelx": (0.4 / 9) / (0.6 / 9), "modely": (0.4 / 9) / (0.6 / 9)})
+    # below RESERVE_FLOOR (no type's restricted demand per card reaches half the average): no reserves
+    assert reserves([cls(1, 100), cls(1, 50, types=("model",))], [0.5, 0.5], {"ModelX": 8, "ModelY": 1}) == {}
+    assert reserves(gpu, [0.96, 0.03, 0.01], {"NVIDIA ModelX": 8, "NVIDIA ModelY": 1}) == {}
     assert reserves(gpu, [0.6, 0.3, 0.1], {}) == {}
     assert reserves(gpu, [0.6, 0.3, 0.1], {"NVIDIA ModelZ": 4}) == {}  # nobody is held to ModelZ
+
+
+def test_a_reserve_moves_a_score_only_by_the_whole_points_it_is_worth() -> None:
+    """FGD's integer score puts a placement that leaves the measure unchanged at exactly 50, the bottom of
+    its bucket: any positive cost, however small, drops it to 49 beside placements that do strand some
+    GPU. A reserve therefore moves the score by what it changes in the exact score, rounded."""
+    # FGD's measure unchanged (1100 -> 1100 with the held-back share); the reserve held 5 milli less
+    assert gradient(1000, 1005) == 49  # the old score: the reserve's 5 milli cost a whole point
+    assert reserved_gradient(1000, 1005, 100, 95) == 50
+    # a reserve worth 200 milli of a card moves it by the 5 points those are worth
+    assert reserved_gradient(1000, 1200, 300, 100) == 50 + round(100 * (1 / (1 + math.exp(0.2)) - 0.5))
+    assert reserved_gradient(1000, 1200, 300, 100) == 45
+    # without reserves (nothing held, or the held share unchanged) it is FGD's score
+    for before, after in ((0, 0), (300, 0), (0, 200), (5000, 4321)):
+        assert reserved_gradient(before, after, 0, 0) == gradient(before, after)
+        assert reserved_gradient(before, after, 70, 70) == gradient(before, after)
+    assert 0 <= reserved_gradient(0, 10**6, 10**6, 0) <= 99
 
 
 def test_flexible_pods_leave_the_cards_that_restricted_demand_waits_for() -> None:
@@ -162,9 +183,9 @@ def test_predicted_after_equals_the_node_the_core_booked(
     history: list[tuple[tuple[int, int], int]], reserved: bool
 ) -> None:
     classes = [cls(1, 50, 0.4), cls(1, 25, 0.3), cls(2, 100, 0.2), cls(0, weight=0.1)]
-    if reserved:  # a class held to these cards' type, a type of which the cluster has six cards
+    if reserved:  # a class held to these cards' type, a type of which the cluster has four cards
         classes.append(cls(1, 50, 0.3, types=(NVIDIA.lower(),)))
-    target = Target(classes, supply={NVIDIA: 6, "Other": 10} if reserved else None)
+    target = Target(classes, supply={NVIDIA: 4, "Other": 12} if reserved else None)
     assert bool(target.reserve) == reserved
     nodes = [node_with([0] * 4, name="a"), node_with([0] * 2, name="b", count=3)]
     for (nums, pct), salt in history:

@@ -137,7 +137,7 @@ def test_run_appends_each_run_once_and_table_compares(
     capsys.readouterr()
     assert cli.main(["heldout", "table", "--results", str(results)]) == 0
     table = capsys.readouterr().out
-    assert "| fam-000 |" in table and "2 traces, 3 seeds each" in table
+    assert "| fam-000 (" in table and "2 traces, 3 seeds each" in table  # each trace with its recipe
 
 
 @pytest.mark.parametrize(
