@@ -16,20 +16,22 @@ nominated pods of equal or higher priority counted as used: :mod:`hami.core.rese
 at once; one JSON patch that applies only to the pod as re-read (uid, resourceVersion, annotation and
 label maps tested) writes the device lists, ``vgpu-node`` annotation and label, ``vgpu-time``,
 ``bind-phase=allocating``, ``bind-time``, MIG reservations and ``hami.io/vgpu-enforcement`` (the
-enforcement of each granted card as the snapshot read it from the node); create the Binding. Before
+enforcement of each granted card as the snapshot read it from the node; when a card UUID cannot be
+written there, the key is removed instead, so an earlier attempt's list never stands for this grant);
+create the Binding. Before
 every write the remaining time of kube-scheduler's deadline (``--bind-timeout`` from the request's arrival) is
 checked, and every write's own timeout is cut to it; past it, the attempt gives back what it took and
 answers an error.
 
 A failed write whose outcome is unknown (5xx, timeout, reset) or a refused Binding leads to a re-read
 before anything is undone (:func:`hami.scheduler.attempt.undo`): a pod bound here with our grant is a
-success (booking and lock kept); anything else is undone with conditional writes. Success: a
-``BindingSucceed`` Event, and a ``NoEnforcement`` Warning Event when a granted card has enforcement
-``none`` (its memory and core limits are not held inside the container); the lock stays for the node
-agent to release after Allocate. Failure: a
-``BindingFailed`` Warning Event (the error and what to do about it) and the error in the reply. Each
-outcome is counted (``hami_scheduler_binds_total{result}``), each lock takeover by its reason, and
-every acquired lock is handed to the hold-time metric. Must not import the Kubernetes client (only
+success (booking and lock kept); anything else is undone with conditional writes. Success (this way
+too): a ``BindingSucceed`` Event, and a ``NoEnforcement`` Warning Event when a granted card has
+enforcement ``none`` (its memory and core limits are not held inside the container); the lock stays
+for the node agent to release after Allocate. Failure: a ``BindingFailed`` Warning Event (the error
+and what to do about it) and the error in the reply. Each outcome is counted
+(``hami_scheduler_binds_total{result}``), each lock takeover by its reason, and every acquired lock is
+handed to the hold-time metric. Must not import the Kubernetes client (only
 ``hami.kube``) or aiohttp.
 """
 
@@ -38,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
+from collections.abc import Mapping
 
 from hami import objects
 from hami.annotations import (
@@ -51,6 +54,7 @@ from hami.annotations import (
     Enforcement,
     allocation_annotations,
     bind_annotations,
+    decode_pod_enforcement,
     encode_pod_enforcement,
     read_bind_time,
     read_pod_request,
@@ -160,7 +164,9 @@ async def _bind(ctx: Context, att: Attempt) -> ExtenderBindingResult:
             await abandon(ctx, att, pod, mark=isinstance(exc, BindFailure))
             return _failed_on(ctx, pod, att.node, exc)
         if await undo(ctx, att) is Outcome.BOUND:
-            return _succeeded(ctx, pod, att.node)
+            result = _succeeded(ctx, pod, att.node)
+            _warn_unenforced(ctx, pod, att.node, written_enforcement(att.written))
+            return result
         return _failed_on(ctx, pod, att.node, exc)
 
 
@@ -198,24 +204,24 @@ async def _allocate(ctx: Context, att: Attempt, request: PodRequest, priority: i
             node=att.node, devices=decision.devices, mig=decision.mig, now=now
         )
         kinds = granted_enforcement(state, decision)
+        removed: tuple[str, ...] = ()
         try:
             annotations[POD_VGPU_ENFORCEMENT] = encode_pod_enforcement(kinds)
         except ValueError as exc:  # a card UUID the annotation cannot carry: said in the log only
             logger.warning("%s: %s left out: %s", att.ref, POD_VGPU_ENFORCEMENT, exc)
+            removed = (POD_VGPU_ENFORCEMENT,)  # an earlier attempt's list would describe other cards
         usage = pod_usage(decision.devices, request.init_count, init_done=False, mig=decision.mig)
         record = PodRecord(node=att.node, usage=usage, allocated=annotations[POD_DEVICES_ALLOCATED])
         ctx.snapshot.book(att.key, record)
         att.booked = True
     annotations.update(bind_annotations(BindPhase.ALLOCATING, now=now))
-    await _patch(ctx, att, pod, annotations)
+    await _patch(ctx, att, pod, annotations, removed)
     att.deadline.check("creating the Binding")
     await bind_pod(
         ctx.api, att.namespace, att.name, att.node, att.uid or None, limit=att.deadline.remaining()
     )
     result = _succeeded(ctx, pod, att.node)
-    bare = [uuid for uuid, kind in kinds.items() if kind is Enforcement.NONE]
-    if bare:
-        ctx.event(pod, NO_ENFORCEMENT, unenforced_message(att.node, bare), warning=True)
+    _warn_unenforced(ctx, pod, att.node, kinds)
     return result
 
 
@@ -232,6 +238,25 @@ def granted_enforcement(state: NodeState, allocation: Allocation) -> dict[str, E
             at = state.positions.get(grant.uuid)
             kinds[grant.uuid] = state.devices[at].device.enforcement if at is not None else Enforcement.NONE
     return kinds
+
+
+def written_enforcement(written: Mapping[str, str] | None) -> dict[str, Enforcement]:
+    """The granted cards' enforcement as an attempt's allocation patch wrote it; nothing when it wrote
+    none (or, never expected of our own text, an unreadable one)."""
+    text = (written or {}).get(POD_VGPU_ENFORCEMENT)
+    if text is None:
+        return {}
+    try:
+        return decode_pod_enforcement(text)
+    except AnnotationError:
+        return {}
+
+
+def _warn_unenforced(ctx: Context, pod: RawPod, node: str, kinds: Mapping[str, Enforcement]) -> None:
+    """The ``NoEnforcement`` Warning Event when a granted card has enforcement ``none``."""
+    bare = [uuid for uuid, kind in kinds.items() if kind is Enforcement.NONE]
+    if bare:
+        ctx.event(pod, NO_ENFORCEMENT, unenforced_message(node, bare), warning=True)
 
 
 def unenforced_message(node: str, uuids: list[str]) -> str:
@@ -252,13 +277,17 @@ def _bind_time(pod: RawPod) -> datetime.datetime | None:
         return None
 
 
-async def _patch(ctx: Context, att: Attempt, pod: RawPod, annotations: dict[str, str]) -> None:
-    """Write the allocation with a compare-and-set on the pod as read; an unknown outcome is re-read
-    (our values there: it landed), a lost race re-judged and retried while the deadline allows."""
+async def _patch(
+    ctx: Context, att: Attempt, pod: RawPod, annotations: dict[str, str], removed: tuple[str, ...] = ()
+) -> None:
+    """Write the allocation (and remove the ``removed`` keys where the pod has them) with a
+    compare-and-set on the pod as read; an unknown outcome is re-read (our values there: it landed), a
+    lost race re-judged and retried while the deadline allows."""
     for _ in range(3):
         att.deadline.check("writing the allocation")
+        values: dict[str, str | None] = {**annotations, **dict.fromkeys(removed)}
         operations = unchanged_tests(pod) + write_operations(
-            pod, annotations=annotations, labels={POD_VGPU_NODE: att.node}
+            pod, annotations=values, labels={POD_VGPU_NODE: att.node}
         )
         att.written = dict(annotations)
         try:

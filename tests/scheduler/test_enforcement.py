@@ -17,15 +17,17 @@ from hami.annotations import (
     NODE_ENFORCEMENT,
     POD_REQUIRE_ENFORCEMENT,
     POD_VGPU_ENFORCEMENT,
+    POD_VGPU_NODE,
     decode_pod_enforcement,
 )
 from hami.core.enforcement import Level
 from hami.scheduler.bind import NO_ENFORCEMENT
 from hami.scheduler.config import SchedulerSettings, SettingsError, add_arguments, from_args
 from hami.scheduler.registration import MALFORMED_ENFORCEMENT
-from tests.builders import make_node, make_pod
+from tests.builders import device, make_node, make_pod
 from tests.eventually import eventually
 
+from .faults import lost_binding
 from .kit import Extender, StartExtender
 
 EVENTS = kmock.resource("v1/events")
@@ -190,3 +192,30 @@ def test_a_bad_floor_is_refused_naming_the_flag(value: str) -> None:
     assert str(caught.value) == (
         f"--require-enforcement must be one of none, cooperative, isolated, got {value!r}"
     )
+
+
+async def test_a_bind_whose_binding_answer_is_lost_still_warns_without_enforcement(
+    start_extender: StartExtender,
+) -> None:
+    ext = await start_extender(nodes=[make_node("bare", cards=1)], pods=[make_pod("p")])
+    applied = lost_binding(ext.apiserver)  # applied, then 500: the undo re-reads it bound here
+    assert await ext.bind("p", "bare") == {"Error": ""}
+    assert applied == ["p"]
+    await ext.settle()
+    (event,) = events(ext, NO_ENFORCEMENT)
+    assert event["type"] == "Warning" and event["involvedObject"]["name"] == "p"
+    assert event["message"].startswith("placed on card GPU-bare-0 of node bare without enforcement")
+    assert [e["involvedObject"]["name"] for e in events(ext, "BindingSucceed")] == ["p"]
+
+
+async def test_an_enforcement_list_that_cannot_be_written_removes_an_earlier_attempts(
+    start_extender: StartExtender,
+) -> None:
+    # a card UUID with a space: the register (JSON) carries it, hami.io/vgpu-enforcement cannot
+    odd = make_node("odd", device("GPU odd-0"), annotations={NODE_ENFORCEMENT: ""})
+    stale = {POD_VGPU_ENFORCEMENT: "GPU-n1-0:mig"}  # what an earlier, undone attempt left
+    ext = await start_extender(nodes=[odd], pods=[make_pod("p", annotations=stale)])
+    assert await ext.bind("p", "odd") == {"Error": ""}
+    annotations = (await ext.pod("p"))["metadata"]["annotations"]
+    assert annotations[POD_VGPU_NODE] == "odd"
+    assert POD_VGPU_ENFORCEMENT not in annotations  # no record rather than a wrong one
