@@ -110,7 +110,7 @@ async def mps_scenarios(
         binary=daemon,
         root=root,
         quit_on_stop=True,
-        command_timeout=20.0,
+        command_timeout=60.0,
         start_timeout=60.0,
         environ=environ,
     )

@@ -235,7 +235,7 @@ async def bind_phase(k: kmock.KubernetesEmulator, name: str) -> str:
 
 async def visible(stub: Any, *ids: str) -> str:
     """Kubelet's Allocate with ``ids`` for one container: the ``NVIDIA_VISIBLE_DEVICES`` it got."""
-    answer = await stub.Allocate(allocate_request(list(ids)), timeout=10)
+    answer = await stub.Allocate(allocate_request(list(ids)), timeout=60)
     return str(dict(answer.container_responses[0].envs)["NVIDIA_VISIBLE_DEVICES"])
 
 
@@ -243,7 +243,7 @@ async def refused(stub: Any, *ids: str, code: grpc.StatusCode = grpc.StatusCode.
     """Kubelet's Allocate (``ids``, GPU-a-0 by default) must fail with ``code`` and hand out nothing;
     its message."""
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        answer = await stub.Allocate(allocate_request(list(ids) or ["GPU-a-0"]), timeout=10)
+        answer = await stub.Allocate(allocate_request(list(ids) or ["GPU-a-0"]), timeout=60)
         pytest.fail(f"Allocate answered {answer}")  # pragma: no cover - only on a regression
     assert caught.value.code() == code, caught.value.details()
     return str(caught.value.details())

@@ -126,7 +126,7 @@ async def mps_node(
 async def answer_for(apiserver: kmock.KubernetesEmulator, api: Any, agent: Agent, *grants: Any) -> Any:
     """Kubelet's Allocate for pod ``p`` (one container ``main``) granted ``grants``: its one answer."""
     await placed(apiserver, api, "p", (tuple(grants),))
-    response = await agent.stub.Allocate(allocate_request([f"{x.uuid}-0" for x in grants]), timeout=10)
+    response = await agent.stub.Allocate(allocate_request([f"{x.uuid}-0" for x in grants]), timeout=60)
     (answer,) = response.container_responses
     return answer
 
@@ -223,9 +223,9 @@ async def test_every_mps_container_on_a_node_shares_one_dev_shm(
     tenant's processes keep in ``/dev/shm`` (docs/security.md, "Enforcement modes")."""
     assert mps_node.mps is not None
     await placed(apiserver, api, "p", ((g("GPU-a", 3000, 30),),))
-    first = (await mps_node.stub.Allocate(allocate_request(["GPU-a-0"]), timeout=10)).container_responses[0]
+    first = (await mps_node.stub.Allocate(allocate_request(["GPU-a-0"]), timeout=60)).container_responses[0]
     await placed(apiserver, api, "q", ((g("GPU-a", 2000, 30),),))  # admitted after p
-    second = (await mps_node.stub.Allocate(allocate_request(["GPU-a-1"]), timeout=10)).container_responses[0]
+    second = (await mps_node.stub.Allocate(allocate_request(["GPU-a-1"]), timeout=60)).container_responses[0]
     assert dict(first.envs)["CUDA_MPS_PIPE_DIRECTORY"] == dict(second.envs)["CUDA_MPS_PIPE_DIRECTORY"]
     shm = (str(mps_node.mps.shm_dir), False)
     assert mounts_of(first)["/dev/shm"] == mounts_of(second)["/dev/shm"] == shm
