@@ -5,9 +5,10 @@ Owns :func:`paired` (:class:`Paired`: the mean and sample sd of the per-seed dif
 paired t and its two-sided p, wins/losses by seed), :func:`student_p`, :func:`run_trace` (one trace,
 every policy x seed: the unallocated GPU % at x = 100 per run, as :class:`Run` rows),
 :func:`compare` and :func:`render` (the table: per trace both means, the difference with its spread,
-p, the verdict; then the worst case, the mean gain, and a paired test over the traces' mean
-differences). A difference is a loss or a win only when ``p < ALPHA``; otherwise it is noise. Pure apart
-from the replay's CPU: stdlib math and numpy, no I/O.
+p, the verdict; then the worst case, the verdicts again after Holm's adjustment for testing every
+trace (:func:`holm`), the mean gain, and a paired test over the traces' mean differences). A
+difference is a loss or a win only when ``p < ALPHA``; otherwise it is noise. Pure: stdlib math and
+the replay (numpy), no I/O, no clock of its own.
 """
 
 from __future__ import annotations
@@ -129,6 +130,18 @@ def paired(a: Sequence[float], b: Sequence[float]) -> Paired:
     )
 
 
+def holm(ps: Sequence[float]) -> list[float]:
+    """Holm's step-down adjustment of ``ps`` for testing them all at once (each adjusted p >= its own):
+    with many traces some raw p fall below ``ALPHA`` by chance alone."""
+    order = sorted(range(len(ps)), key=lambda i: ps[i])
+    out = [1.0] * len(ps)
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(ps) - rank) * ps[i]))
+        out[i] = running
+    return out
+
+
 def run_trace(
     trace: Generated,
     policies: Sequence[str],
@@ -200,6 +213,8 @@ def render(rows: Sequence[Row], base: str, other: str, describe: dict[str, str] 
             f"| {t.wins}/{t.losses} | {t.verdict} |"
         )
     worst = max(rows, key=lambda r: r.test.mean)
+    adjusted = dict(zip((r.trace for r in rows), holm([r.test.p for r in rows]), strict=True))
+    held = [r for r in rows if adjusted[r.trace] < ALPHA]
     diffs = [r.test.mean for r in rows]
     higher = [r for r in rows if r.test.verdict == "HIGHER"]
     lower = [r for r in rows if r.test.verdict == "lower"]
@@ -212,7 +227,12 @@ def render(rows: Sequence[Row], base: str, other: str, describe: dict[str, str] 
     )
     lines.append(
         f"worst case {worst.trace}: {worst.test.mean:+.3f} points (sd {worst.test.sd:.3f}, "
-        f"p {worst.test.p:.3f}, {worst.test.verdict})"
+        f"p {worst.test.p:.3f}, {worst.test.verdict}; Holm-adjusted over the {len(rows)} traces "
+        f"p {adjusted[worst.trace]:.3f})"
+    )
+    lines.append(
+        f"after Holm's adjustment: lower on {sum(r.test.mean < 0 for r in held)}, "
+        f"higher on {sum(r.test.mean > 0 for r in held)}"
     )
     lines.append(
         f"mean difference {statistics.fmean(diffs):+.3f} points, median {statistics.median(diffs):+.3f}"

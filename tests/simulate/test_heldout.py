@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hami import cli
-from hami.simulate.protocol import Run, compare, paired, render, student_p
+from hami.simulate.protocol import Run, compare, holm, paired, render, student_p
 from hami.simulate.trace import read_nodes, read_pods
 from tests.simulate.test_generate import HEADER
 
@@ -51,6 +51,13 @@ def test_paired_test_says_when_a_difference_is_noise() -> None:
         paired([1.0], [2.0])
 
 
+def test_holm_adjusts_for_testing_every_trace() -> None:
+    # sorted 0.01, 0.02, 0.04, 0.3: x4, x3, x2, x1, each at least the one before
+    assert holm([0.04, 0.01, 0.3, 0.02]) == pytest.approx([0.08, 0.04, 0.3, 0.06])
+    assert holm([0.047] + [0.5] * 39)[0] == pytest.approx(1.0)  # one p of 0.047 among 40 is chance
+    assert holm([]) == []
+
+
 def test_compare_pairs_seeds_and_render_names_the_worst_case() -> None:
     runs = [
         Run(trace="t1", policy=p, seed=s, at_100=v, seconds=1.0)
@@ -78,7 +85,7 @@ def test_compare_pairs_seeds_and_render_names_the_worst_case() -> None:
     assert [r.trace for r in rows] == ["t1", "t2"]
     assert rows[1].test.n == 2 and rows[1].other == pytest.approx(3.175)  # seed 9 has no fgd pair
     text = render(rows, "fgd", "frag")
-    assert "worst case t2: +0.075" in text
+    assert "worst case t2: +0.075" in text and "Holm-adjusted over the 2 traces" in text
     assert "2 traces, 2/3 seeds each" in text
     assert render([], "fgd", "frag").startswith("no trace")
 
