@@ -9,7 +9,9 @@ exit 2 (a wrong flag, not a wait for hardware). The exporter is two more tasks: 
 grant metrics and ``/metrics`` + ``/healthz`` (the shared listener of :mod:`hami.process.http`, its
 collector read in a worker thread), which reads the same inventory. On an MPS-mode node
 (``operatingmode: mps``) the MPS control daemon (:class:`monitor.mps.control.MpsControl`) is started or
-adopted before the device plugin serves, watched by one more task and its gone pods' namespaces closed
+adopted before the device plugin serves, the namespaces of the pods running on the node restored on it
+(``monitor.mps.keeper.restore``: after the agent's container restarts its daemon is a new one), watched
+by one more task (which restores them again on each new daemon) and its gone pods' namespaces closed
 by another (``monitor.mps.keeper``). Process set-up (logging, one-line
 errors, SIGTERM/SIGINT) is the shared :mod:`hami.process.entry`.
 """
@@ -37,7 +39,7 @@ from monitor.exporter import NodeCollector
 from monitor.grants import GrantBook
 from monitor.inventory import Inventory
 from monitor.mps.control import MpsControl
-from monitor.mps.keeper import sweep
+from monitor.mps.keeper import restore, sweep
 from monitor.registrar import Registrar
 
 log = logging.getLogger("monitor")
@@ -73,8 +75,15 @@ async def run(config: AgentConfig) -> None:
     )
     inventory = Inventory(backend)
     mps = mps_control(config, settings)
+    core_limit = not settings.device.disable_core_limit  # as Allocate reads it
+
+    async def restore_namespaces() -> bool:
+        assert mps is not None
+        return await restore(mps, api=api, node_name=config.node_name, core_limit=core_limit)
+
     if mps is not None:
         await mps.start()  # adopts a daemon that answers; a failed start is retried by watch()
+        await restore_namespaces()  # the running pods' namespaces; a failure is retried by watch()
     allocator = Allocator(
         api=api,
         node_name=config.node_name,
@@ -126,7 +135,7 @@ async def run(config: AgentConfig) -> None:
             tasks.create_task(runner.run(), name="kubelet-plugin")
             tasks.create_task(grants.run(config.health_interval), name="exporter-pods")
             if mps is not None:
-                tasks.create_task(mps.watch(config.health_interval), name="mps-daemon")
+                tasks.create_task(mps.watch(config.health_interval, restore_namespaces), name="mps-daemon")
                 tasks.create_task(
                     sweep(mps, api=api, node_name=config.node_name, interval=config.register_interval),
                     name="mps-namespaces",

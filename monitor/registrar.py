@@ -9,8 +9,11 @@ is retried and an annotation removed by someone else comes back. The node lock k
 here. The enforcement per card (``hami.io/node-enforcement``) is read at each registration from what
 is on disk: ``hami-core`` when ``--hook-path`` is set and ``<hook>/vgpu/libvgpu.so`` is a regular
 non-empty file (symlinks followed, as the container runtime would), ``mig`` for MIG-mode cards, for
-MPS-mode cards what the control daemon answers at that moment (``mps-namespaced``, ``mps``, or
-``none`` when it is down: ``MpsControl.check``), else ``none``. Imports the codec and ``hami.kube``;
+MPS-mode cards what the control daemon answers at that moment (``MpsControl.check``) and the card's
+compute mode as the backend reads it now: ``mps-namespaced`` with namespaces on a card in
+``EXCLUSIVE_PROCESS`` mode once the running pods' namespaces are restored on that daemon, else ``mps``,
+or ``none`` when it is down; else ``none``. An MPS card not in ``EXCLUSIVE_PROCESS`` mode is logged
+once (tenants can leave MPS there; the agent never changes the mode). Imports the codec and ``hami.kube``;
 must not import grpc or pynvml.
 """
 
@@ -19,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import stat
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,7 +40,7 @@ from hami.core.model import Device, DeviceMode, MigPlacement, MigProfile
 from hami.kube.client import KubeError
 from hami.kube.nodes import get_node, patch_node_annotations
 from hami.kube.protocol import KubeApi
-from monitor.backends.base import BackendError, Card, Link
+from monitor.backends.base import EXCLUSIVE_PROCESS, BackendError, Card, Link
 from monitor.config import NodeSettings
 from monitor.inventory import Inventory
 from monitor.mps.control import MpsControl
@@ -172,18 +175,33 @@ def hami_core_installed(hook_path: Path | None) -> bool:
 
 
 def card_enforcement(
-    devices: Iterable[Device], *, hami_core: bool, mps: MpsState | None = None
+    devices: Iterable[Device],
+    *,
+    hami_core: bool,
+    mps: MpsState | None = None,
+    exclusive: Collection[str] = (),
 ) -> dict[str, Enforcement]:
     """Per registered card: ``mig`` for a MIG-mode card; for an MPS-mode card what the control daemon
-    answered (``mps-namespaced`` with namespaces, ``mps`` without, ``none`` when it is down or the agent
-    runs none); else ``hami-core`` when the library is installed, else ``none``."""
+    answered: ``none`` when it is down or the agent runs none, ``mps-namespaced`` when it holds
+    namespaces, the running pods' namespaces are restored on it and the card is in ``exclusive``
+    (the UUIDs of the cards in ``EXCLUSIVE_PROCESS`` compute mode: elsewhere a process that leaves MPS
+    runs on the card unlimited), else ``mps``; else ``hami-core`` when the library is installed, else
+    ``none``."""
     shared = Enforcement.HAMI_CORE if hami_core else Enforcement.NONE
-    if mps is None or not mps.running:
-        daemon = Enforcement.NONE
-    else:
-        daemon = Enforcement.MPS_NAMESPACED if mps.namespaces else Enforcement.MPS
-    kinds = {DeviceMode.MIG.value: Enforcement.MIG, DeviceMode.MPS.value: daemon}
-    return {d.uuid: kinds.get(d.mode, shared) for d in devices}
+    namespaced = mps is not None and mps.running and mps.namespaces and mps.restored
+    found: dict[str, Enforcement] = {}
+    for device in devices:
+        if device.mode == DeviceMode.MIG.value:
+            found[device.uuid] = Enforcement.MIG
+        elif device.mode != DeviceMode.MPS.value:
+            found[device.uuid] = shared
+        elif mps is None or not mps.running:
+            found[device.uuid] = Enforcement.NONE
+        elif namespaced and device.uuid in exclusive:
+            found[device.uuid] = Enforcement.MPS_NAMESPACED
+        else:
+            found[device.uuid] = Enforcement.MPS
+    return found
 
 
 def registration_annotations(
@@ -192,6 +210,7 @@ def registration_annotations(
     *,
     hami_core: bool = False,
     mps: MpsState | None = None,
+    exclusive: Collection[str] = (),
 ) -> dict[str, str | None]:
     """The node annotations to hold: register JSON, the enforcement per card (left out, with a warning,
     when a card UUID has a ``,``, ``:`` or whitespace), pair scores when known (removed when they
@@ -199,7 +218,7 @@ def registration_annotations(
     wanted: dict[str, str | None] = {NODE_REGISTER: encode_node_devices(registration.devices)}
     try:
         wanted[NODE_ENFORCEMENT] = encode_node_enforcement(
-            card_enforcement(registration.devices, hami_core=hami_core, mps=mps)
+            card_enforcement(registration.devices, hami_core=hami_core, mps=mps, exclusive=exclusive)
         )
     except ValueError as exc:  # a card UUID the format cannot hold: the register still goes out
         log.warning("not reporting the node's enforcement: %s", exc)
@@ -235,6 +254,7 @@ class Registrar:
         self._mps = mps  # MPS mode: the cards' enforcement is what the control daemon answers
         self._clock = clock  # default: the event loop's clock, the one asyncio.sleep counts in
         self._last_patch: float | None = None
+        self._told_shared: set[str] = set()  # MPS cards logged as not in EXCLUSIVE_PROCESS mode
 
     async def run(self) -> None:
         while True:
@@ -248,6 +268,25 @@ class Registrar:
                 continue
             await asyncio.sleep(self._interval)
 
+    def _tell_shared(self, devices: Iterable[Device], exclusive: Collection[str]) -> None:
+        """Log once per card an MPS card whose compute mode is not ``EXCLUSIVE_PROCESS``."""
+        for device in devices:
+            if (
+                device.mode != DeviceMode.MPS.value
+                or device.uuid in exclusive
+                or device.uuid in self._told_shared
+            ):
+                continue
+            self._told_shared.add(device.uuid)
+            log.warning(
+                "node %s: MPS card %s is not in EXCLUSIVE_PROCESS compute mode: tenants can leave MPS and "
+                "use the card unlimited (reported as mps, not mps-namespaced); the agent never changes "
+                "the mode: an operator may set it with nvidia-smi -i %s -c EXCLUSIVE_PROCESS",
+                self._node,
+                device.uuid,
+                device.uuid,
+            )
+
     async def register_once(self) -> bool:
         """One cycle; True when the Node was patched. Raises on API or hardware errors."""
         cards = await self._inventory.refresh()
@@ -257,7 +296,12 @@ class Registrar:
         current = objects.annotations(node)
         hami_core = await asyncio.to_thread(hami_core_installed, self._hook)
         mps = await self._mps.check() if self._mps is not None else None
-        wanted = registration_annotations(registration, current, hami_core=hami_core, mps=mps)
+        exclusive = {c.uuid for c in cards if c.compute_mode == EXCLUSIVE_PROCESS}
+        if mps is not None:
+            self._tell_shared(registration.devices, exclusive)
+        wanted = registration_annotations(
+            registration, current, hami_core=hami_core, mps=mps, exclusive=exclusive
+        )
         changed = any(current.get(key) != value for key, value in wanted.items())
         now = self._clock() if self._clock is not None else asyncio.get_running_loop().time()
         due = self._last_patch is not None and now - self._last_patch >= self._refresh

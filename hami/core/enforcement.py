@@ -8,8 +8,9 @@ the cluster may require) and the one mapping between them, :func:`level_of`:
   whose agent wrote no or an unreadable annotation, a node HAMi's agent registered);
 - ``cooperative``: ``hami-core`` and ``mps``: the limits are set in the container's own environment
   (a preloaded library, the MPS client's variables), so a tenant who edits its environment can lift them;
-- ``isolated``: ``mps-namespaced`` and ``mig``: the limits are held outside the container (the MPS
-  control daemon of a namespace, the MIG hardware partition).
+- ``isolated``: ``mig`` and ``mps-namespaced``: the limits are held outside the container (the MIG
+  hardware partition; the MPS control daemon of a namespace, which the node agent reports only for a
+  card in ``EXCLUSIVE_PROCESS`` compute mode, where no process can leave MPS for the bare card).
 
 A card meets a requirement when its level is at least the required one (docs/scheduler.md,
 "Enforcement"). Pure: stdlib only; must not import a Kubernetes client, aiohttp, kopf, grpc, pynvml,

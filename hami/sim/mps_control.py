@@ -25,6 +25,11 @@ Run as a drop-in binary (``python -m hami.sim.mps_control``, or the executable w
   card's capacity holds across all clients. ``--hold`` keeps the allocation until stdin closes.
 - ``wrapper DIR`` writes the executable wrapper into DIR and prints its path.
 
+Started through the wrapper, the daemon process looks like the binary: its argv[0] is the wrapper's
+path (``/proc/<pid>/cmdline``), which is how the agent tells the daemon from any other process a stale
+pid file may name. The daemon re-executes the interpreter under that name (:func:`_named_as_wrapper`),
+telling it where the standard library and this package are, as the name no longer leads to them.
+
 Protocol 2 commands: get_server_list, start_server -uid N, get_client_list PID, quit, ps,
 set_default_active_thread_percentage P, get_default_active_thread_percentage,
 set_default_device_pinned_mem_limit DEV VALUE, get_default_device_pinned_mem_limit DEV. Protocol 3
@@ -68,6 +73,9 @@ DEFAULT_CARDS = {"GPU-sim-0": 16384}
 CARDS_ENV, BEHAVIOUR_ENV = "HAMI_SIM_MPS_CARDS", "HAMI_SIM_MPS_BEHAVIOUR"
 #: The newest protocol the simulated driver has (2: an older driver, which ignores a request for 3).
 DRIVER_PROTOCOL_ENV = "HAMI_SIM_MPS_DRIVER_PROTOCOL"
+#: Set by the wrapper to its own path: the daemon process takes it as its argv[0].
+WRAPPER_ENV = "HAMI_SIM_MPS_WRAPPER"
+_NAMED_ENV = "HAMI_SIM_MPS_NAMED"  # set once the daemon runs under the wrapper's name (no second exec)
 #: How long ``-d`` waits for its daemon to answer.
 START_BOUND = 120.0
 _VALUE = re.compile(r"([0-9]{1,12})([MG])")
@@ -536,6 +544,7 @@ def _start(argv: Sequence[str]) -> int:
                 return 1
             time.sleep(0.05)
         return 0
+    _named_as_wrapper(argv)
     daemon = Daemon(
         pipe, _log(), protocol=args.protocol, cards=args.cards, mute=args.mute, garbage=args.garbage
     )
@@ -588,11 +597,35 @@ def _cuda_client(argv: Sequence[str]) -> int:
     return 0 if reply.get("ok") is True else 1
 
 
+def _named_as_wrapper(argv: Sequence[str]) -> None:
+    """The foreground daemon started through the wrapper re-executes itself with the wrapper's path
+    as argv[0], as the real binary's daemon has its own name there. Python finds its standard library
+    and packages from argv[0], so ``PYTHONHOME`` and ``PYTHONPATH`` say where they are."""
+    wrapper = os.environ.get(WRAPPER_ENV)
+    if not wrapper or os.environ.get(_NAMED_ENV):
+        return
+    home = (
+        sys.base_prefix
+        if sys.base_prefix == sys.base_exec_prefix
+        else f"{sys.base_prefix}:{sys.base_exec_prefix}"
+    )
+    package_root = str(Path(__file__).resolve().parents[2])
+    paths = [package_root, *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
+    env = {**os.environ, _NAMED_ENV: "1", "PYTHONHOME": home, "PYTHONPATH": os.pathsep.join(paths)}
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [wrapper, "-m", "hami.sim.mps_control", *argv], env)
+
+
 def write_wrapper(directory: Path, name: str = "nvidia-cuda-mps-control") -> Path:
-    """An executable ``name`` in ``directory`` running this simulation with this interpreter."""
+    """An executable ``name`` in ``directory`` running this simulation with this interpreter (its
+    daemon named after the wrapper: :func:`_named_as_wrapper`)."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / name
-    path.write_text(f"#!/bin/sh\nexec '{sys.executable}' -m hami.sim.mps_control \"$@\"\n")
+    path.write_text(
+        f'#!/bin/sh\n{WRAPPER_ENV}="$0"\nexport {WRAPPER_ENV}\n'
+        f"exec '{sys.executable}' -m hami.sim.mps_control \"$@\"\n"
+    )
     path.chmod(0o755)
     return path
 

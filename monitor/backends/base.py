@@ -1,9 +1,10 @@
 """The card-discovery interface every backend implements, and the values it returns.
 
-Owns :class:`Card` (one physical card as the hardware reports it, before any HAMi scaling), its MIG
-profiles, topology :class:`Link` s, the :class:`Backend` protocol, the optional :class:`MigBackend`
-protocol with the :class:`MigInstance` it manages (dynamic MIG) and the backend errors. Pure: must
-not import pynvml, grpc, the Kubernetes client or the codec; the registrar turns cards into the
+Owns :class:`Card` (one physical card as the hardware reports it, before any HAMi scaling, with its
+compute mode: :data:`COMPUTE_MODES`), its MIG profiles, topology :class:`Link` s, the :class:`Backend`
+protocol, the optional :class:`MigBackend` protocol with the :class:`MigInstance` it manages (dynamic
+MIG) and the backend errors. Pure: must not import pynvml, grpc, the Kubernetes client or the codec;
+the registrar turns cards into the
 registration the scheduler reads.
 """
 
@@ -19,6 +20,14 @@ class BackendError(RuntimeError):
 
 class BackendUnavailable(BackendError):
     """The backend cannot start at all on this machine (no NVML library, no driver, no file)."""
+
+
+#: A card's compute mode as the driver reports it (``nvidia-smi -c``, set by an operator; the agent never
+#: changes it). Only under ``exclusive-process`` may no more than one process (the MPS server, on an MPS
+#: node) hold a context on the card: under the others a process that leaves MPS runs on the card directly.
+DEFAULT_COMPUTE = "default"
+EXCLUSIVE_PROCESS = "exclusive-process"
+COMPUTE_MODES = (DEFAULT_COMPUTE, EXCLUSIVE_PROCESS, "exclusive-thread", "prohibited", "unknown")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,6 +59,7 @@ class Card:
     health_reason: str = ""  # why the card is unhealthy (e.g. "XID 79"); "" when healthy or unknown
     mig_profiles: tuple[MigProfileInfo, ...] = ()
     device_paths: tuple[str, ...] = ()  # /dev/nvidiaN nodes (informational; the runtime injects them)
+    compute_mode: str = DEFAULT_COMPUTE  # one of COMPUTE_MODES ("unknown": the driver would not say)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,6 +1,6 @@
 """Real cards through NVML (``nvidia-ml-py``, import name ``pynvml``): the project's ONLY pynvml import.
 
-Owns discovery (uuid, index, model, memory, NUMA node from sysfs, MIG profiles), health from XID
+Owns discovery (uuid, index, model, memory, NUMA node from sysfs, MIG profiles, compute mode), health from XID
 critical-error events (HAMi's ignore list) with recovery after a quiet period and a successful probe of
 the card (the state machine is ``monitor.backends.health``), NVLink/PCIe pair scores, and the
 exporter's live usage (memory used, utilisation, compute processes with their memory and SM share).
@@ -25,6 +25,7 @@ from typing import Any
 import pynvml
 
 from monitor.backends.base import (
+    EXCLUSIVE_PROCESS,
     BackendError,
     BackendUnavailable,
     Card,
@@ -49,6 +50,15 @@ LEVEL_SCORES: tuple[tuple[str, int], ...] = (
     ("NVML_TOPOLOGY_MULTIPLE", 40),  # several PCIe switches
     ("NVML_TOPOLOGY_SINGLE", 50),  # one PCIe switch
     ("NVML_TOPOLOGY_INTERNAL", 60),  # same board
+)
+
+
+#: NVML's compute modes (``nvmlDeviceGetComputeMode``) -> the card's ``compute_mode``.
+COMPUTE_MODE_NAMES: tuple[tuple[str, str], ...] = (
+    ("NVML_COMPUTEMODE_DEFAULT", "default"),
+    ("NVML_COMPUTEMODE_EXCLUSIVE_THREAD", "exclusive-thread"),
+    ("NVML_COMPUTEMODE_PROHIBITED", "prohibited"),
+    ("NVML_COMPUTEMODE_EXCLUSIVE_PROCESS", EXCLUSIVE_PROCESS),
 )
 
 
@@ -139,7 +149,21 @@ class NvmlBackend:
             health_reason=reason,
             mig_profiles=self._mig_profiles(handle, uuid),
             device_paths=(f"/dev/nvidia{self._minor(handle, index)}",),
+            compute_mode=self._compute_mode(handle, uuid),
         )
+
+    def _compute_mode(self, handle: Any, uuid: str) -> str:
+        """The card's compute mode read now (an operator may change it at any time); ``unknown`` when
+        the driver will not say, which no rule reads as exclusive."""
+        try:
+            mode = int(self._nvml.nvmlDeviceGetComputeMode(handle))
+        except pynvml.NVMLError as exc:
+            log.info("card %s: compute mode unknown (%s)", uuid, exc)
+            return "unknown"
+        for constant, name in COMPUTE_MODE_NAMES:
+            if mode == getattr(pynvml, constant):
+                return name
+        return "unknown"
 
     def _minor(self, handle: Any, index: int) -> int:
         try:

@@ -9,6 +9,7 @@ Owns the file format and its strict parser::
         numa: 0                 # default 0
         healthy: true           # default true
         index: 0                # default: position in the list
+        compute_mode: default   # default "default"; exclusive-process | exclusive-thread | prohibited
         used_memory_mib: 1024   # optional live usage (exporter only): card memory in use
         utilization: 35         # optional, 0-100 (GPU); memory_utilization: 0-100 (memory controller)
         processes:              # optional: processes on the card (host PIDs; [] = none)
@@ -39,6 +40,8 @@ from typing import Any
 import yaml
 
 from monitor.backends.base import (
+    COMPUTE_MODES,
+    DEFAULT_COMPUTE,
     BackendError,
     BackendUnavailable,
     Card,
@@ -265,7 +268,17 @@ def _card(entry: Any, position: int, where: str) -> Card:
         numa=_int(entry, "numa", where, default=0),
         healthy=_bool(entry, "healthy", where, default=True),
         mig_profiles=tuple(_profile(p, f"{where}.mig[{j}]") for j, p in enumerate(profiles)),
+        compute_mode=_compute_mode(entry, where),
     )
+
+
+def _compute_mode(entry: Mapping[str, Any], where: str) -> str:
+    value = _str(entry, "compute_mode", where, required=False) or DEFAULT_COMPUTE
+    if value not in COMPUTE_MODES[:-1]:
+        raise BackendError(
+            f"{where}.compute_mode: must be one of {', '.join(COMPUTE_MODES[:-1])}, got {value!r}"
+        )
+    return value
 
 
 def _profile(entry: Any, where: str) -> MigProfileInfo:

@@ -4,13 +4,15 @@ Owns :class:`MpsControl`: the daemon's directories under ``--mps-root`` (``pipe/
 ``CUDA_MPS_PIPE_DIRECTORY``, ``log/`` = ``CUDA_MPS_LOG_DIRECTORY``, ``shm/`` = what the containers and
 the agent mount as ``/dev/shm``), its life (start with ``<binary> -d``; ADOPT a daemon that already
 answers, found by the pid file it writes in the pipe directory: one the host runs, or one that outlived
-the agent's process; a pid file naming a process that is not a daemon is stale; restart with backoff
-when it died; ``quit`` at agent stop only when this agent
-started it and ``quit_on_stop`` says so; never a signal to the daemon), its health (a command answered
-within ``command_timeout``) and the per-container namespaces of protocol 3 (daemon-side limits, re-created
-after a daemon restart). Every command goes through the binary's client mode as a child process with
-a bounded wait (killed when over), so nothing blocks the event loop; the command language is
-:mod:`monitor.mps.protocol`. Commands are serialised (one lock). Must not import ``hami.sim``,
+the agent's process; a pid file naming a process whose argv[0] is not the binary's name is stale;
+restart with backoff when it died; ``quit`` at agent stop only when this agent started it and
+``quit_on_stop`` says so; never a signal to the daemon), its health (a command answered within
+``command_timeout``) and the per-container namespaces of protocol 3 (daemon-side limits, re-created
+after a daemon restart; a daemon's namespaces are adopted only when named ``<pod uid>-<index>``, and
+:attr:`MpsState.restored` says whether the node's running pods' namespaces were rebuilt on this daemon,
+``monitor.mps.keeper.restore``). Every command goes through the binary's client mode as a child
+process with a bounded wait (killed when over), so nothing blocks the event loop; the command language
+is :mod:`monitor.mps.protocol`. Commands are serialised (one lock). Must not import ``hami.sim``,
 grpc, pynvml or the Kubernetes client.
 """
 
@@ -21,7 +23,8 @@ import contextlib
 import logging
 import os
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path, PurePosixPath
 
 from monitor.mps.protocol import (
@@ -49,6 +52,7 @@ from monitor.mps.protocol import (
     parse_listing,
     parse_namespace_limits,
     parse_server_list,
+    pod_namespace,
     protocol_query,
     quit_daemon,
     refusal,
@@ -90,11 +94,13 @@ def pid_alive(pid: int) -> bool:
     return not fields or fields[0] not in (b"Z", b"X")
 
 
-def pid_is_daemon(pid: int) -> bool:
+def pid_is_daemon(pid: int, binary: str) -> bool:
     """Whether ``pid`` may be the control daemon: alive, not this agent (the process or one of its
-    threads), and with ``mps`` in its command line. A pid file outlives its daemon when the agent's
-    container restarts (the daemon ends with it); its number may since belong to any process, the
-    new agent's own threads included, and such a pid file must not stop the node's daemon starting."""
+    threads), and its argv[0] named as ``binary`` (the basename: ``/usr/bin/nvidia-cuda-mps-control``
+    and ``nvidia-cuda-mps-control`` are the same daemon; ``mpstat`` is not). A pid file outlives its
+    daemon when the agent's container restarts (the daemon ends with it); its number may since belong
+    to any process, the new agent's own threads included, and such a pid file must not stop the node's
+    daemon starting. Without a readable ``/proc`` the signal's answer (alive) is taken."""
     if pid == os.getpid() or os.path.exists(f"/proc/self/task/{pid}") or not pid_alive(pid):
         return False
     try:
@@ -102,7 +108,8 @@ def pid_is_daemon(pid: int) -> bool:
             cmdline = file.read(4096)
     except OSError:
         return True  # no /proc to read: the signal said it exists
-    return b"mps" in cmdline.lower()
+    argv0 = cmdline.split(b"\0", 1)[0].decode("utf-8", "replace")
+    return bool(argv0) and PurePosixPath(argv0).name == PurePosixPath(binary).name
 
 
 class MpsControl:
@@ -138,6 +145,7 @@ class MpsControl:
         self._server_ready = False
         self._live_pid: int | None = None  # a live daemon process, answering or not
         self._started_here = False
+        self._restored_for: int | None = None  # the daemon the pods' namespaces were restored on
         self.restarts = 0
 
     # ------------------------------------------------------------------------------- properties
@@ -167,6 +175,20 @@ class MpsControl:
     def namespaces(self) -> tuple[str, ...]:
         """The namespaces open on the daemon (pod UIDs), sorted."""
         return tuple(sorted(self._namespaces))
+
+    @property
+    def daemon_pid(self) -> int | None:
+        """The daemon process the last check read (None when down)."""
+        return self._known_pid
+
+    def mark_restored(self, pid: int) -> bool:
+        """Record that the node's running pods' namespaces are open on daemon ``pid``; False (nothing
+        recorded) when another daemon answers by now, whose namespaces are still to be restored."""
+        if pid != self._known_pid:
+            return False
+        self._restored_for = pid
+        self._state = replace(self._state, restored=True)
+        return True
 
     def namespace_dir(self, name: str) -> PurePosixPath:
         """The host pipe directory of namespace ``name``: what the pod's containers mount."""
@@ -211,9 +233,12 @@ class MpsControl:
         async with self._lock:
             return await self._check()
 
-    async def watch(self, interval: float) -> None:
+    async def watch(self, interval: float, restore: Callable[[], Awaitable[object]] | None = None) -> None:
         """Check every ``interval`` seconds; a daemon that died (no live process) is started again,
-        attempts spaced by a doubling backoff. Never returns; cancel it to stop."""
+        attempts spaced by a doubling backoff. After each check that finds a running daemon on which
+        the pods' namespaces are not restored yet (a new one: restarted here, or by someone else),
+        ``restore`` is awaited (``monitor.mps.keeper.restore``; it must not raise; it is tried again at
+        the next pass until it marks the daemon restored). Never returns; cancel it to stop."""
         delay, next_try = self._backoff, 0.0
         loop = asyncio.get_running_loop()
         while True:
@@ -230,6 +255,8 @@ class MpsControl:
                         self.restarts += 1
                         delay = self._backoff
                         log.warning("MPS: control daemon restarted (%d so far)", self.restarts)
+            if restore is not None and self._state.running and not self._state.restored:
+                await restore()
             await asyncio.sleep(interval if self._state.running else min(interval, delay))
 
     # ------------------------------------------------------------------------------- namespaces
@@ -265,6 +292,34 @@ class MpsControl:
             await asyncio.to_thread(_remove_dir, Path(self.namespace_dir(name)))
         log.info("MPS: namespace %s closed", name)
 
+    async def leftover_dirs(self) -> tuple[str, ...]:
+        """The directories under ``<pipe>/hami`` that name no namespace open here (a previous daemon's,
+        or another's), sorted."""
+        async with self._lock:
+            found = await asyncio.to_thread(_subdirs, Path(self.pipe_dir) / SERVER_NAME)
+            return tuple(sorted(set(found) - set(self._namespaces)))
+
+    async def remove_leftover_dirs(self, names: Sequence[str]) -> list[str]:
+        """Remove the directories ``names`` under ``<pipe>/hami`` (the caller judged their pods gone)
+        when no namespace of that name is open, here or on the daemon (asked now): a socket a dead
+        daemon left in one goes with it, anything else keeps it. Nothing without a daemon that
+        answers with namespaces. Returns the names removed."""
+        removed: list[str] = []
+        async with self._lock:
+            if not self._state.running or not self._state.namespaces:
+                return removed
+            listing = namespace_list()
+            daemon = parse_listing(listing, await self._send(listing))
+            parent = Path(self.pipe_dir) / SERVER_NAME
+            for name in names:
+                if name in self._namespaces or name in daemon or "/" in name or name in ("", ".", ".."):
+                    continue
+                if await asyncio.to_thread(_remove_leftover, parent, name):
+                    removed.append(name)
+        if removed:
+            log.info("MPS: removed the directories of namespaces gone: %s", ", ".join(removed))
+        return removed
+
     # --------------------------------------------------------------------------------- internals
     def _make_dirs(self) -> None:
         for path in (self.pipe_dir, self.log_dir, self.shm_dir):
@@ -281,7 +336,7 @@ class MpsControl:
 
     async def _check(self) -> MpsState:
         pid = await asyncio.to_thread(read_pid, self.pipe_dir)
-        alive = pid is not None and await asyncio.to_thread(pid_is_daemon, pid)
+        alive = pid is not None and await asyncio.to_thread(pid_is_daemon, pid, self._binary)
         self._live_pid = pid if alive else None
         if pid is None:
             state = MpsState(running=False, detail=f"no control daemon (no pid file in {self.pipe_dir})")
@@ -315,7 +370,11 @@ class MpsControl:
         namespaced = self._server_ready
         kind = "namespaces (daemon-side limits)" if namespaced else "per-client limits"
         return MpsState(
-            running=True, protocol=self._protocol, namespaces=namespaced, detail=f"pid {pid}, {kind}"
+            running=True,
+            protocol=self._protocol,
+            namespaces=namespaced,
+            detail=f"pid {pid}, {kind}",
+            restored=self._restored_for == pid,
         )
 
     async def _probe_protocol(self) -> int:
@@ -335,11 +394,12 @@ class MpsControl:
             raise MpsReplyError(create, "", f"server {SERVER_NAME!r} is not listed after its creation")
 
     async def _sync_namespaces(self) -> None:
-        """Adopt the daemon's namespaces; re-create the ones we hold that it lost (it restarted)."""
+        """Adopt the daemon's namespaces named as ours (``<pod uid>-<index>``; any other is left alone,
+        never deleted); re-create the ones we hold that it lost (it restarted)."""
         listing = namespace_list()
         daemon = parse_listing(listing, await self._send(listing))
         for name, fields in daemon.items():
-            if name not in self._namespaces and name != "default":
+            if name not in self._namespaces and pod_namespace(name):
                 with contextlib.suppress(MpsError):
                     self._namespaces[namespace_name(name)] = parse_namespace_limits(listing, name, fields)
         for name, limits in self._namespaces.items():
@@ -460,6 +520,34 @@ def _remove_dir(path: Path) -> None:
             socket_path.unlink()
     with contextlib.suppress(OSError):
         path.rmdir()
+
+
+def _subdirs(parent: Path) -> list[str]:
+    try:
+        with os.scandir(parent) as entries:
+            return [e.name for e in entries if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []
+
+
+def _remove_leftover(parent: Path, name: str) -> bool:
+    """Remove ``parent/name`` when it is a real directory (never through a link) holding nothing or
+    only a ``control`` socket; True when it is gone."""
+    try:
+        fd = os.open(parent / name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        with contextlib.suppress(OSError):
+            if stat.S_ISSOCK(os.stat(CONTROL_SOCKET, dir_fd=fd, follow_symlinks=False).st_mode):
+                os.unlink(CONTROL_SOCKET, dir_fd=fd)
+    finally:
+        os.close(fd)
+    try:
+        os.rmdir(parent / name)
+    except OSError:
+        return False
+    return True
 
 
 def _tail(path: Path, limit: int = 2000) -> str:

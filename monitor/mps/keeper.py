@@ -1,12 +1,23 @@
-"""The agent's MPS pass over the node's pods: namespaces whose pod is gone are closed.
+"""The agent's MPS passes over the node's pods: namespaces whose pod is gone are closed, and those of
+the pods running here are rebuilt on a new daemon.
 
-Owns :func:`close_gone` (one pass) and :func:`sweep` (the loop, every ``interval`` seconds). A
-namespace is named after its container's pod (``monitor.mps.rules.namespace_pod`` reads the pod UID
-back); it is closed when no pod with that UID is on the node any more, or the pod finished
-(``Succeeded``/``Failed``). Only namespaces open before the pod list was read are judged, so one
-opened meanwhile by Allocate is never closed by a stale list. A name that names no pod is left alone.
-The daemon's own health and restarts are :meth:`MpsControl.watch`. Must not import ``hami.sim``,
-grpc or pynvml.
+Owns :func:`close_gone` (one pass), :func:`sweep` (the loop, every ``interval`` seconds) and
+:func:`restore`. A namespace is named after its container's pod (``monitor.mps.rules.namespace_pod``
+reads the pod UID back); it is closed when no pod with that UID is on the node any more, or the pod
+finished (``Succeeded``/``Failed``). Only namespaces open before the pod list was read are judged, so
+one opened meanwhile by Allocate is never closed by a stale list. A name that names no pod is left
+alone. The same pass removes the directories under ``<pipe>/hami`` a previous daemon left for pods
+gone (:meth:`MpsControl.remove_leftover_dirs`: never one the daemon still has).
+
+:func:`restore`: a daemon that is new to the agent (the agent's container restarted and its daemon
+died with it, or the daemon was restarted) holds none of the namespaces of the pods running on the
+node, whose containers then find no socket in their pipe directory. For every pod on the node that has
+not finished and carries ``hami.io/vgpu-devices-allocated``, each container with grants gets its
+namespace ``<uid>-<index>`` opened again with the limits Allocate computes
+(``monitor.mps.rules.card_limits``); the daemon is then marked restored, and only then does the node
+report ``mps-namespaced`` again. The agent runs it after :meth:`MpsControl.start` (before the device
+plugin serves) and from :meth:`MpsControl.watch` after each new daemon. The daemon's own health and
+restarts are :meth:`MpsControl.watch`. Must not import ``hami.sim``, grpc or pynvml.
 """
 
 from __future__ import annotations
@@ -15,12 +26,14 @@ import asyncio
 import logging
 
 from hami import objects
+from hami.annotations import AnnotationError, read_pod_devices
 from hami.kube.client import KubeError
 from hami.kube.pods import list_pods
 from hami.kube.protocol import KubeApi
+from monitor.allocate_rules import AllocationError
 from monitor.mps.control import MpsControl
-from monitor.mps.protocol import MpsError
-from monitor.mps.rules import namespace_pod
+from monitor.mps.protocol import MpsError, MpsNameError
+from monitor.mps.rules import card_limits, namespace_name, namespace_pod
 
 log = logging.getLogger(__name__)
 
@@ -28,10 +41,12 @@ FINISHED = frozenset({"Succeeded", "Failed"})
 
 
 async def close_gone(control: MpsControl, *, api: KubeApi, node_name: str) -> list[str]:
-    """Close the namespaces of pods no longer running on the node; returns the names closed.
-    Raises :class:`KubeError` when the pods cannot be listed (nothing is closed then)."""
+    """Close the namespaces of pods no longer running on the node, and remove the directories left for
+    such pods; returns the namespaces closed. Raises :class:`KubeError` when the pods cannot be listed
+    (nothing is closed or removed then)."""
     before = control.namespaces
-    if not before:
+    leftovers = await control.leftover_dirs()
+    if not before and not leftovers:
         return []
     pods = await list_pods(api, node_name=node_name)
     live = {objects.uid(pod) for pod in pods if objects.pod_phase(pod) not in FINISHED}
@@ -46,7 +61,64 @@ async def close_gone(control: MpsControl, *, api: KubeApi, node_name: str) -> li
             log.warning("MPS: namespace %s of a pod gone stays open for now: %s", name, exc)
             continue
         closed.append(name)
+    gone = [name for name in leftovers if (uid := namespace_pod(name)) is not None and uid not in live]
+    if gone:
+        try:
+            await control.remove_leftover_dirs(gone)
+        except MpsError as exc:
+            log.warning("MPS: the directories of namespaces gone stay for now: %s", exc)
     return closed
+
+
+async def restore(control: MpsControl, *, api: KubeApi, node_name: str, core_limit: bool = True) -> bool:
+    """Open the namespaces of the pods running on the node on the daemon that answers now (module
+    docstring); True when done and the daemon is marked restored. False (logged; the caller tries
+    again later) when the daemon is down, the pods cannot be listed, or the daemon refused a namespace
+    for a reason that is not the pod's own. A pod whose annotation, UID or grant cannot make a namespace
+    is logged and skipped (Allocate refused or would refuse it too). ``core_limit``: the device config's
+    ``disableCoreLimit`` off, as Allocate reads it. Never raises."""
+    state = await control.check()
+    pid = control.daemon_pid
+    if not state.running or pid is None:
+        return False
+    if not state.namespaces:  # per-client limits: nothing is held on the daemon's side
+        return control.mark_restored(pid)
+    try:
+        pods = await list_pods(api, node_name=node_name)
+    except KubeError as exc:
+        log.warning("MPS: cannot list node %s's pods to restore their namespaces: %s", node_name, exc)
+        return False
+    opened: list[str] = []
+    for pod in pods:
+        if objects.pod_phase(pod) in FINISHED:
+            continue
+        where = f"pod {objects.namespace(pod)}/{objects.name(pod)}"
+        try:
+            devices = read_pod_devices(pod)
+        except AnnotationError as exc:
+            log.warning("MPS: %s: its namespaces are not restored: %s", where, exc)
+            continue
+        for index, grants in enumerate(devices or ()):
+            if not grants:
+                continue
+            try:
+                name = namespace_name(objects.uid(pod) or "", index)
+                await control.open_namespace(name, card_limits(grants, core_limit=core_limit))
+            except (AllocationError, MpsNameError) as exc:
+                log.warning("MPS: %s: container %d's namespace is not restored: %s", where, index, exc)
+                continue
+            except MpsError as exc:
+                log.warning("MPS: restoring the namespaces of node %s's pods stopped: %s", node_name, exc)
+                return False
+            opened.append(name)
+    if not control.mark_restored(pid):
+        return False
+    log.info(
+        "MPS: namespaces of the pods running here restored on daemon pid %d: %s",
+        pid,
+        ", ".join(opened) or "none",
+    )
+    return True
 
 
 async def sweep(control: MpsControl, *, api: KubeApi, node_name: str, interval: float) -> None:

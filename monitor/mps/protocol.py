@@ -45,6 +45,8 @@ NAMESPACE_PROTOCOL = 3
 REPLY_LIMIT = 256 * 1024
 
 _NAME = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
+#: A namespace the agent makes for a container: ``<Kubernetes pod UID>-<container index>``.
+_POD_NAMESPACE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}-[0-9]{1,6}")
 _CARD = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 _VALUE = re.compile(r"([0-9]{1,12})([MG])")
 _WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -75,6 +77,9 @@ class MpsState:
     protocol: int | None = None
     namespaces: bool = False  # protocol >= 3 and our named server answers
     detail: str = ""
+    #: the namespaces of the pods running on the node were opened on this daemon process (after the
+    #: agent's or the daemon's restart a new daemon has none of them: ``monitor.mps.keeper.restore``)
+    restored: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +128,13 @@ def namespace_name(name: str) -> str:
     if name == "default":
         raise MpsNameError("MPS namespace name 'default' is the server's own namespace")
     return name
+
+
+def pod_namespace(name: str) -> bool:
+    """Whether ``name`` is shaped as the namespace of a pod's container: ``<pod uid>-<index>``, the UID
+    as Kubernetes writes it (8-4-4-4-12 lowercase hex). Only such a namespace found on a daemon is
+    taken for the agent's own (adopted, and deleted once its pod is gone)."""
+    return isinstance(name, str) and _POD_NAMESPACE.fullmatch(name) is not None
 
 
 def card_uuid(uuid: str) -> str:

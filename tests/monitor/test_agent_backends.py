@@ -51,6 +51,14 @@ def test_sim_reads_cards_links_and_mig_profiles(tmp_path: Path) -> None:
     assert [(x.a, x.b, x.score) for x in backend.links()] == [("GPU-a", "GPU-b", 100)]
 
 
+def test_sim_cards_carry_a_compute_mode(tmp_path: Path) -> None:
+    path = write_cards(tmp_path / "c.yaml", [card("GPU-a"), card("GPU-b", compute_mode="exclusive-process")])
+    assert [c.compute_mode for c in SimBackend(path).cards()] == ["default", "exclusive-process"]
+    write_cards(path, [card("GPU-a", compute_mode="exclusive")])
+    with pytest.raises(BackendError, match=r"cards\[0\]\.compute_mode: must be one of default, "):
+        SimBackend(path).cards()
+
+
 def test_sim_rereads_the_file_when_it_changes(tmp_path: Path) -> None:
     path = write_cards(tmp_path / "c.yaml", [card("GPU-a"), card("GPU-b")])
     backend = SimBackend(path)
@@ -101,6 +109,7 @@ class FakeGpu:
     name: str
     memory: int | None  # bytes; None = NOT_SUPPORTED
     bus: str
+    compute_mode: int | Exception = pynvml.NVML_COMPUTEMODE_DEFAULT
 
 
 @dataclass
@@ -160,6 +169,12 @@ class FakeNvml:
         if self.gpus[h].memory is None:
             raise pynvml.NVMLError_NotSupported(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return type("Memory", (), {"total": self.gpus[h].memory})()
+
+    def nvmlDeviceGetComputeMode(self, h: int) -> int:
+        mode = self.gpus[h].compute_mode
+        if isinstance(mode, Exception):
+            raise mode
+        return mode
 
     def nvmlDeviceGetPciInfo(self, h: int) -> Any:
         return type("Pci", (), {"busId": self.gpus[h].bus.encode()})()
@@ -242,6 +257,18 @@ def test_nvml_discovery_memory_numa_from_sysfs(tmp_path: Path) -> None:
     backend.close()
     backend.close()
     assert fake.shutdowns == 1
+
+
+def test_nvml_reads_each_cards_compute_mode(tmp_path: Path) -> None:
+    """The MPS level depends on it: only under EXCLUSIVE_PROCESS can no process leave MPS."""
+    fake = _fake()
+    fake.gpus[0].compute_mode = pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
+    backend = NvmlBackend(nvml=fake, sysfs=tmp_path)
+    assert [c.compute_mode for c in backend.cards()] == ["exclusive-process", "default"]
+    fake.gpus[0].compute_mode = pynvml.NVML_COMPUTEMODE_PROHIBITED  # an operator changed it: read anew
+    fake.gpus[1].compute_mode = pynvml.NVMLError_NotSupported(pynvml.NVML_ERROR_NOT_SUPPORTED)
+    assert [c.compute_mode for c in backend.cards()] == ["prohibited", "unknown"]
+    backend.close()
 
 
 def test_nvml_xid_events_make_cards_unhealthy_for_good_with_recovery_0(tmp_path: Path) -> None:

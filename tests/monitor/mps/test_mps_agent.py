@@ -4,8 +4,12 @@ namespaces of pods gone, and the flags."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import os
 import signal
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -14,44 +18,62 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from hami.annotations import NODE_ENFORCEMENT, Enforcement, decode_node_enforcement
-from hami.core.model import Device
+from hami.annotations import (
+    NODE_ENFORCEMENT,
+    POD_DEVICES_ALLOCATED,
+    Enforcement,
+    decode_node_enforcement,
+    encode_pod_devices,
+)
+from hami.core.model import Device, Grant
 from monitor.__main__ import mps_control
+from monitor.backends.base import EXCLUSIVE_PROCESS
 from monitor.backends.sim import SimBackend
 from monitor.config import AgentConfig, ConfigError, NodeSettings, parse_agent_config
 from monitor.exporter import NodeCollector
 from monitor.grants import GrantBook
 from monitor.inventory import Inventory
 from monitor.mps.control import MpsControl, pid_alive
-from monitor.mps.keeper import close_gone
-from monitor.mps.protocol import CardLimit, MpsState
+from monitor.mps.keeper import close_gone, restore
+from monitor.mps.protocol import CardLimit, MpsState, namespace_create
 from monitor.registrar import Registrar, card_enforcement
 from tests.builders import create, make_pod
 from tests.eventually import eventually
 
-from ..agent_helpers import annotations_of, card, create_node, write_cards
+from ..agent_helpers import annotations_of, card, create_node, g, write_cards
 from .kit import MpsKit
 
 MPS = NodeSettings(mode="mps")
 NO_API: Any = None
 
 
+RESTORED = dict(running=True, protocol=3, namespaces=True, restored=True)
+
+
 @pytest.mark.parametrize(
-    ("state", "expected"),
+    ("state", "exclusive", "expected"),
     [
-        (None, Enforcement.NONE),
-        (MpsState(running=False, detail="down"), Enforcement.NONE),
-        (MpsState(running=True, protocol=2), Enforcement.MPS),
-        (MpsState(running=True, protocol=3, namespaces=False), Enforcement.MPS),
-        (MpsState(running=True, protocol=3, namespaces=True), Enforcement.MPS_NAMESPACED),
+        (None, True, Enforcement.NONE),
+        (MpsState(running=False, detail="down"), True, Enforcement.NONE),
+        (MpsState(running=True, protocol=2), True, Enforcement.MPS),
+        (MpsState(running=True, protocol=3, namespaces=False), True, Enforcement.MPS),
+        (MpsState(**RESTORED), True, Enforcement.MPS_NAMESPACED),  # type: ignore[arg-type]
+        # a process may leave MPS and run on the card directly unless only the MPS server may hold it
+        (MpsState(**RESTORED), False, Enforcement.MPS),  # type: ignore[arg-type]
+        # the running pods' namespaces are not rebuilt on this daemon yet: their sockets are missing
+        (MpsState(running=True, protocol=3, namespaces=True, restored=False), True, Enforcement.MPS),
     ],
 )
-def test_an_mps_card_reports_what_the_daemon_answered(state: MpsState | None, expected: Enforcement) -> None:
+def test_an_mps_card_reports_what_the_daemon_answered(
+    state: MpsState | None, exclusive: bool, expected: Enforcement
+) -> None:
     devices = [
         Device(uuid="GPU-a", index=0, count=4, memory_mib=1, cores=100, type="T4", mode="mps"),
         Device(uuid="GPU-b", index=1, count=4, memory_mib=1, cores=100, type="T4", mode="hami-core"),
     ]
-    found = card_enforcement(devices, hami_core=True, mps=state)
+    found = card_enforcement(
+        devices, hami_core=True, mps=state, exclusive={"GPU-a", "GPU-b"} if exclusive else set()
+    )
     assert found == {"GPU-a": expected, "GPU-b": Enforcement.HAMI_CORE}
 
 
@@ -65,19 +87,58 @@ async def test_registration_follows_the_daemon_namespaced_then_down(
     apiserver: kmock.KubernetesEmulator, api: Any, tmp_path: Path, mps_kit: MpsKit
 ) -> None:
     await create_node(apiserver, "n1")
-    cards = write_cards(tmp_path / "cards.yaml", [card("GPU-a"), card("GPU-b")])
+    cards = write_cards(tmp_path / "cards.yaml", [card("GPU-a", compute_mode=EXCLUSIVE_PROCESS)])
     control = mps_kit.control()
     registrar = Registrar(
         api=api, node_name="n1", inventory=Inventory(SimBackend(cards)), settings=MPS, mps=control
     )
     assert await _registered(apiserver, registrar) == {Enforcement.NONE}  # no daemon yet
     await control.start()
+    assert await _registered(apiserver, registrar) == {Enforcement.MPS}  # the pods' namespaces: not yet
+    assert await restore(control, api=api, node_name="n1")
     assert await _registered(apiserver, registrar) == {Enforcement.MPS_NAMESPACED}
     pid = mps_kit.daemon_pid()
     assert pid is not None
     os.kill(pid, signal.SIGKILL)  # read from the daemon, not the config: down is none at the next pass
     await eventually(lambda: not pid_alive(pid), "the daemon to die", within=60)
     assert await _registered(apiserver, registrar) == {Enforcement.NONE}
+
+
+async def test_a_card_not_in_exclusive_process_mode_is_mps_and_said_once(
+    apiserver: kmock.KubernetesEmulator,
+    api: Any,
+    tmp_path: Path,
+    mps_kit: MpsKit,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A process that points CUDA_MPS_PIPE_DIRECTORY elsewhere runs on the card without MPS, unlimited,
+    unless the card is in EXCLUSIVE_PROCESS compute mode: read per card from the backend, not config."""
+    await create_node(apiserver, "n1")
+    cards = write_cards(
+        tmp_path / "cards.yaml",
+        [
+            card("GPU-a", compute_mode=EXCLUSIVE_PROCESS),
+            card("GPU-b"),
+            card("GPU-c", compute_mode="prohibited"),
+        ],
+    )
+    control = mps_kit.control()
+    await control.start()
+    assert await restore(control, api=api, node_name="n1")
+    registrar = Registrar(
+        api=api, node_name="n1", inventory=Inventory(SimBackend(cards)), settings=MPS, mps=control
+    )
+    caplog.set_level(logging.WARNING, logger="monitor.registrar")
+    await registrar.register_once()
+    await registrar.register_once()
+    stored = await annotations_of(apiserver, "/api/v1/nodes/n1")
+    assert decode_node_enforcement(stored[NODE_ENFORCEMENT]) == {
+        "GPU-a": Enforcement.MPS_NAMESPACED,
+        "GPU-b": Enforcement.MPS,
+        "GPU-c": Enforcement.MPS,
+    }
+    said = [r.getMessage() for r in caplog.records if "tenants can leave MPS" in r.getMessage()]
+    assert len(said) == 2 and "GPU-b" in said[0] and "GPU-c" in said[1], said  # once per card
 
 
 async def test_registration_is_mps_on_an_older_driver(
@@ -193,3 +254,98 @@ def test_only_an_mps_node_runs_the_daemon(tmp_path: Path) -> None:
     assert mps_control(config, NodeSettings(mode="mig")) is None
     control = mps_control(config, MPS)
     assert control is not None and control.pipe_dir == tmp_path / "pipe"
+
+
+UID = "0c9f5a4e-6a53-4b1e-9d8e-2f1c3b4a5d6e"
+GONE = "7d2e0b6c-1f3a-4c5d-8e9f-0a1b2c3d4e5f"
+
+
+def _listed(listing: str) -> list[str]:
+    return sorted(line.split()[0] for line in listing.splitlines())
+
+
+async def test_only_pod_namespaces_are_adopted_and_only_ours_are_deleted(
+    apiserver: kmock.KubernetesEmulator, api: Any, mps_kit: MpsKit
+) -> None:
+    """A daemon's namespace is adopted only when named ``<pod uid>-<container index>``; others are not
+    ours and are never deleted. Empty directories a previous daemon left for pods gone are removed."""
+    await create(apiserver, make_pod("running", node="n1", phase="Running"))
+    await mps_kit.control().start()
+    limits = [CardLimit("GPU-a", 512, 10)]
+    for name in ("someone-else", UID, "other-tenant-3", f"{UID}-0"):
+        status, out = await mps_kit.client(*namespace_create(name, limits).words)
+        assert status == 0, out
+    hami = mps_kit.pipe / "hami"
+    for name in (f"{GONE}-0", "uid-running-0", "not-a-pod"):
+        (hami / name).mkdir(parents=True, exist_ok=True)
+    with socket.socket(socket.AF_UNIX) as dead:  # a socket a killed daemon left: nobody listens
+        dead.bind(str(hami / f"{GONE}-0" / "control"))
+
+    control = mps_kit.control()  # the agent after its container restarted
+    await control.start()
+    assert control.namespaces == (f"{UID}-0",)
+    closed = await close_gone(control, api=api, node_name="n1")
+    assert closed == [f"{UID}-0"]
+    _, listing = await mps_kit.client("namespace", "list", "--server=hami")
+    assert _listed(listing) == sorted([UID, "other-tenant-3", "someone-else"])
+    left = sorted(os.listdir(hami))
+    assert f"{GONE}-0" not in left and f"{UID}-0" not in left
+    assert {"uid-running-0", "not-a-pod", "other-tenant-3", "someone-else"} <= set(left)
+    assert (hami / "other-tenant-3" / "control").is_socket()  # a live namespace's socket is kept
+
+
+def _allocated(name: str, devices: list[list[Grant]], **kw: Any) -> dict[str, Any]:
+    containers = [{"name": f"c{i}", "image": "cuda"} for i in range(len(devices))]
+    annotations = {POD_DEVICES_ALLOCATED: encode_pod_devices(tuple(tuple(c) for c in devices))}
+    return make_pod(name, node=kw.pop("node", "n1"), containers=containers, annotations=annotations, **kw)
+
+
+async def test_a_new_daemon_gets_the_running_pods_namespaces_back(
+    apiserver: kmock.KubernetesEmulator, api: Any, mps_kit: MpsKit
+) -> None:
+    """After the agent's container restarts its daemon is gone with it: the new daemon lists no
+    namespace, and each running pod's namespace is opened again from its grant, with the limits
+    Allocate gave it, before the node reports mps-namespaced again."""
+    two = [[g("GPU-a", 2048, 40)], [g("GPU-a", 1024, 30), g("GPU-b", 1024, 30)]]
+    await create(
+        apiserver,
+        _allocated("running", two, phase="Running"),
+        _allocated("done", [[g("GPU-a", 512, 10)]], phase="Succeeded"),
+        _allocated("elsewhere", [[g("GPU-a", 512, 10)]], node="n2", phase="Running"),
+        make_pod("plain", node="n1", phase="Running"),
+        make_pod("unreadable", node="n1", phase="Running", annotations={POD_DEVICES_ALLOCATED: "GPU-a,x"}),
+    )
+    expected = [
+        "uid-running-0 pinned_memory_limit=GPU-a=2048M active_thread_percentage=40",
+        "uid-running-1 pinned_memory_limit=GPU-a=1024M,GPU-b=1024M active_thread_percentage=30",
+    ]
+    first = mps_kit.control()
+    await first.start()
+    assert not first.state.restored
+    assert await restore(first, api=api, node_name="n1")
+    assert first.state.restored and first.namespaces == ("uid-running-0", "uid-running-1")
+    _, listing = await mps_kit.client("namespace", "list", "--server=hami")
+    assert sorted(listing.splitlines()) == expected
+
+    old = mps_kit.daemon_pid()
+    assert old is not None
+    os.kill(old, signal.SIGKILL)  # the container restarts: its daemon dies with it
+    await eventually(lambda: not pid_alive(old), "the daemon to die", within=60)
+    control = mps_kit.control()  # the new agent: remembers nothing
+
+    async def again() -> bool:
+        return await restore(control, api=api, node_name="n1")
+
+    watch = asyncio.create_task(control.watch(0.05, restore=again))
+    try:
+        await eventually(lambda: control.state.restored, "the namespaces restored", within=120)
+    finally:
+        watch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watch
+    assert mps_kit.daemon_pid() != old and control.restarts == 1
+    _, listing = await mps_kit.client("namespace", "list", "--server=hami")
+    assert sorted(listing.splitlines()) == expected
+    for name in ("uid-running-0", "uid-running-1"):
+        path = Path(control.namespace_dir(name)) / "control"
+        await eventually(path.is_socket, f"{name}'s socket", within=60)

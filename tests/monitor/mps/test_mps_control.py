@@ -7,13 +7,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import stat
 from pathlib import Path
 
 import pytest
 
-from monitor.mps.control import MpsControl, pid_alive
+from monitor.mps.control import MpsControl, pid_alive, pid_is_daemon
 from monitor.mps.protocol import PID_FILE, CardLimit, MpsError, MpsNameError
 from tests.eventually import eventually
 
@@ -53,12 +54,12 @@ async def test_a_restarted_agent_adopts_the_daemon_and_its_namespaces(mps_kit: M
     first = mps_kit.control(quit_on_stop=True)
     await first.start()
     pid = mps_kit.daemon_pid()
-    await first.open_namespace(UID, [CardLimit("GPU-a", 2048, 40)])
+    await first.open_namespace(f"{UID}-0", [CardLimit("GPU-a", 2048, 40)])
     second = mps_kit.control(quit_on_stop=True)  # the agent after a restart
     state = await second.start()
     assert state.running and state.namespaces
     assert mps_kit.daemon_pid() == pid and not second.started_here  # adopted, not a second daemon
-    assert second.namespaces == (UID,)
+    assert second.namespaces == (f"{UID}-0",)  # named <pod uid>-<container index>: ours
     await second.stop()  # not started by this agent: never quit, whatever the flag says
     assert pid is not None and pid_alive(pid)
     assert (await second.check()).running
@@ -227,3 +228,26 @@ async def test_the_shared_memory_directory_is_everyones_like_dev_shm(mps_kit: Mp
     control = mps_kit.control()
     await control.start()
     assert stat.S_IMODE(control.shm_dir.stat().st_mode) == 0o1777
+
+
+async def test_a_pid_file_naming_a_process_with_mps_in_its_name_is_stale(mps_kit: MpsKit) -> None:
+    """``mpstat`` has "mps" in its command line and is not the daemon: only a process whose argv[0] is
+    the configured binary's name is taken for the daemon."""
+    fake = mps_kit.base / "mpstat"
+    shutil.copy(shutil.which("sleep") or "/bin/sleep", fake)
+    impostor = await asyncio.create_subprocess_exec(str(fake), "600", stdin=asyncio.subprocess.DEVNULL)
+    try:
+        assert not pid_is_daemon(impostor.pid, str(mps_kit.binary))
+        mps_kit.pipe.mkdir(parents=True, exist_ok=True)
+        (mps_kit.pipe / PID_FILE).write_text(f"{impostor.pid}\n")
+        control = mps_kit.control()
+        state = await control.start()
+        assert state.running and control.started_here, state
+        daemon = mps_kit.daemon_pid()
+        assert daemon is not None and daemon != impostor.pid
+        assert pid_is_daemon(daemon, str(mps_kit.binary))  # the simulated daemon looks like the binary
+        assert pid_is_daemon(daemon, "/usr/bin/nvidia-cuda-mps-control")  # by name, wherever it lies
+        assert not pid_is_daemon(daemon, "/usr/bin/other-mps-control")
+    finally:
+        impostor.kill()
+        await impostor.wait()
