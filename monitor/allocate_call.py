@@ -8,7 +8,10 @@ hand-out rule (``monitor.handout``: our scheduler's pod, bound here, ``to-alloca
 scheduler's record, only this node's registered cards), then take the next non-empty container entry of
 ``hami.io/vgpu-devices-to-allocate`` per kubelet container request, build envs and HAMi-core mounts (in
 MIG mode ``monitor.mig`` makes and records the booked instances instead), blank the entry and patch the
-annotation back; when no entry is left set ``bind-phase=success`` and release the lock. On an MPS-mode
+annotation back; when no entry is left set ``bind-phase=success`` and release the lock. Before a card is
+handed out, its enforcement now (``monitor.registrar.card_enforcement``, as the registration reports it)
+must not be weaker than the kind bind recorded for it in ``hami.io/vgpu-enforcement``
+(:class:`EnforcementDropped`; no readable record: no check). On an MPS-mode
 node each container gets the MPS answer (``monitor.mps.rules``: pipe directory and shared memory
 mounted, per-client limit envs, or with namespaces its own namespace opened on the daemon with the
 limits of its grant first); with the control daemon down nothing is handed out (``MpsUnavailable``).
@@ -36,14 +39,19 @@ from typing import Any
 from hami import objects
 from hami.annotations import (
     POD_DEVICES_TO_ALLOCATE,
+    POD_VGPU_ENFORCEMENT,
+    AnnotationError,
     BindPhase,
+    Enforcement,
     allocation_done,
     bind_annotations,
     blank_container,
+    decode_pod_enforcement,
     encode_pod_devices,
     pending_container,
     read_pod_to_allocate,
 )
+from hami.core.enforcement import level_of
 from hami.core.model import Device, DeviceMode, Grant, PodDevices
 from hami.kube.client import KubeError
 from hami.kube.nodelock import release_node_lock
@@ -61,21 +69,62 @@ from monitor.allocate_rules import (
     container_spec,
     hook_mounts,
 )
-from monitor.backends.base import Backend, BackendError
+from monitor.backends.base import EXCLUSIVE_PROCESS, Backend, BackendError, Card
 from monitor.config import NodeSettings
 from monitor.inventory import Inventory
 from monitor.mig import allocate_mig
 from monitor.mps.control import MpsControl
-from monitor.mps.protocol import MpsError
+from monitor.mps.protocol import MpsError, MpsState
 from monitor.mps.rules import MpsUnavailable, card_limits, mps_answer, namespace_name
 from monitor.pairing import Pairing, Suspect, ambiguity, asked, pair, suspects
 from monitor.podevents import AMBIGUOUS, FAILED, SUCCEEDED, PodEvents, failure_message, success_message
-from monitor.registrar import build_registration
+from monitor.registrar import build_registration, card_enforcement, hami_core_installed
 
 log = logging.getLogger(__name__)
 
 #: How many refused pod UIDs are remembered (kubelet rejects them; they are not suspects any more).
 REFUSED_KEPT = 1024
+
+
+class EnforcementDropped(AllocationError):
+    """A granted card's enforcement is now below what bind recorded for the pod."""
+
+
+def recorded_enforcement(pod: Mapping[str, Any]) -> dict[str, Enforcement]:
+    """The kind of each granted card bind recorded in ``hami.io/vgpu-enforcement``; empty when the pod has
+    no record (an older scheduler's or HAMi's bind) or an unreadable one (logged): nothing to hold to."""
+    text = objects.annotations(pod).get(POD_VGPU_ENFORCEMENT)
+    if text is None:
+        return {}
+    try:
+        return decode_pod_enforcement(text)
+    except AnnotationError as exc:
+        namespace, name = pod_key(pod)
+        log.warning("pod %s/%s: no enforcement record to hold the node to: %s", namespace, name, exc)
+        return {}
+
+
+def hold_to_record(
+    where: str,
+    grants: Sequence[Grant],
+    recorded: Mapping[str, Enforcement],
+    current: Mapping[str, Enforcement],
+) -> None:
+    """Raise :class:`EnforcementDropped` for the first granted card whose enforcement now (``current``;
+    a card it does not list has ``none``) is at a lower level than its recorded kind; a card without a
+    record is not checked."""
+    for grant in grants:
+        promised = recorded.get(grant.uuid)
+        if promised is None:
+            continue
+        now = current.get(grant.uuid, Enforcement.NONE)
+        if level_of(now) < level_of(promised):
+            raise EnforcementDropped(
+                f"{where}: card {grant.uuid} was placed with enforcement {promised.value} "
+                f"({level_of(promised).word}), the node now has {now.value} ({level_of(now).word}); "
+                f"the pod is not run under less than it was placed with ({POD_VGPU_ENFORCEMENT}): "
+                "its controller makes it again and the scheduler places it where the enforcement holds"
+            )
 
 
 class Allocator:
@@ -105,15 +154,17 @@ class Allocator:
         self._refused: OrderedDict[str, None] = OrderedDict()
 
     # ------------------------------------------------------------------------------------ pairing
+    async def _cards(self) -> tuple[Card, ...]:
+        """This node's cards as last discovered (the inventory's, else the backend's now)."""
+        if self._inventory is not None:
+            return self._inventory.cards
+        if self._backend is not None:
+            return tuple(await asyncio.to_thread(self._backend.cards))
+        return ()
+
     async def registered(self) -> dict[str, Device]:
         """This node's cards as the registrar registers them (filtered cards left out), by UUID."""
-        if self._inventory is not None:
-            found = self._inventory.cards
-        elif self._backend is not None:
-            found = await asyncio.to_thread(self._backend.cards)
-        else:
-            found = ()
-        return {d.uuid: d for d in build_registration(found, (), self._settings).devices}
+        return {d.uuid: d for d in build_registration(await self._cards(), (), self._settings).devices}
 
     async def pairing(self, counts: Sequence[int]) -> Pairing:
         """Which pod a call for ``counts`` cards per container is for (``monitor.pairing``); read-only."""
@@ -175,12 +226,19 @@ class Allocator:
                         f"pod {namespace}/{name} on node {self._node} gets no card: {chosen.problem}"
                     )
                 served, remaining = self._take(pod, requests)
+                recorded = recorded_enforcement(pod)
+                if recorded and self._settings.mode != DeviceMode.MPS.value:  # MPS: per container
+                    current = await self._current_enforcement(None)
+                    for index, grants in served:
+                        hold_to_record(self._where(pod, index), grants, recorded, current)
                 if self._settings.mode == DeviceMode.MIG.value:
                     answers = await allocate_mig(
                         api=self._api, backend=self._backend, node=self._node, pod=pod, served=served
                     )
                 elif self._settings.mode == DeviceMode.MPS.value:
-                    answers = [await self._answer_mps(pod, index, grants) for index, grants in served]
+                    answers = [
+                        await self._answer_mps(pod, index, grants, recorded) for index, grants in served
+                    ]
                 else:
                     answers = [self._answer(pod, index, grants) for index, grants in served]
                 await patch_pod(
@@ -244,6 +302,24 @@ class Allocator:
             remaining = blank_container(remaining, index)
         return served, remaining
 
+    def _where(self, pod: Mapping[str, Any], index: int) -> str:
+        """``pod ns/name on node n: container c gets no card`` (the start of a refusal)."""
+        namespace, name = pod_key(pod)
+        names = container_names(pod)
+        container = names[index] if index < len(names) else f"#{index}"
+        return f"pod {namespace}/{name} on node {self._node}: container {container} gets no card"
+
+    async def _current_enforcement(self, mps: MpsState | None) -> dict[str, Enforcement]:
+        """Each registered card's enforcement now, by the registrar's own rule
+        (``monitor.registrar.card_enforcement``): the HAMi-core library read from disk again; in MPS
+        mode ``mps``, the daemon's answer for this container, and the cards' compute modes as last
+        discovered."""
+        cards = await self._cards()
+        devices = build_registration(cards, (), self._settings).devices
+        hami_core = await asyncio.to_thread(hami_core_installed, self._hook)
+        exclusive = {c.uuid for c in cards if c.compute_mode == EXCLUSIVE_PROCESS}
+        return card_enforcement(devices, hami_core=hami_core, mps=mps, exclusive=exclusive)
+
     def _answer(self, pod: Mapping[str, Any], index: int, grants: tuple[Grant, ...]) -> ContainerAnswer:
         """HAMi-core mode: the real card uuids, the limit envs and the HAMi-core mounts."""
         namespace, name = pod_key(pod)
@@ -268,15 +344,19 @@ class Allocator:
         return ContainerAnswer(container=container, uuids=uuids, envs=envs, mounts=mounts)
 
     async def _answer_mps(
-        self, pod: Mapping[str, Any], index: int, grants: tuple[Grant, ...]
+        self,
+        pod: Mapping[str, Any],
+        index: int,
+        grants: tuple[Grant, ...],
+        recorded: Mapping[str, Enforcement],
     ) -> ContainerAnswer:
-        """MPS mode: the daemon is asked first (a slice it cannot enforce is not handed out); with
-        namespaces the container's own namespace is opened with its limits, else the limits travel in
-        the container's environment (``monitor.mps.rules``)."""
-        namespace, name = pod_key(pod)
+        """MPS mode: the daemon is asked first (a slice it cannot enforce is not handed out, nor one it
+        enforces less strongly than bind ``recorded``); with namespaces the container's own namespace is
+        opened with its limits, else the limits travel in the container's environment
+        (``monitor.mps.rules``)."""
         names = container_names(pod)
         container = names[index] if index < len(names) else f"#{index}"
-        where = f"pod {namespace}/{name} on node {self._node}: container {container} gets no card"
+        where = self._where(pod, index)
         if self._mps is None:
             raise MpsUnavailable(f"{where}: the node is in MPS mode but the agent runs no MPS control daemon")
         state = await self._mps.check()
@@ -285,6 +365,8 @@ class Allocator:
                 f"{where}: the MPS control daemon is down ({state.detail}), and a slice it cannot enforce "
                 "is not handed out"
             )
+        if recorded:  # the answer below follows this same state: held to the record with it
+            hold_to_record(where, grants, recorded, await self._current_enforcement(state))
         core_limit = not self._settings.device.disable_core_limit
         limits = card_limits(grants, core_limit=core_limit)  # AllocationError: MPS cannot express it
         pipe = PurePosixPath(self._mps.pipe_dir)
