@@ -24,7 +24,7 @@ COPY pyproject.toml README.md ./
 COPY hami ./hami
 COPY webhook ./webhook
 COPY monitor ./monitor
-# hami/sim/annotation-policy.yaml links here: the demo's embedded cluster enforces the chart's policy
+# testkit/hami_testkit/annotation-policy.yaml links here: the demo's embedded cluster enforces the chart's policy
 COPY charts/hami/files/annotation-policy.yaml ./charts/hami/files/
 RUN pip wheel --no-cache-dir --wheel-dir /wheels ".[demo]"
 

@@ -33,7 +33,7 @@ test: lint typecheck imports pytest
 
 # `make demo --keep`: make reads --keep as its own --keep-going (k in MAKEFLAGS); hand it on to the demo.
 # Any other demo flags go in ARGS, e.g. a cluster file and a directory of pod manifests (copy and edit these):
-#   make demo ARGS="--nodes hami/sim/cluster.yaml --examples examples/ --timeout 300"
+#   make demo ARGS="--nodes testkit/hami_testkit/cluster.yaml --examples examples/ --timeout 300"
 DEMO_KEEP := $(if $(findstring k,$(firstword -$(MAKEFLAGS))),--keep)
 
 demo: $(STAMP)

@@ -1,7 +1,7 @@
 """Kubernetes API client cost: the sync client in worker threads (what ``hami.kube`` runs) vs async clients.
 
 The question (issue 14, "typed Kubernetes edge"): would an async client (lightkube or kr8s) let us drop
-the worker threads of ``hami.kube.client.call_json`` (and ``hami.sim.kubeapi``)? Set-up: the embedded API
+the worker threads of ``hami.kube.client.call_json`` (and ``hami_testkit.kubeapi``)? Set-up: the embedded API
 server (kmock) in a child process, seeded with ``PODS`` pods of a realistic size (our annotations); this
 process is only the client, so its CPU time (``time.process_time``, every thread) is the client's cost.
 Operations: GET one pod, merge-PATCH one pod's annotations, LIST every pod; each closed loop with 1 and
@@ -12,7 +12,7 @@ Operations: GET one pod, merge-PATCH one pod's annotations, LIST every pod; each
 * lightkube ``AsyncClient`` (httpx2): its typed models (lazily decoded), as its callers use them;
 * kr8s (httpx): ``Api.call_api`` and the raw JSON (kr8s' ``Pod.get`` lists by field selector and retries
   a missing pod for seconds: not what a bind may do);
-* aiohttp: ``hami.sim.kubeapi.SimApi``, the small raw-JSON client the stand-ins already use.
+* aiohttp: ``hami_testkit.kubeapi.SimApi``, the small raw-JSON client the stand-ins already use.
 
 Columns: median and p99 latency, throughput, client CPU per request, and throughput and CPU as a
 multiple of the baseline's. The server's own cost (kmock, in Python) bounds every client's throughput;
@@ -41,8 +41,8 @@ from benchmarks.table import Table, ms, percentile
 from hami.annotations import POD_BIND_PHASE, POD_BIND_TIME, POD_DEVICES_ALLOCATED, POD_VGPU_NODE
 from hami.kube import pods as kube_pods
 from hami.kube.client import load_api_client
-from hami.sim.apiserver import write_kubeconfig
-from hami.sim.kubeapi import SimApi, pods_path
+from hami_testkit.apiserver import write_kubeconfig
+from hami_testkit.kubeapi import SimApi, pods_path
 
 PODS = 200
 NAMESPACE = "default"
@@ -51,7 +51,7 @@ OPERATIONS = ("get", "patch", "list")
 ROUNDS = 4
 SERVER = """
 import asyncio, sys
-from hami.sim.apiserver import embedded_apiserver
+from hami_testkit.apiserver import embedded_apiserver
 
 async def main():
     async with embedded_apiserver(request_log=64) as k:
@@ -242,7 +242,7 @@ async def _measure(requests: int) -> list[Row]:
             ("sync kubernetes client, threads", await _baseline(kubeconfig)),
             ("lightkube AsyncClient (models)", await _lightkube(kubeconfig)),
             ("kr8s call_api (raw JSON)", await _kr8s(kubeconfig)),
-            ("aiohttp (hami.sim.kubeapi)", await _aiohttp(url)),
+            ("aiohttp (hami_testkit.kubeapi)", await _aiohttp(url)),
         ]
         ready = [(label, client[0]) for label, client in clients if client is not None]
         for _, calls in ready:  # warm-up: connections, first-call imports and caches

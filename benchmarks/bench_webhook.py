@@ -38,7 +38,7 @@ import aiohttp
 
 from benchmarks.table import Table, ms, percentile, summary
 from hami.kube.admissionreview import pod_create_review
-from hami.sim.apiserver import embedded_apiserver, write_kubeconfig
+from hami_testkit.apiserver import embedded_apiserver, write_kubeconfig
 from webhook.config import MutationSettings
 from webhook.mutation import plan
 

@@ -16,7 +16,7 @@ import kmock
 import pytest
 from hypothesis import HealthCheck, settings
 
-from hami.sim.apiserver import add_reactions, write_kubeconfig
+from hami_testkit.apiserver import add_reactions, write_kubeconfig
 
 settings.register_profile(
     "suite", deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True

@@ -1,9 +1,9 @@
 """``hami demo``: the subcommand's flags, and :func:`run`, which loads the demo only when it runs.
 
-The demo is the embedded cluster (:mod:`hami.commands.demo_session`, :mod:`hami.sim`): it needs the
+The demo is the embedded cluster (:mod:`hami_testkit.demo_session`, :mod:`hami_testkit`): it needs the
 ``demo`` extra (kmock, a CEL engine, Kubernetes' OpenAPI schemas), which the product image does not
 install. ``hami demo --help`` works without it; running the demo without it is one line naming the extra
-(``hami.cli``). Must not import ``hami.sim`` at module level.
+(``hami.cli``). Must not import ``hami_testkit`` at module level.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The AdmissionReview v1 request kube-apiserver sends a mutating webhook for a pod CREATE.
 
 Owns :func:`pod_create_review`, the one builder of that wire object: the embedded cluster's admission
-stand-in (``hami.sim.admission_standin``) sends it to the webhooks it calls, and the webhook's tests and
+stand-in (``hami_testkit.admission_standin``) sends it to the webhooks it calls, and the webhook's tests and
 benchmark post it to ``hami-webhook``. Plain dicts, no API call; must not import the Kubernetes client
-(``hami.sim`` imports this module and may not reach it).
+(``hami_testkit`` imports this module and may not reach it).
 """
 
 from __future__ import annotations

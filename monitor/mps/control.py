@@ -12,7 +12,7 @@ after a daemon restart; a daemon's namespaces are adopted only when named ``<pod
 :attr:`MpsState.restored` says whether the node's running pods' namespaces were rebuilt on this daemon,
 ``monitor.mps.keeper.restore``). Every command goes through the binary's client mode as a child
 process with a bounded wait (killed when over), so nothing blocks the event loop; the command language
-is :mod:`monitor.mps.protocol`. Commands are serialised (one lock). Must not import ``hami.sim``,
+is :mod:`monitor.mps.protocol`. Commands are serialised (one lock). Must not import ``hami_testkit``,
 grpc, pynvml or the Kubernetes client.
 """
 

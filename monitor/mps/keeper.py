@@ -17,7 +17,7 @@ namespace ``<uid>-<index>`` opened again with the limits Allocate computes
 (``monitor.mps.rules.card_limits``); the daemon is then marked restored, and only then does the node
 report ``mps-namespaced`` again. The agent runs it after :meth:`MpsControl.start` (before the device
 plugin serves) and from :meth:`MpsControl.watch` after each new daemon. The daemon's own health and
-restarts are :meth:`MpsControl.watch`. Must not import ``hami.sim``, grpc or pynvml.
+restarts are :meth:`MpsControl.watch`. Must not import ``hami_testkit``, grpc or pynvml.
 """
 
 from __future__ import annotations

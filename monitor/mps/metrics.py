@@ -4,7 +4,7 @@
 (the protocol it speaks; no sample while unknown), ``hami_node_mps_daemon_restarts_total`` (daemons
 the agent started again after one died) and ``hami_node_mps_namespaces_open`` (per-container namespaces
 on the daemon). Labels ``node`` and HAMi's constant ``zone``. Reads only the last known state (no
-command at scrape time). Must not import ``hami.sim``, grpc, pynvml or the Kubernetes client.
+command at scrape time). Must not import ``hami_testkit``, grpc, pynvml or the Kubernetes client.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ speaks protocol 3; one that refuses it speaks protocol 2); the namespace options
 an integer and ``M`` or ``G`` (MiB, GiB), the documented form.
 
 Every parse error is a :class:`MpsReplyError` naming the command and quoting the reply. Stdlib only:
-no I/O, no asyncio, must not import ``hami.sim``.
+no I/O, no asyncio, must not import ``hami_testkit``.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 RBAC cannot name "this node" for a DaemonSet, so the chart ships two ValidatingAdmissionPolicies for the
 agent's service account (templates/node-agent/admission-policy.yaml). Here the RENDERED policies are
 evaluated with a real CEL engine (PyPI ``common-expression-language``, through the embedded cluster's
-policy step ``hami.sim.admission_policy.review``) against AdmissionRequests as kube-apiserver builds
+policy step ``hami_testkit.admission_policy.review``) against AdmissionRequests as kube-apiserver builds
 them: the agent's own writes pass, the same writes on another node's objects, any other field, taking
 the node lock, creates, deletes, status writes and a token without a node are refused, and nobody else
 is affected. Also: the chart hands the agent the scheduler name its Allocate checks.
@@ -17,7 +17,7 @@ from typing import Any
 import helm_python as helm
 import pytest
 
-from hami.sim.admission_policy import Denial, review, service_account
+from hami_testkit.admission_policy import Denial, review, service_account
 from monitor.config import parse_agent_config
 
 from .rendering import CHART, NAMESPACE, VALUE_SETS, argv, container, render

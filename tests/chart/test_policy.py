@@ -2,7 +2,7 @@
 with a real CEL engine (PyPI ``common-expression-language``) against AdmissionRequests for every attack
 that was reproduced -- and for the writes HAMi itself must keep making.
 
-Evaluation goes through ``hami.sim.admission_policy.review`` (the embedded cluster's policy step; its own
+Evaluation goes through ``hami_testkit.admission_policy.review`` (the embedded cluster's policy step; its own
 mechanics are pinned in tests/sim/test_admission_standin.py) over the documents Helm's library rendered.
 """
 
@@ -16,7 +16,7 @@ import helm_python as helm
 import pytest
 
 from hami.annotations import INTERNAL_POD_ANNOTATIONS, POD_VGPU_NODE, keys
-from hami.sim.admission_policy import Denial, annotation_policy, review, service_account
+from hami_testkit.admission_policy import Denial, annotation_policy, review, service_account
 
 from .rendering import CHART, NAMESPACE, VALUE_SETS, labels, pod_spec, render
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hami.commands.demo_session import default_examples_dir, load_examples
+from hami_testkit.demo_session import default_examples_dir, load_examples
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 

@@ -24,7 +24,7 @@ from hami.annotations import (
     decode_mig_allocations,
     decode_pod_devices,
 )
-from hami.commands.demo_session import (
+from hami_testkit.demo_session import (
     default_examples_dir,
     final_state,
     load_examples,
@@ -32,11 +32,11 @@ from hami.commands.demo_session import (
     wait_decided,
 )
 from hami.core.model import Grant
-from hami.sim.cluster import load_cluster
-from hami.sim.kubeapi import nodes_path
-from hami.sim.kubelet_standin import CHECKPOINT
-from hami.sim.report import card_index, describe, render
-from hami.sim.system import EmbeddedSystem
+from hami_testkit.cluster import load_cluster
+from hami_testkit.kubeapi import nodes_path
+from hami_testkit.kubelet_standin import CHECKPOINT
+from hami_testkit.report import card_index, describe, render
+from hami_testkit.system import EmbeddedSystem
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 

@@ -32,10 +32,10 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from hami.commands.demo_session import final_state, submit_all, wait_decided
-from hami.sim.cluster import parse_cluster
-from hami.sim.kubeapi import SimApi, nodes_path, pods_path
-from hami.sim.system import SCHEDULER, EmbeddedSystem
+from hami_testkit.demo_session import final_state, submit_all, wait_decided
+from hami_testkit.cluster import parse_cluster
+from hami_testkit.kubeapi import SimApi, nodes_path, pods_path
+from hami_testkit.system import SCHEDULER, EmbeddedSystem
 from tests.e2e import hami_era
 from tests.e2e.commands import run_doctor
 from tests.e2e.hami_era import A0, GPU_A, GPU_B, IN_FLIGHT, NODES, RUNNING, Grant, HamiPod

@@ -1,5 +1,5 @@
 """Helm's own library (helm-python-sdk: Helm 4's Go SDK, no helm binary) installs ``charts/hami`` into a
-bare embedded cluster (:class:`hami.sim.bare.BareCluster`, what ``hami demo --bare`` runs), hooks
+bare embedded cluster (:class:`hami_testkit.bare.BareCluster`, what ``hami demo --bare`` runs), hooks
 included, and ``hami doctor`` then reports on what was installed; the release is upgraded and uninstalled
 there too.
 
@@ -22,10 +22,10 @@ import pytest
 import yaml
 
 from hami import objects
-from hami.sim.apiserver import AdmittingEmulator
-from hami.sim.bare import BareCluster
-from hami.sim.cluster import load_cluster
-from hami.sim.kubeapi import MWC_PATH
+from hami_testkit.apiserver import AdmittingEmulator
+from hami_testkit.bare import BareCluster
+from hami_testkit.cluster import load_cluster
+from hami_testkit.kubeapi import MWC_PATH
 from tests.e2e.commands import run_doctor
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]

@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 from hami.annotations import POD_DEVICES_ALLOCATED, decode_pod_devices
-from hami.commands.demo_session import default_examples_dir
-from hami.sim.cluster import load_cluster
-from hami.sim.system import EmbeddedSystem
+from hami_testkit.demo_session import default_examples_dir
+from hami_testkit.cluster import load_cluster
+from hami_testkit.system import EmbeddedSystem
 from tests.e2e.commands import KUBECTL, run_kubectl
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hami.sim.system import ACCOUNTS, USER, EmbeddedSystem
+from hami_testkit.system import ACCOUNTS, USER, EmbeddedSystem
 from tests.e2e.test_kubectl import CLUSTER, EXAMPLE, kubectl, watch_until_running
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]

@@ -22,11 +22,11 @@ import pytest
 
 from hami import objects
 from hami.annotations import POD_DEVICES_ALLOCATED, decode_pod_devices
-from hami.commands.demo_session import submit_all, wait_decided
-from hami.sim.admission_standin import PRIORITY_CLASSES_PATH
-from hami.sim.cluster import parse_cluster
-from hami.sim.kubeapi import pods_path
-from hami.sim.system import EmbeddedSystem
+from hami_testkit.demo_session import submit_all, wait_decided
+from hami_testkit.admission_standin import PRIORITY_CLASSES_PATH
+from hami_testkit.cluster import parse_cluster
+from hami_testkit.kubeapi import pods_path
+from hami_testkit.system import EmbeddedSystem
 from tests.eventually import eventually
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]

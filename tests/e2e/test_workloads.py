@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from hami.annotations import POD_DEVICES_ALLOCATED, decode_pod_devices
-from hami.sim.cluster import load_cluster
-from hami.sim.system import EmbeddedSystem
+from hami_testkit.cluster import load_cluster
+from hami_testkit.system import EmbeddedSystem
 from tests.e2e.commands import run_kubectl
 from tests.eventually import eventually
 

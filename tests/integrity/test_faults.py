@@ -14,7 +14,7 @@ import pytest
 
 from hami.kube.client import KubeError, call_json, core_api, load_api_client
 from hami.kube.pods import MERGE_PATCH, bind_pod, get_pod, list_pods, patch_pod
-from hami.sim.apiserver import write_kubeconfig
+from hami_testkit.apiserver import write_kubeconfig
 from tests.eventually import eventually
 
 from .faults import FaultProxy, Mode, Rule, classify

@@ -40,7 +40,7 @@ import yaml
 
 from hami.kube.client import load_api_client
 from hami.scheduler.config import SchedulerSettings
-from hami.sim.apiserver import write_kubeconfig
+from hami_testkit.apiserver import write_kubeconfig
 from monitor.config import NodeSettings
 from tests.eventually import time_scale
 

@@ -195,7 +195,7 @@ def test_every_product_module_imports_without_extras(install: Callable[[str], In
     """What the chart's pods run never reaches for an extra, whichever code path imports it."""
     probe = (
         "import importlib, pkgutil, hami, monitor, webhook\n"
-        "demo_or_sim = ('hami.sim', 'hami.simulate', 'hami.commands.demo_session',\n"
+        "demo_or_sim = ('hami_testkit', 'hami.simulate', 'hami_testkit.demo_session',\n"
         "               'hami.commands.simulate')\n"
         "names = [m.name for p in (hami, monitor, webhook)\n"
         "         for m in pkgutil.walk_packages(p.__path__, p.__name__ + '.')]\n"

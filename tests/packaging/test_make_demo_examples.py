@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from hami.cli import build_parser
-from hami.sim.cluster import load_cluster
-from hami.sim.manifests import read_examples
+from hami_testkit.cluster import load_cluster
+from hami_testkit.manifests import read_examples
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = re.compile(r'make demo ARGS="([^"]*)"')

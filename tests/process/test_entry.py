@@ -13,7 +13,7 @@ import pytest
 
 from hami.kube.client import KubeError
 from hami.process.entry import reachable_api, refuse, until_signalled
-from hami.sim.apiserver import write_kubeconfig
+from hami_testkit.apiserver import write_kubeconfig
 
 
 def closed_port() -> int:

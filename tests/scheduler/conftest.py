@@ -24,7 +24,7 @@ from hami.scheduler.app import create_app, create_probe_app
 from hami.scheduler.config import SchedulerSettings
 from hami.scheduler.main import build_context
 from hami.scheduler.watches import keep_synced
-from hami.sim.apiserver import write_kubeconfig
+from hami_testkit.apiserver import write_kubeconfig
 from tests.builders import NOW
 from tests.eventually import eventually
 

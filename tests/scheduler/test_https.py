@@ -16,7 +16,7 @@ import aiohttp
 import kmock
 import pytest
 
-from hami.sim.processes import ChildFailed, Supervisor, free_port, python_argv
+from hami_testkit.processes import ChildFailed, Supervisor, free_port, python_argv
 from tests.builders import make_node, make_pod
 from tests.eventually import eventually, time_scale
 from webhook import certs

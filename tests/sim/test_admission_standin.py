@@ -20,7 +20,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from hami.sim.admission_policy import (
+from hami_testkit.admission_policy import (
     BINDINGS_PATH,
     POLICIES_PATH,
     Denial,
@@ -28,7 +28,7 @@ from hami.sim.admission_policy import (
     review,
     service_account,
 )
-from hami.sim.admission_standin import (
+from hami_testkit.admission_standin import (
     POLICY,
     PRIORITY,
     AdmissionStandIn,
@@ -38,8 +38,8 @@ from hami.sim.admission_standin import (
     resolve_priority,
     selector_matches,
 )
-from hami.sim.apiserver import AdmittingEmulator, embedded_apiserver
-from hami.sim.kubeapi import MWC_PATH, SimApi
+from hami_testkit.apiserver import AdmittingEmulator, embedded_apiserver
+from hami_testkit.kubeapi import MWC_PATH, SimApi
 from webhook.certs import generate
 
 Answer = Callable[[dict[str, Any]], dict[str, Any]]

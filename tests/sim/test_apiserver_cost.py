@@ -10,7 +10,7 @@ import aiohttp
 import kmock
 import pytest
 
-from hami.sim.apiserver import AdmittingEmulator, embedded_apiserver
+from hami_testkit.apiserver import AdmittingEmulator, embedded_apiserver
 
 NODES = kmock.resource("v1/nodes")
 TOTAL = 5000

@@ -19,12 +19,12 @@ import aiohttp
 import kmock
 import pytest
 
-from hami.sim.apiserver import embedded_apiserver
-from hami.sim.kubeapi import SimApi, pods_path
-from hami.sim.lean import EVENT_LIMIT
-from hami.sim.scheduler_standin import SchedulerStandIn
-from hami.sim.system import DEMO_REQUEST_LOG
-from hami.sim.workloads_standin import WorkloadStandIn
+from hami_testkit.apiserver import embedded_apiserver
+from hami_testkit.kubeapi import SimApi, pods_path
+from hami_testkit.lean import EVENT_LIMIT
+from hami_testkit.scheduler_standin import SchedulerStandIn
+from hami_testkit.system import DEMO_REQUEST_LOG
+from hami_testkit.workloads_standin import WorkloadStandIn
 from tests.eventually import eventually
 
 TOKEN = "memory-test-token"

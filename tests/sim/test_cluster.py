@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hami.sim.cluster import (
+from hami_testkit.cluster import (
     ClusterFileError,
     agent_config_document,
     default_cluster_text,

@@ -12,9 +12,9 @@ import pytest
 
 from hami.annotations import POD_DEVICES_ALLOCATED, POD_VGPU_ENFORCEMENT, encode_pod_devices
 from hami.core.model import Grant
-from hami.sim.cluster import ClusterFileError, parse_cluster, write_node_files
-from hami.sim.report import CardLine, PodReport, describe, legend, render
-from hami.sim.scheduler_standin import SchedulerStandIn
+from hami_testkit.cluster import ClusterFileError, parse_cluster, write_node_files
+from hami_testkit.report import CardLine, PodReport, describe, legend, render
+from hami_testkit.scheduler_standin import SchedulerStandIn
 from monitor.registrar import hami_core_installed
 
 NODES = """

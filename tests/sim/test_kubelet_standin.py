@@ -20,8 +20,8 @@ import pytest
 
 from hami.kube.client import load_api_client
 from hami.kubeletapi import api_pb2, api_pb2_grpc
-from hami.sim.kubeapi import nodes_path, pods_path
-from hami.sim.kubelet_standin import CHECKPOINT, NodeKubelet
+from hami_testkit.kubeapi import nodes_path, pods_path
+from hami_testkit.kubelet_standin import CHECKPOINT, NodeKubelet
 from tests.eventually import eventually
 
 DEVICES = [f"GPU-{card}-{i}" for card in ("a", "b") for i in range(3)]

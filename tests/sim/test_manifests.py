@@ -19,8 +19,8 @@ import pytest
 import yaml
 
 from hami.cli import main as hami_main
-from hami.sim.cluster import ClusterFileError
-from hami.sim.manifests import (
+from hami_testkit.cluster import ClusterFileError
+from hami_testkit.manifests import (
     CONTAINER_FIELDS,
     METADATA_FIELDS,
     POD_FIELDS,
@@ -231,9 +231,9 @@ def test_the_wheel_carries_the_demo_data(unpacked_wheel: Path) -> None:
 def test_the_demo_finds_its_data_outside_the_repository(unpacked_wheel: Path, tmp_path: Path) -> None:
     probe = (
         "import hami, json\n"
-        "from hami.sim.manifests import default_examples_dir, read_examples\n"
-        "from hami.sim.cluster import load_cluster\n"
-        "from hami.sim.admission_policy import annotation_policy\n"
+        "from hami_testkit.manifests import default_examples_dir, read_examples\n"
+        "from hami_testkit.cluster import load_cluster\n"
+        "from hami_testkit.admission_policy import annotation_policy\n"
         "policy, _ = annotation_policy(['system:serviceaccount:x:y'])\n"
         "print(json.dumps({'hami': hami.__file__, 'examples': str(default_examples_dir()),\n"
         "  'pods': sum(e.kind == 'Pod' for e in read_examples(default_examples_dir())),\n"

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from hami.sim.preemption_rules import (
+from hami_testkit.preemption_rules import (
     NEVER,
     NO_VICTIMS,
     NOT_HELPFUL,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hami.sim.processes import ChildFailed, Supervisor, poll_until
+from hami_testkit.processes import ChildFailed, Supervisor, poll_until
 from tests.eventually import eventually
 
 SLEEPER = "import time; print('up', flush=True); time.sleep(60)"

@@ -6,8 +6,8 @@ import re
 from collections.abc import Mapping
 from typing import Any, cast
 
-from hami.sim.report import CardLine, PodReport, describe, legend, render, verdict
-from hami.sim.scheduler_standin import Attempt, SchedulerStandIn
+from hami_testkit.report import CardLine, PodReport, describe, legend, render, verdict
+from hami_testkit.scheduler_standin import Attempt, SchedulerStandIn
 
 RUNNING = PodReport(
     name="default/a",

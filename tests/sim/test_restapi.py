@@ -12,11 +12,11 @@ from typing import Any
 import aiohttp
 import pytest
 
-from hami.sim.apiserver import embedded_apiserver
-from hami.sim.kubeproto import k8s_pb2
-from hami.sim.protobuf import MAGIC
-from hami.sim.restapi import SERVER_VERSION, TABLE_TYPE
-from hami.sim.tables import human_duration
+from hami_testkit.apiserver import embedded_apiserver
+from hami_testkit.kubeproto import k8s_pb2
+from hami_testkit.protobuf import MAGIC
+from hami_testkit.restapi import SERVER_VERSION, TABLE_TYPE
+from hami_testkit.tables import human_duration
 
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
 PODS = "/api/v1/namespaces/default/pods"

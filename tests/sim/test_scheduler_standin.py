@@ -16,8 +16,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from hami.sim.kubeapi import SimApi, nodes_path, pods_path
-from hami.sim.scheduler_standin import SchedulerStandIn
+from hami_testkit.kubeapi import SimApi, nodes_path, pods_path
+from hami_testkit.scheduler_standin import SchedulerStandIn
 from tests.eventually import eventually
 
 Reply = Callable[[dict[str, Any]], Any]

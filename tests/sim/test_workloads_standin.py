@@ -15,10 +15,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from hami.sim.apiserver import embedded_apiserver
-from hami.sim.kubeapi import SimApi, pods_path
-from hami.sim.workload_rules import HASH_LABEL, REVISION, Counted, rolling_step, surge_and_unavailable
-from hami.sim.workloads_standin import WorkloadStandIn
+from hami_testkit.apiserver import embedded_apiserver
+from hami_testkit.kubeapi import SimApi, pods_path
+from hami_testkit.workload_rules import HASH_LABEL, REVISION, Counted, rolling_step, surge_and_unavailable
+from hami_testkit.workloads_standin import WorkloadStandIn
 from tests.eventually import eventually
 
 NS = "default"
@@ -271,7 +271,7 @@ async def test_a_job_whose_pods_fail_past_its_backoff_limit_fails(cluster: Clust
 
 
 async def test_the_charts_own_jobs_get_no_pods(cluster: Cluster) -> None:
-    """``python -m webhook.certs`` Jobs are the process Job stand-in's (hami.sim.jobs): no pods here."""
+    """``python -m webhook.certs`` Jobs are the process Job stand-in's (hami_testkit.jobs): no pods here."""
     chart = _job("hami-certgen-create")
     chart["spec"]["template"]["spec"]["containers"][0]["command"] = [
         "python",

@@ -16,7 +16,7 @@ import aiohttp
 import kmock
 import pytest
 
-from hami.sim.apiserver import embedded_apiserver, write_kubeconfig
+from hami_testkit.apiserver import embedded_apiserver, write_kubeconfig
 from tests.eventually import time_scale
 
 from .webhook_harness import (
@@ -33,7 +33,7 @@ from .webhook_harness import (
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """The embedded API server (kmock + reactions, as ``hami.sim.apiserver``) in its own thread."""
+    """The embedded API server (kmock + reactions, as ``hami_testkit.apiserver``) in its own thread."""
     found: dict[str, kmock.KubernetesEmulator] = {}
     ready = threading.Event()
 

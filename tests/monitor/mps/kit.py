@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePath
 
-from hami.sim.mps_control import BEHAVIOUR_ENV, CARDS_ENV, DRIVER_PROTOCOL_ENV, write_wrapper
+from hami_testkit.mps_control import BEHAVIOUR_ENV, CARDS_ENV, DRIVER_PROTOCOL_ENV, write_wrapper
 from monitor.mps.control import MpsControl, pid_alive, read_pid
 from monitor.mps.protocol import LOG_ENV, PIPE_ENV
 from tests.eventually import eventually
