@@ -16,17 +16,19 @@
 
 ARG PYTHON_IMAGE=python:3.11-slim
 
-# --- build: the project as a wheel, and wheels of its dependencies and of the demo extra's
-# (no compiler needed: every dependency ships wheels)
+# --- build: the product and the test kit as wheels, and wheels of their dependencies (the demo extra
+# is the test kit; no compiler needed: every dependency ships wheels)
 FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY hami ./hami
 COPY webhook ./webhook
 COPY monitor ./monitor
-# testkit/hami_testkit/annotation-policy.yaml links here: the demo's embedded cluster enforces the chart's policy
+COPY testkit ./testkit
+# testkit/hami_testkit/annotation-policy.yaml links here: the demo's embedded cluster enforces the
+# chart's policy
 COPY charts/hami/files/annotation-policy.yaml ./charts/hami/files/
-RUN pip wheel --no-cache-dir --wheel-dir /wheels ".[demo]"
+RUN pip wheel --no-cache-dir --wheel-dir /wheels ./testkit ".[demo]"
 
 # --- what both images share: Python's settings for a container
 FROM ${PYTHON_IMAGE} AS runtime

@@ -6,10 +6,10 @@ STAMP := $(VENV)/.installed
 
 .PHONY: test lint typecheck imports pytest demo bench clean proto
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml testkit/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,demo]'
+	$(BIN)/python -m pip install --quiet -e ./testkit -e '.[test,demo]'
 	touch $(STAMP)
 
 lint: $(STAMP)

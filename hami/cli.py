@@ -30,6 +30,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 EXTRAS: dict[str, str] = {
     "numpy": "sim",
     "matplotlib": "sim",
+    "hami_testkit": "demo",
     "kmock": "demo",
     "cel": "demo",
     "kubernetes_validate": "demo",

@@ -1,14 +1,16 @@
 """``hami demo``: the subcommand's flags, and :func:`run`, which loads the demo only when it runs.
 
-The demo is the embedded cluster (:mod:`hami_testkit.demo_session`, :mod:`hami_testkit`): it needs the
-``demo`` extra (kmock, a CEL engine, Kubernetes' OpenAPI schemas), which the product image does not
-install. ``hami demo --help`` works without it; running the demo without it is one line naming the extra
-(``hami.cli``). Must not import ``hami_testkit`` at module level.
+The demo is the embedded cluster of the test kit (``hami_testkit.demo_session``), a distribution of its
+own that the ``demo`` extra installs (with kmock, a CEL engine, Kubernetes' OpenAPI schemas) and the
+product image does not. ``hami demo --help`` works without it; running the demo without it is one line
+naming the extra (``hami.cli``). The product never imports the kit (an import contract): it is loaded
+by name, only to run.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 from pathlib import Path
 
 
@@ -41,7 +43,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace) -> int:
-    from hami.commands import demo_session  # the demo extra, only now
+#: What the demo runs: the test kit's module, loaded by name when the demo starts.
+SESSION_MODULE = "hami_testkit.demo_session"
 
-    return demo_session.run(args)
+
+def run(args: argparse.Namespace) -> int:
+    session = importlib.import_module(SESSION_MODULE)  # the demo extra, only now
+    result: int = session.run(args)
+    return result

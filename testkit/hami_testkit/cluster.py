@@ -1,6 +1,6 @@
 """The simulated cluster description: which nodes exist, their labels and their simulated cards.
 
-Owns the cluster file format (the default is ``testkit/hami_testkit/cluster.yaml``, shipped as package data; its
+Owns the cluster file format (the default is ``hami_testkit/cluster.yaml``, shipped as package data; its
 header documents the format), its strict loader, and what the demo derives from it: the Node objects
 to create, each node's devices file for ``hami-monitor --backend sim`` and its per-node agent config.
 Card entries are passed to the agent as written (the agent's parser validates their values in full);

@@ -1,6 +1,6 @@
 """The demo's pod manifests: where they are, how they are read, and what each one expects to become.
 
-Owns :func:`default_examples_dir` (the example pods shipped inside the package, ``testkit/hami_testkit/examples``,
+Owns :func:`default_examples_dir` (the example pods shipped inside the package, ``hami_testkit/examples``,
 found through :mod:`importlib.resources`, so ``hami demo`` finds them from a wheel or the image as
 from a checkout; the repository's ``examples/`` is a link to them) and :func:`read_examples`: every
 Pod document of ``*.yaml`` and ``*.yml`` in file-name order, checked strictly -- an unknown field of

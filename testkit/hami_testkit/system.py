@@ -195,7 +195,9 @@ class EmbeddedSystem:
 
     async def _start_node_side(self) -> None:
         nodes = [f"{name}={files.kubelet_dir}" for name, files in self.node_files.items()]
-        argv = python_argv("-m", "hami_testkit.kubelet_standin", "--kubeconfig", str(self.kubeconfigs[KUBELET]))
+        argv = python_argv(
+            "-m", "hami_testkit.kubelet_standin", "--kubeconfig", str(self.kubeconfigs[KUBELET])
+        )
         for value in nodes:
             argv += ["--node", value]
         await self.supervisor.start(KUBELET, [*argv, "--log-level", self.options.log_level])

@@ -42,8 +42,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 from prometheus_client.parser import text_string_to_metric_families
 
-from hami_testkit.demo_session import default_examples_dir, load_examples, submit_all, wait_decided
 from hami_testkit.cluster import ClusterSpec, load_cluster
+from hami_testkit.demo_session import default_examples_dir, load_examples, submit_all, wait_decided
 from hami_testkit.kubeapi import MWC_PATH, pods_path
 from hami_testkit.processes import free_port, python_argv
 from hami_testkit.system import WEBHOOK, EmbeddedSystem

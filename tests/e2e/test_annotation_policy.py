@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from hami.annotations import POD_BIND_PHASE, POD_DEVICES_ALLOCATED, POD_DEVICES_TO_ALLOCATE, POD_VGPU_NODE
-from hami_testkit.demo_session import final_state, submit_all, wait_decided
 from hami_testkit.admission_standin import Admitted
 from hami_testkit.cluster import parse_cluster
+from hami_testkit.demo_session import final_state, submit_all, wait_decided
 from hami_testkit.kubeapi import ApiError, SimApi, pods_path
 from hami_testkit.system import ACCOUNTS, SCHEDULER, USER, EmbeddedSystem
 

@@ -18,9 +18,9 @@ from hami.annotations import (
     decode_node_enforcement,
     decode_pod_enforcement,
 )
-from hami_testkit.demo_session import final_state, submit_all, wait_decided
 from hami.doctor.enforcement import check_enforcement
 from hami_testkit.cluster import parse_cluster
+from hami_testkit.demo_session import final_state, submit_all, wait_decided
 from hami_testkit.kubeapi import nodes_path
 from hami_testkit.report import card_index, describe, legend, render
 from hami_testkit.system import EmbeddedSystem

@@ -24,6 +24,8 @@ from hami.annotations import (
     decode_mig_allocations,
     decode_pod_devices,
 )
+from hami.core.model import Grant
+from hami_testkit.cluster import load_cluster
 from hami_testkit.demo_session import (
     default_examples_dir,
     final_state,
@@ -31,8 +33,6 @@ from hami_testkit.demo_session import (
     submit_all,
     wait_decided,
 )
-from hami.core.model import Grant
-from hami_testkit.cluster import load_cluster
 from hami_testkit.kubeapi import nodes_path
 from hami_testkit.kubelet_standin import CHECKPOINT
 from hami_testkit.report import card_index, describe, render

@@ -32,8 +32,8 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from hami_testkit.demo_session import final_state, submit_all, wait_decided
 from hami_testkit.cluster import parse_cluster
+from hami_testkit.demo_session import final_state, submit_all, wait_decided
 from hami_testkit.kubeapi import SimApi, nodes_path, pods_path
 from hami_testkit.system import SCHEDULER, EmbeddedSystem
 from tests.e2e import hami_era

@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from hami.annotations import POD_DEVICES_ALLOCATED, decode_pod_devices
-from hami_testkit.demo_session import default_examples_dir
 from hami_testkit.cluster import load_cluster
+from hami_testkit.demo_session import default_examples_dir
 from hami_testkit.system import EmbeddedSystem
 from tests.e2e.commands import KUBECTL, run_kubectl
 

@@ -22,9 +22,9 @@ import pytest
 
 from hami import objects
 from hami.annotations import POD_DEVICES_ALLOCATED, decode_pod_devices
-from hami_testkit.demo_session import submit_all, wait_decided
 from hami_testkit.admission_standin import PRIORITY_CLASSES_PATH
 from hami_testkit.cluster import parse_cluster
+from hami_testkit.demo_session import submit_all, wait_decided
 from hami_testkit.kubeapi import pods_path
 from hami_testkit.system import EmbeddedSystem
 from tests.eventually import eventually

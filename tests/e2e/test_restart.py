@@ -21,8 +21,8 @@ from hami.annotations import (
     POD_VGPU_NODE,
     decode_pod_devices,
 )
-from hami_testkit.demo_session import final_state, submit_all, wait_decided
 from hami_testkit.cluster import parse_cluster
+from hami_testkit.demo_session import final_state, submit_all, wait_decided
 from hami_testkit.kubeapi import nodes_path
 from hami_testkit.system import SCHEDULER, EmbeddedSystem
 from tests.eventually import eventually

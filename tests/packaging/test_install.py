@@ -18,6 +18,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +32,7 @@ REPO = Path(__file__).resolve().parents[2]
 #: distributions only an extra brings (pyproject.toml's ``demo`` and ``sim``; the demo's jsonpatch is
 #: also Kopf's, so the product has it)
 EXTRA_ONLY = {
-    "demo": {"kmock", "common-expression-language", "kubernetes-validate"},
+    "demo": {"hami-testkit", "kmock", "common-expression-language", "kubernetes-validate"},
     "sim": {"numpy", "matplotlib"},
 }
 
@@ -110,23 +111,30 @@ def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Wheelhouse:
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(REPO / name, context / name)
     skip = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for package in ("hami", "webhook", "monitor"):
+    for package in ("hami", "webhook", "monitor", "testkit"):
         shutil.copytree(REPO / package, context / package, symlinks=True, ignore=skip)
     policy = Path("charts") / "hami" / "files" / "annotation-policy.yaml"
     (context / policy).parent.mkdir(parents=True)
     shutil.copy2(REPO / policy, context / policy)
     links = out / "links"
-    _pip("wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(links), str(context))
+    for project in (context, context / "testkit"):
+        _pip("wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(links), str(project))
     (wheel,) = links.glob("hami_py-*.whl")
-    # the versions this environment runs (it has every extra), so the download is what was tested
+    assert len(list(links.glob("hami_testkit-*.whl"))) == 1  # the test kit: what the demo extra installs
+    # the versions this environment runs (it has every extra), so the download is what was tested;
+    # our two distributions come from the wheels above only, never from an index
+    ours = {"hami-py", "hami-testkit"}
     pins = sorted(
         f"{d.metadata['Name']}=={d.version}"
         for d in importlib.metadata.distributions()
-        if _name(d.metadata["Name"]) != "hami-py"
+        if _name(d.metadata["Name"]) not in ours
     )
     constraints = out / "constraints.txt"
     constraints.write_text("\n".join(pins) + "\n")
-    _pip("download", "-q", "-d", str(links), "-c", str(constraints), f"{wheel}[sim,demo]")
+    with (REPO / "testkit" / "pyproject.toml").open("rb") as file:
+        needs = tomllib.load(file)["project"]["dependencies"]
+    kit_needs = [r for r in needs if _name(re.split(r"[<>=!~;\[ ]", r)[0]) not in ours]
+    _pip("download", "-q", "-d", str(links), "-c", str(constraints), f"{wheel}[sim]", *kit_needs)
     return Wheelhouse(wheel=wheel, links=links)
 
 
@@ -167,6 +175,8 @@ def test_the_product_pulls_in_no_extra(install: Callable[[str], Install]) -> Non
     packages = product.packages()
     assert "hami-py" in packages and {"kopf", "aiohttp", "kubernetes"} <= packages
     assert packages & (EXTRA_ONLY["demo"] | EXTRA_ONLY["sim"]) == set()
+    found = product.run("python", "-c", "import importlib.util as u; print(u.find_spec('hami_testkit'))")
+    assert found.returncode == 0 and found.stdout.strip() == "None", found  # no emulator in the product
     _pip("--python", str(product.root / "bin" / "python"), "check")
 
 

@@ -176,49 +176,43 @@ def test_hami_demo_refuses_a_bad_file_before_starting(
 # ------------------------------------------------------------------------------------------ the wheel
 @pytest.fixture(scope="module")
 def unpacked_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """This checkout built as a wheel (no dependencies, no network) and unpacked outside the repository.
+    """This checkout built as its two wheels, the product and the test kit (no dependencies, no network),
+    both unpacked into one directory outside the repository.
 
     Built from a copy of what the image's build context holds (pyproject.toml, README.md, the three
-    packages with their links, the chart's annotation-policy file), so the checkout gets no build/
-    directory and two runs never share one."""
+    packages and testkit/ with their links, the chart's annotation-policy file), so the checkout gets no
+    build/ directory and two runs never share one."""
     out = tmp_path_factory.mktemp("wheel")
     context = out / "context"
     skip = shutil.ignore_patterns("__pycache__", "*.pyc")
     context.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(REPO / name, context / name)
-    for package in ("hami", "webhook", "monitor"):
+    for package in ("hami", "webhook", "monitor", "testkit"):
         shutil.copytree(REPO / package, context / package, symlinks=True, ignore=skip)
     policy = Path("charts") / "hami" / "files" / "annotation-policy.yaml"
     (context / policy).parent.mkdir(parents=True)
     shutil.copy2(REPO / policy, context / policy)
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "-w",
-            str(out),
-            "./",
-        ],
-        cwd=context,
-        check=True,
-        timeout=300,
-        env={**os.environ, "PIP_NO_INDEX": "1"},
-    )
-    (wheel,) = out.glob("hami_py-*.whl")
+    for project in ("./", "./testkit"):
+        subprocess.run(
+            [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+             "-w", str(out), project],
+            cwd=context,
+            check=True,
+            timeout=300,
+            env={**os.environ, "PIP_NO_INDEX": "1"},
+        )  # fmt: skip
     site = out / "site"
-    with zipfile.ZipFile(wheel) as archive:
-        archive.extractall(site)
+    for pattern in ("hami_py-*.whl", "hami_testkit-*.whl"):
+        (wheel,) = out.glob(pattern)
+        with zipfile.ZipFile(wheel) as archive:
+            archive.extractall(site)
+    assert not (site / "hami" / "sim").exists()  # the product wheel carries no emulator
     return site
 
 
 def test_the_wheel_carries_the_demo_data(unpacked_wheel: Path) -> None:
-    sim = unpacked_wheel / "hami" / "sim"
+    sim = unpacked_wheel / "hami_testkit"
     assert sorted(p.name for p in (sim / "examples").iterdir()) == sorted(
         p.name for p in (REPO / "examples").iterdir()
     )
