@@ -609,7 +609,7 @@ def _named_as_wrapper(argv: Sequence[str]) -> None:
         if sys.base_prefix == sys.base_exec_prefix
         else f"{sys.base_prefix}:{sys.base_exec_prefix}"
     )
-    package_root = str(Path(__file__).resolve().parents[2])
+    package_root = str(Path(__file__).resolve().parent.parent)  # the directory holding hami_testkit
     paths = [package_root, *[p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]]
     env = {**os.environ, _NAMED_ENV: "1", "PYTHONHOME": home, "PYTHONPATH": os.pathsep.join(paths)}
     sys.stdout.flush()
