@@ -17,7 +17,7 @@ from typing import Any
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ResourceNames:
-    """The extended-resource names a pod uses to ask for card slices (spec-scheduler §2)."""
+    """The extended-resource names a pod uses to ask for card slices (docs/protocol.md, "Device config")."""
 
     count: str = "nvidia.com/gpu"
     memory: str = "nvidia.com/gpumem"
@@ -33,7 +33,7 @@ class ResourceNames:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DeviceConfig:
-    """HAMi's ``nvidia:`` device config with its defaults (spec-scheduler §2)."""
+    """HAMi's ``nvidia:`` device config with its defaults (docs/protocol.md, "Device config")."""
 
     resources: ResourceNames = field(default_factory=ResourceNames)
     default_memory: int = 0

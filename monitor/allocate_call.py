@@ -1,6 +1,6 @@
 """Finish a pod's allocation when kubelet calls Allocate, then hand the node lock back.
 
-Owns the Allocate hand-off of spec-node-chart §A.9 / spec-scheduler §16 and its checks
+Owns the Allocate hand-off of docs/protocol.md, "Allocate", "Node lock" and its checks
 (docs/security.md, "The node agent's hand-out"): list this node's pods, pair kubelet's call with the pod
 it is admitting (``monitor.pairing``: the pod whose next waiting entry matches kubelet's card count;
 ambiguous = fail closed, no card, a Warning Event on every candidate), refuse a grant that breaks a

@@ -1,4 +1,4 @@
-"""What one container gets from Allocate: the pure rules (spec-node-chart §A.9), no I/O.
+"""What one container gets from Allocate: the pure rules (docs/protocol.md, "Allocate"), no I/O.
 
 Owns: the Allocate outcomes (:class:`AllocationError` and its kinds :class:`PodMissing`,
 :class:`HandoutRefused`, :class:`Ambiguous`; :class:`ContainerAnswer` and :class:`MountSpec`, what
@@ -69,7 +69,8 @@ class ContainerAnswer:
 
 
 def is_candidate(pod: Mapping[str, Any], node: str) -> bool:
-    """A pod bound here whose cards are not all handed out yet (HAMi's pending-pod test, §A.9 2b).
+    """A pod bound here whose cards are not all handed out yet (HAMi's pending-pod test,
+    docs/protocol.md, "Allocate").
 
     HAMi also accepts ``bind-phase=success``; a pod whose entries are all blank has nothing for
     Allocate to hand out, so it is not a candidate here. A malformed annotation still makes the pod a
@@ -114,7 +115,7 @@ def container_spec(pod: Mapping[str, Any], index: int) -> Mapping[str, Any]:
 def container_envs(
     grants: Sequence[Grant], container: Mapping[str, Any], settings: NodeSettings, *, cache_file: str | None
 ) -> dict[str, str]:
-    """Envs for one container (spec-node-chart §A.9). Example: grants (GPU-a 3000 MiB 30 %), (GPU-b
+    """Envs for one container (docs/protocol.md, "Allocate"). Example: grants (GPU-a 3000 MiB 30 %), (GPU-b
     4000 MiB 30 %) → ``NVIDIA_VISIBLE_DEVICES=GPU-a,GPU-b``, ``CUDA_DEVICE_MEMORY_LIMIT_0=3000m``,
     ``CUDA_DEVICE_MEMORY_LIMIT_1=4000m``, ``CUDA_DEVICE_SM_LIMIT=30``."""
     uuids = tuple(dict.fromkeys(g.uuid for g in grants))

@@ -5,7 +5,7 @@ from what the agent already holds: the cards (``Inventory``, refreshed by the he
 registration rules (``build_registration``: scaled memory, cores, slots, health), the tracked pods'
 grants (``GrantBook``, decoded with the shared codec) and the backend's live usage, with processes
 attributed to pod containers through their cgroup. Metric names follow HAMi's monitor where HAMi has
-one (spec-node-chart §B.4; its legacy camel-case names too with ``--legacy-metrics``), ours are
+one (docs/metrics.md, "Node agent"; its legacy camel-case names too with ``--legacy-metrics``), ours are
 ``hami_node_*``; all but the legacy ones pass ``promtool check metrics`` (``tests/test_promlint.py``).
 Every series carries HAMi's constant ``zone="vGPU"`` label, and ``node`` + ``device_uuid``. The full
 list is ``docs/metrics.md``. The registry is built by the entry point and passed in: no global registry;

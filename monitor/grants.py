@@ -1,11 +1,11 @@
 """What the scheduler granted on this node, read back from the pods for the exporter.
 
 Owns turning one pod's decoded ``hami.io/vgpu-devices-allocated`` into per-container
-:class:`ContainerGrant` s with their container names, the per-card totals (the same §6 collapse the
-scheduler applies, through ``hami.core.usage``), and :class:`GrantBook`, the periodic pod list that keeps
-them fresh and remembers whose init containers already gave their cards back (sticky, as the
-scheduler's view). Which pods hold cards here is the shared rule ``hami.annotations.holding`` with the
-grant required, so the totals are exactly what the scheduler counts for the node's cards. Every
+:class:`ContainerGrant` s with their container names, the per-card totals (the same collapse
+(docs/protocol.md, "Usage") the scheduler applies, through ``hami.core.usage``), and :class:`GrantBook`, the
+periodic pod list that keeps them fresh and remembers whose init containers already gave their cards back
+(sticky, as the scheduler's view). Which pods hold cards here is the shared rule ``hami.annotations.holding``
+with the grant required, so the totals are exactly what the scheduler counts for the node's cards. Every
 annotation is decoded by the shared codec; nothing here splits annotation text. Imports the codec, the
 core and ``hami.kube``; must not import grpc, pynvml or the Kubernetes client.
 """

@@ -1,11 +1,11 @@
 """Dynamic MIG in Allocate: make the exact instances the scheduler booked and record them on the pod.
 
-Owns spec-node-chart §A.9/§A.11 for a MIG-mode node: each popped (container, device) must have its
-reservation in ``hami.io/vgpu-mig-allocations``; the backend is asked for a GPU instance of that
-profile at exactly that placement (with one compute instance spanning it), reusing an existing
-instance with the same profile and placement; ``migUUID``, ``gpuInstanceID`` and ``computeInstanceID``
-are merge-patched back into the annotation; the container sees ``NVIDIA_VISIBLE_DEVICES`` = its MIG
-UUIDs and no HAMi-core limits.
+Owns the Allocate step for a MIG-mode node (docs/protocol.md, "Allocate"; docs/node-agent.md, "Dynamic MIG"):
+each popped (container, device) must have its reservation in ``hami.io/vgpu-mig-allocations``; the backend is
+asked for a GPU instance of that profile at exactly that placement (with one compute instance spanning it),
+reusing an existing instance with the same profile and placement; ``migUUID``, ``gpuInstanceID`` and
+``computeInstanceID`` are merge-patched back into the annotation; the container sees
+``NVIDIA_VISIBLE_DEVICES`` = its MIG UUIDs and no HAMi-core limits.
 
 Leftovers are reclaimed lazily, never by a background sweep: an instance overlapping the booked slices
 is destroyed only when no live pod on this node records its MIG UUID (``hami.annotations.holding``

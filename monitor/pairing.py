@@ -1,4 +1,4 @@
-"""Which pod a kubelet ``Allocate`` call is for, when the call names none (spec-node-chart §A.9).
+"""Which pod a kubelet ``Allocate`` call is for, when the call names none (docs/protocol.md, "Allocate").
 
 Owns the pairing rules of docs/node-agent.md ("Which pod an Allocate is for"). Kubelet calls Allocate
 while it admits a pod, once per container asking for the resource (init containers first), with only

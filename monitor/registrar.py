@@ -1,7 +1,7 @@
 """Node registration: turn discovered cards into ``hami.io/node-nvidia-register`` and keep it current.
 
-Owns the card → registration rules (spec-node-chart §A.3b, spec-scheduler §5.2) and the loop that
-writes them (§A.5): every ``interval`` seconds rebuild the registration and merge-patch ONLY the
+Owns the card → registration rules (docs/node-agent.md, "Registration") and the loop that
+writes them: every ``interval`` seconds rebuild the registration and merge-patch ONLY the
 register, pair-score and enforcement keys when the JSON differs from what the Node carries, or when the last
 patch is older than ``refresh`` (a cheap guard against a lost write); after an error wait ``retry``
 seconds. The comparison is against the Node itself (not a cache of what was sent), so a failed patch

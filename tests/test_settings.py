@@ -1,4 +1,4 @@
-"""HAMi's device config (spec-scheduler §2) read into DeviceConfig."""
+"""HAMi's device config (docs/protocol.md, "Device config") read into DeviceConfig."""
 
 import pytest
 

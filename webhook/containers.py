@@ -1,7 +1,7 @@
 """One container of a new pod at admission: its value checks and the webhook's defaults. PURE.
 
-Owns :func:`mutate_container` (spec-scheduler §4, per container, init containers first) and the reason
-codes of its problems. For a container that asks for a managed resource (limits or requests):
+Owns :func:`mutate_container` (docs/protocol.md, "Admission", per container, init containers first) and the
+reason codes of its problems. For a container that asks for a managed resource (limits or requests):
 the values are judged by the core parser with the webhook's :class:`~hami.core.requests.Bounds`
 (every range and message is the core's; here each problem only gets its reason code), a card count
 of 0 next to memory or cores is a typo (:func:`webhook.typos.zero_card_problem`); a valid container

@@ -1,4 +1,4 @@
-"""The admission decision for one new pod: a patch plan or a refusal (spec-scheduler §4). PURE.
+"""The admission decision for one new pod: a patch plan or a refusal (docs/protocol.md, "Admission"). PURE.
 
 Owns :func:`plan`: given the pod as submitted (raw JSON dict) and :class:`MutationSettings`, it returns
 :class:`Admit` (the new value of every top-level ``spec`` field that changes; empty when the pod is left

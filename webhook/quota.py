@@ -1,4 +1,4 @@
-"""The admission-time ResourceQuota pre-check (spec-scheduler §4 step 7, HAMi's ``fitResourceQuota``).
+"""The admission-time ResourceQuota pre-check (docs/protocol.md, "Quotas", HAMi's ``fitResourceQuota``).
 
 Owns :class:`QuotaCheck`: the GPU limits of every ResourceQuota, kept by a list + watch
 (:func:`watch_quotas`, ``hami.kube.watch``), and the judgement of a GPU pod that

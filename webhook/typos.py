@@ -51,7 +51,7 @@ NAMESPACES = ("nvidia.com/", "hami.io/")
 STRICT = ("hami.io/",)
 #: NVIDIA device plugin resources, never judged: MIG (mixed strategy) and time-slicing renames.
 NVIDIA_PLUGIN = re.compile(r"^nvidia\.com/(mig-[^/]+|[^/]+\.shared)$")
-#: The steering annotations users set on pods (spec-scheduler §17): the codec's list.
+#: The steering annotations users set on pods (docs/protocol.md, "Steering"): the codec's list.
 USER_KEYS = USER_POD_ANNOTATIONS
 #: HAMi's per-vendor uuid steering keys (``hami.io/use-Ascend910B2-uuid``, ``hami.io/no-use-xpu-uuid``).
 OTHER_VENDOR_KEY = re.compile(r"^hami\.io/(no-)?use-[A-Za-z0-9.]+-uuid$")

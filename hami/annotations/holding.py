@@ -6,7 +6,7 @@ holds none), :func:`init_containers_done` (when init containers give their cards
 share it: the scheduler's live view (``hami.scheduler.podrecords``), the node agent's exporter
 (``monitor.grants``) and the agent's MIG reclaim (``monitor.mig``).
 
-The rule (spec-scheduler §6, docs/scheduler.md "A pod counts against its cards"):
+The rule (docs/protocol.md, "Usage"):
 
 1. a ``Succeeded`` or ``Failed`` pod holds nothing (its containers are gone). Every other phase
    (Pending, Running, Unknown, none) may hold, pods being deleted included: their containers run
@@ -54,7 +54,7 @@ from hami.annotations.errors import AnnotationError
 from hami.annotations.keys import POD_BIND_PHASE, POD_BIND_TIME, POD_DEVICES_ALLOCATED, POD_VGPU_NODE
 from hami.annotations.pod import decode_unix_time
 
-#: Phases whose containers no longer hold their cards (spec-scheduler §6).
+#: Phases whose containers no longer hold their cards (docs/protocol.md, "Usage").
 FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
 #: How long an unbound ``bind-phase=allocating`` counts by default: 2 x kube-scheduler's 30 s bind timeout.
 ALLOCATING_HORIZON = datetime.timedelta(seconds=60)

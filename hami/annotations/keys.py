@@ -1,4 +1,5 @@
-"""Every annotation and label key of the HAMi protocol (spec-scheduler §5.1, §15, §16, §17).
+"""Every annotation and label key of the HAMi protocol (docs/annotations.md, "Node annotations";
+docs/protocol.md, "Extender", "Node lock", "Steering").
 
 Owns the key strings only; formats live beside them in the codec package. Pure: stdlib only.
 """
@@ -42,7 +43,7 @@ POD_REQUIRE_ENFORCEMENT = "hami.io/require-enforcement"
 WEBHOOK_IGNORE_LABEL = "hami.io/webhook"  # value "ignore" excludes a pod or namespace
 POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
 
-#: The steering annotations users set on pods (spec-scheduler §17; docs/annotations.md).
+#: The steering annotations users set on pods (docs/protocol.md, "Steering"; docs/annotations.md).
 USER_POD_ANNOTATIONS: tuple[str, ...] = (
     POD_USE_GPUTYPE,
     POD_NOUSE_GPUTYPE,

@@ -1,5 +1,5 @@
-"""Node lock value (``hami.io/mutex.lock``, spec-scheduler §16) and handshake (``hami.io/node-handshake``,
-spec-scheduler §5.3).
+"""Node lock value (``hami.io/mutex.lock``, docs/protocol.md, "Node lock") and handshake
+(``hami.io/node-handshake``, docs/protocol.md, "Handshake").
 
 Lock value: ``<RFC3339 time>,<namespace>,<pod name>``; a bare RFC3339 time is the legacy form (no
 owner). With commas there must be exactly three parts; anything else, or a bad time, is an error.

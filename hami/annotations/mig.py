@@ -1,4 +1,4 @@
-"""``hami.io/vgpu-mig-allocations``: the MIG instances booked for a pod (spec-scheduler §13).
+"""``hami.io/vgpu-mig-allocations``: the MIG instances booked for a pod (docs/protocol.md, "MIG").
 
 A JSON array of ``{containerIndex, deviceIndex, gpuUUID, profile, placement:{start,size}}``; the node
 agent later adds ``migUUID``, ``gpuInstanceID`` and ``computeInstanceID`` (all three or none). Two

@@ -1,4 +1,5 @@
-"""Node-side annotations: card registration, pair scores, cordon list (spec-scheduler §5.1, §8, §12).
+"""Node-side annotations: card registration, pair scores, cordon list
+(docs/annotations.md, "Node annotations"; docs/protocol.md, "Fit", "Topology").
 
 ``hami.io/node-nvidia-register`` is a JSON array of cards, keys ``id index count devmem devcore type
 numa mode migProfiles health``, each omitted when zero/false/empty; unknown keys are ignored and key
@@ -211,8 +212,8 @@ def encode_node_devices_legacy(devices: Iterable[Device]) -> str:
 
 
 def decode_node_devices_legacy(text: str) -> tuple[Device, ...]:
-    """Read the colon form with HAMi's rules and error texts (spec-scheduler §5.1); a card id listed
-    twice is refused (HAMi accepts it)."""
+    """Read the colon form with HAMi's rules and error texts (docs/annotations.md, "Node annotations"); a card
+    id listed twice is refused (HAMi accepts it)."""
     check_length(NODE_REGISTER, text)
     if ":" not in text:
         raise AnnotationError(NODE_REGISTER, text, "node annotation missing device separator")

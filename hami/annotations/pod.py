@@ -1,4 +1,5 @@
-"""Pod-side scheduling annotations: the device lists, bind phase and times (spec-scheduler §15, §16).
+"""Pod-side scheduling annotations: the device lists, bind phase and times
+(docs/protocol.md, "Extender", "Node lock").
 
 Device list (``hami.io/vgpu-devices-to-allocate`` and ``hami.io/vgpu-devices-allocated``): per container,
 init containers first, each card as ``uuid,type,usedmem,usedcores:`` and ``;`` after every container::
@@ -190,15 +191,16 @@ def read_bind_time(pod: Mapping[str, Any]) -> datetime.datetime | None:
 
 
 def read_vgpu_node(pod: Mapping[str, Any]) -> str | None:
-    """The node the scheduler chose (``hami.io/vgpu-node``); a pod without it is not tracked (§6)."""
+    """The node the scheduler chose (``hami.io/vgpu-node``); a pod without it is not tracked
+    (docs/protocol.md, "Usage")."""
     return pod_annotations(pod).get(POD_VGPU_NODE)
 
 
 def allocation_annotations(
     *, node: str, devices: PodDevices, mig: Iterable[MigAllocation] = (), now: datetime.datetime
 ) -> dict[str, str]:
-    """What the scheduler writes on the pod once a node is chosen (§15). Also label the pod with
-    ``hami.io/vgpu-node=<node>`` (same key, written as a label by the caller)."""
+    """What the scheduler writes on the pod once a node is chosen (docs/protocol.md, "Extender"). Also label
+    the pod with ``hami.io/vgpu-node=<node>`` (same key, written as a label by the caller)."""
     encoded = encode_pod_devices(devices)
     annotations = {
         POD_VGPU_NODE: node,

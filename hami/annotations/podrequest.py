@@ -1,4 +1,5 @@
-"""A raw pod (JSON dict) -> the core's :class:`~hami.core.model.PodRequest` (spec-scheduler §3, §11, §17).
+"""A raw pod (JSON dict) -> the core's :class:`~hami.core.model.PodRequest`
+(docs/protocol.md, "Requests", "Scoring", "Steering").
 
 Owns the steering annotations users set on pods (type/uuid lists, numa-bind, vgpu-mode, policies,
 scoring weights) and the per-container request parsing order (init containers first, then app
@@ -37,8 +38,8 @@ from hami.objects import RawContainer
 from hami.settings import DeviceConfig
 
 _WEIGHT_KEYS = ("slot", "core", "memory")
-#: Values the scheduler acts on (spec-scheduler §11; ``fragmentation`` is ours, docs/policies.md). HAMi
-#: treats anything else as binpack (node) or spread (card), silently; :func:`pod_annotation_problems`
+#: Values the scheduler acts on (docs/protocol.md, "Scoring"; ``fragmentation`` is ours, docs/policies.md).
+#: HAMi treats anything else as binpack (node) or spread (card), silently; :func:`pod_annotation_problems`
 #: reports it instead. ``fragmentation`` stands alone: it is no key of a card-order chain.
 NODE_POLICIES = (BINPACK, SPREAD, FRAGMENTATION)
 GPU_POLICIES = (BINPACK, SPREAD, MUTEX, TOPOLOGY, NUMA, FRAGMENTATION)
@@ -142,11 +143,11 @@ def decode_gpu_policy(text: str | None, *, strict: bool = False) -> str | None:
 
 
 def pod_annotation_problems(pod: Mapping[str, Any]) -> tuple[AnnotationError, ...]:
-    """Every steering annotation of ``pod`` the scheduler would ignore or fail on, in §17 order (for
-    the webhook to refuse the pod at admission). Each message names the key, quotes the text and says
-    what is accepted; a weights problem keeps HAMi's reason and adds the accepted form. A blank value
-    is never a problem: it means the default everywhere (for numa-bind Go's error reads as false, the
-    default too).
+    """Every steering annotation of ``pod`` the scheduler would ignore or fail on, in the order of
+    docs/protocol.md, "Steering" (for the webhook to refuse the pod at admission). Each message names the key,
+    quotes the text and says what is accepted; a weights problem keeps HAMi's reason and adds the accepted
+    form. A blank value is never a problem: it means the default everywhere (for numa-bind Go's error reads as
+    false, the default too).
     """
     annotations = pod_annotations(pod)
     problems: list[AnnotationError] = []

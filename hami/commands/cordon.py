@@ -1,4 +1,5 @@
-"""``hami cordon|uncordon NODE CARD...`` and ``hami cordon NODE --list``: per-card cordon (spec §8 check 2).
+"""``hami cordon|uncordon NODE CARD...`` and ``hami cordon NODE --list``: per-card cordon
+(docs/protocol.md, "Fit" check 2).
 
 Owns the command: read the Node, resolve each CARD (a uuid, or ``#INDEX``) against the cards the node
 registered (``hami.io/node-nvidia-register``), refuse unknown ones with the node's card list, and change

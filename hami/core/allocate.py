@@ -7,7 +7,7 @@ it is resolvable). ``priorities(request, nodes, policy)`` is the one node rankin
 per node under the pod's node policy (``/prioritize``'s answer; kube-scheduler binds the best).
 ``fit_node`` is the decision for one node (bind recomputes with it on fresh state).
 
-Pod level per node (spec-scheduler §7 step 4): init containers each run on a fresh copy of the
+Pod level per node (docs/protocol.md, "Pod on a node"): init containers each run on a fresh copy of the
 node's usage, app containers run in order on one shared copy that accumulates their picks;
 containers without a request get an empty entry; the node score is the usage before the pod.
 
@@ -86,7 +86,8 @@ def fit_node(
     *,
     quotas: Mapping[str, NamespaceQuota] | None = None,
 ) -> Decision:
-    """Place the pod on one node (§7 step 4), or say why not and whether it ever could."""
+    """Place the pod on one node (docs/protocol.md, "Pod on a node"), or say why not and whether it ever
+    could."""
     request = required(request, policy)
     quota = (quotas or {}).get(request.namespace)
     gpu = parse_gpu_policy(request.gpu_policy or policy.gpu_policy)
@@ -133,12 +134,12 @@ def _place(
     *,
     ordered: bool = True,
 ) -> Allocation | _Failure:
-    """Fit the containers in turn (§7 step 4). ``ordered=False`` walks the cards in registration
-    order, skipping the card scores: only for a failure whose reason counts do not depend on the order
-    (see :meth:`Decisions._rejected`)."""
+    """Fit the containers in turn (docs/protocol.md, "Pod on a node"). ``ordered=False`` walks the cards in
+    registration order, skipping the card scores: only for a failure whose reason counts do not depend on the
+    order (see :meth:`Decisions._rejected`)."""
     steer = Steering.of(request, gpu, node.cordoned, node.pair_scores)
     gated = quota if quota is not None and quota.limited else None
-    vendor = node.summary.vendor  # positions of the cards passing the §7 type pre-filter
+    vendor = node.summary.vendor  # cards passing the type pre-filter (docs/protocol.md, "Registration")
     fresh = node.devices
     shared = list(node.devices)
     grants: list[tuple[Grant, ...]] = []

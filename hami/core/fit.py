@@ -1,4 +1,5 @@
-"""Fit: one container request against one node's sorted card list (spec-scheduler §8, §9, §12, §13).
+"""Fit: one container request against one node's sorted card list
+(docs/protocol.md, "Fit", "Several cards", "Topology", "MIG").
 
 Owns :func:`fit_container`, HAMi's card walk: from the last card of the sorted list to the first, the
 first failing check of 1..16 records its reason and skips the card (after check 3, ours: a card whose
@@ -101,7 +102,7 @@ class Pick:
     """One card chosen for the container.
 
     ``need`` is the memory resolved for this card (MiB or % of it); the grant carries ``memory`` /
-    ``cores``, which a MIG booking replaces by the profile's figures (§13).
+    ``cores``, which a MIG booking replaces by the profile's figures (docs/protocol.md, "MIG").
     """
 
     slot: int  # position in the card list handed to Fit

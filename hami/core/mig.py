@@ -1,4 +1,4 @@
-"""Dynamic MIG: choose a profile and a placement for a memory need on one card (spec-scheduler §13).
+"""Dynamic MIG: choose a profile and a placement for a memory need on one card (docs/protocol.md, "MIG").
 
 Owns profile choice (smallest profile by memory, then slice count, that still has a free placement)
 and placement choice (``1g.``/``3g.`` profiles from the highest start down, others from the lowest
@@ -23,7 +23,8 @@ def _high_first(profile: MigProfile) -> bool:
 
 
 def free_placement(profile: MigProfile, occupied: Sequence[MigPlacement]) -> MigPlacement | None:
-    """The first placement of ``profile`` that overlaps nothing in ``occupied``, in §13 order."""
+    """The first placement of ``profile`` that overlaps nothing in ``occupied``, in the order of
+    docs/protocol.md, "MIG"."""
     # A zero-size placement would overlap nothing and let a revisited card book forever.
     usable = [p for p in profile.placements if p.size > 0]
     usable.sort(key=lambda p: p.start, reverse=_high_first(profile))
@@ -49,8 +50,8 @@ def book_all(
 ) -> list[MigReservation] | None:
     """Book every memory need in turn on top of ``existing``; None when one of them does not fit.
 
-    Fit's custom rule (§13) books the picks already made on this card in this request, each with its
-    own memory need, and then asks whether the new need still fits.
+    Fit's custom rule (docs/protocol.md, "MIG") books the picks already made on this card in this request,
+    each with its own memory need, and then asks whether the new need still fits.
     """
     occupied = [r.placement for r in existing]
     booked: list[MigReservation] = []

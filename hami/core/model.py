@@ -22,12 +22,12 @@ from hami.core.rejection import Rejection as Rejection
 
 #: Request type every NVIDIA container request carries (HAMi's ``NvidiaGPUDevice``).
 NVIDIA = "NVIDIA"
-#: Percentage sentinel meaning "no memory percentage was given" (spec-scheduler §3).
+#: Percentage sentinel meaning "no memory percentage was given" (docs/protocol.md, "Requests").
 PERCENT_NOT_GIVEN = 101
 
 
 class DeviceMode(StrEnum):
-    """How a card is shared (spec-scheduler §10)."""
+    """How a card is shared (docs/protocol.md, "Card modes")."""
 
     HAMI_CORE = "hami-core"
     MIG = "mig"
@@ -92,11 +92,12 @@ class MigReservation:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DeviceState:
-    """A card with what is already used on it (spec-scheduler §6).
+    """A card with what is already used on it (docs/protocol.md, "Usage").
 
-    ``inconsistencies`` counts the tracked pods whose MIG bookkeeping disagrees with this card (§6:
-    a MIG entry without a reservation, a reservation on a non-MIG card). It is a count, not a flag,
-    so that removing a pod exactly undoes adding it; the card fails closed while it is non-zero.
+    ``inconsistencies`` counts the tracked pods whose MIG bookkeeping disagrees with this card
+    (docs/protocol.md, "Usage": a MIG entry without a reservation, a reservation on a non-MIG card). It is a
+    count, not a flag, so that removing a pod exactly undoes adding it; the card fails closed while it is
+    non-zero.
     """
 
     device: Device
@@ -121,7 +122,8 @@ class DeviceState:
 
 
 def is_vendor_card(device: Device, request_type: str = NVIDIA) -> bool:
-    """The §7 type pre-filter: the card type contains the request type, case-insensitively."""
+    """The type pre-filter (docs/protocol.md, "Registration"): the card type contains the request type,
+    case-insensitively."""
     return request_type.lower() in device.type.lower()
 
 
@@ -153,7 +155,7 @@ class NodeSummary:
     are their distinct (type, mode), first seen first; ``groups`` splits them by (type, mode, NUMA
     node) when there is more than one kind; ``by_numa`` by NUMA node (NUMA ascending, each free memory
     descending); ``uuids`` are their uuids; ``min_level``/``max_level`` the weakest and strongest
-    enforcement among them; ``score`` is the HAMi node score of the usage (§11).
+    enforcement among them; ``score`` is the HAMi node score of the usage (docs/protocol.md, "Scoring").
     """
 
     score: float
@@ -174,8 +176,8 @@ class NodeSummary:
 def summarize(devices: tuple[DeviceState, ...], cordoned: frozenset[str]) -> NodeSummary:
     """Derive the :class:`NodeSummary` of a card list.
 
-    Node score (§11), worked example: two cards of 10 slots / 100 cores / 1000 MiB, one holding one
-    task of 30 cores and 200 MiB -> 10 x (1/20 + 30/200 + 200/2000) = 10 x 0.3 = 3.0.
+    Node score (docs/protocol.md, "Scoring"), worked example: two cards of 10 slots / 100 cores / 1000 MiB,
+    one holding one task of 30 cores and 200 MiB -> 10 x (1/20 + 30/200 + 200/2000) = 10 x 0.3 = 3.0.
     """
     used = count = ucores = tcores = umem = tmem = 0
     vendor: list[int] = []
@@ -271,7 +273,7 @@ class NodeState:
     """Everything the core needs to know about one node to place a pod on it.
 
     ``devices`` keep registration order. ``pair_scores[a][b]`` is the topology score between two
-    card uuids (spec-scheduler §12). ``cordoned`` holds the uuids of ``hami.io/device-cordon``.
+    card uuids (docs/protocol.md, "Topology"). ``cordoned`` holds the uuids of ``hami.io/device-cordon``.
     ``positions`` (uuid -> index in ``devices``) and ``summary`` are derived at construction.
     """
 
@@ -292,11 +294,12 @@ class NodeState:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NamespaceQuota:
-    """A namespace's device quota (spec-scheduler §14), passed into the core as data.
+    """A namespace's device quota (docs/protocol.md, "Quotas"), passed into the core as data.
 
     ``memory_limit`` / ``cores_limit`` come from ResourceQuota ``limits.<gpumem>`` / ``limits.<gpucores>``
     (``None`` = not set; the memory limit already multiplied by ``memoryFactor`` when > 1); the used
-    amounts are the collapsed usage (§6) of the namespace's tracked pods, kept by the caller.
+    amounts are the collapsed usage (docs/protocol.md, "Usage") of the namespace's tracked pods, kept by the
+    caller.
     """
 
     memory_limit: int | None = None
@@ -320,7 +323,7 @@ class NamespaceQuota:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ContainerRequest:
-    """One container's device request (spec-scheduler §3).
+    """One container's device request (docs/protocol.md, "Requests").
 
     Exactly one memory form holds for a real request: ``memory_mib > 0`` with ``percentage == 101``
     (absolute MiB), or ``memory_mib == 0`` with ``1 <= percentage <= 100``.
@@ -335,7 +338,7 @@ class ContainerRequest:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ScoringWeights:
-    """``hami.io/device-scoring-weights`` (spec-scheduler §11); defaults 1, 1, 1."""
+    """``hami.io/device-scoring-weights`` (docs/protocol.md, "Scoring"); defaults 1, 1, 1."""
 
     slot: int = 1
     core: int = 1
@@ -392,7 +395,7 @@ PodDevices = tuple[tuple[Grant, ...], ...]
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MigAllocation:
-    """One entry of ``hami.io/vgpu-mig-allocations`` (spec-scheduler §13).
+    """One entry of ``hami.io/vgpu-mig-allocations`` (docs/protocol.md, "MIG").
 
     ``container_index``/``device_index`` index into the per-container grant lists. The node agent
     adds the three instance fields (all or none) once the instance exists.

@@ -5,9 +5,10 @@ Owns :func:`plan` (built once per pod), :func:`verdict` (per node, from the node
 used: a rejection's ``resolvable``). The precheck covers pods with only NVIDIA requests, no namespace
 quota, and at most one app container with a request; type/uuid steering (``use-gputype``,
 ``nouse-gputype``, ``use-gpuuuid``, ``nouse-gpuuuid``, ``vgpu-mode``) and ``numa-bind`` included, except
-numa-bind under topology-aware card choice. Init containers run on fresh copies (§7), so each container
-is judged on its own. For such a pod and a node without MIG cards, whether Fit succeeds does not depend
-on the card order, because no check 5..15 looks at the cards picked before:
+numa-bind under topology-aware card choice. Init containers run on fresh copies
+(docs/protocol.md, "Pod on a node"), so each container is judged on its own. For such a pod and a node without
+MIG cards, whether Fit succeeds does not depend on the card order, because no check 5..15 looks at the cards
+picked before:
 
 - without numa-bind, it succeeds iff at least ``nums`` cards pass checks 1..15 independently;
 - with numa-bind, the order keeps each NUMA node's cards together (NUMA is the primary sort key of
@@ -58,7 +59,7 @@ class Check:
     cores: int
 
 
-_VENDOR = NVIDIA.lower()  # the §7 type pre-filter (is_vendor_card), on a lower-cased type
+_VENDOR = NVIDIA.lower()  # is_vendor_card's type pre-filter (docs/protocol.md, "Registration"), lower-cased
 
 #: Cards to count together: the open cards of the node, or of one NUMA node (free memory descending).
 Pool = tuple[OpenCard, ...]

@@ -1,5 +1,6 @@
-"""Namespace device quotas (spec-scheduler §14): a ResourceQuota's GPU limits, the admission pre-check
-(§4, HAMi's ``fitResourceQuota``) and the check inside Fit (check 10 of §8).
+"""Namespace device quotas (docs/protocol.md, "Quotas"): a ResourceQuota's GPU limits, the admission pre-check
+(docs/protocol.md, "Admission", HAMi's ``fitResourceQuota``) and the check inside Fit (docs/protocol.md, "Fit"
+check 10).
 
 Owns :func:`read_limits` (``spec.hard`` keys ``limits.<memory resource>`` / ``limits.<cores resource>``
 -> :class:`QuotaLimits`: whole numbers rounded up like Go's ``Value()``, memory times ``memoryFactor``,
@@ -9,7 +10,7 @@ book and by the webhook alike; :func:`admission_ask` and :func:`over_quota`, the
 and :class:`QuotaGate`: the pod's grants chosen so far for earlier containers, the current
 container's position, and the namespace's :class:`~hami.core.model.NamespaceQuota`. Fit asks it
 whether "earlier containers + this container's picks + this card" still fits, collapsed for init
-containers like §6 and summed over cards.
+containers (docs/protocol.md, "Usage") and summed over cards.
 
 Admission (HAMi): the pod asks ``memory x cards`` and ``cores x cards`` summed over its app
 containers, or the largest init container's if more (init containers run one after another); a

@@ -1,7 +1,7 @@
 """Why a node cannot take a pod, as data: the reason codes, the rejection, and its one rendering.
 
-Owns :class:`Reason` (one member per HAMi reason word of spec-scheduler §19, ours in HAMi's style for a
-card below the required enforcement level (``CardEnforcementInsufficient``), and one per way a node is
+Owns :class:`Reason` (one member per HAMi reason word of docs/protocol.md, "Reasons", ours in HAMi's style for
+a card below the required enforcement level (``CardEnforcementInsufficient``), and one per way a node is
 excluded before Fit runs: no registration, one without cards, an unreadable one, unreadable pair
 scores, an unanswered handshake, a Node of the wrong shape), :class:`Rejection` (the reasons keyed by
 code, with counts; the detail of a node-level reason as data) and :func:`render`, the only place
@@ -24,8 +24,8 @@ from enum import StrEnum
 
 
 class Reason(StrEnum):
-    """A reason code. A HAMi word's value is the word itself (spec-scheduler §19: spelling is part of the
-    protocol); an exclusion's value is its own code. Render with :attr:`text`, never ``str()``."""
+    """A reason code. A HAMi word's value is the word itself (docs/protocol.md, "Reasons": spelling is part of
+    the protocol); an exclusion's value is its own code. Render with :attr:`text`, never ``str()``."""
 
     # per card, counted: "n/N Word"
     CARD_NOT_HEALTH = "CardNotHealth"

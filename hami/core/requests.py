@@ -1,4 +1,4 @@
-"""One container's resources -> its device request, exactly as HAMi reads them (spec-scheduler §3).
+"""One container's resources -> its device request, exactly as HAMi reads them (docs/protocol.md, "Requests").
 
 Owns :func:`parse_container` and the :class:`RequestProblem` texts the webhook shows users. The
 request follows HAMi to the letter (a malformed value empties or ignores exactly what HAMi empties or
@@ -80,7 +80,7 @@ def parse_container(
     *,
     bounds: Bounds | None = None,
 ) -> ParsedContainer:
-    """Turn one container's ``limits``/``requests`` into HAMi's request (spec-scheduler §3).
+    """Turn one container's ``limits``/``requests`` into HAMi's request (docs/protocol.md, "Requests").
 
     ``bounds`` adds the admission problems (:class:`Bounds`); they never change the request.
     """

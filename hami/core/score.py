@@ -1,4 +1,4 @@
-"""Card scores, card ordering by GPU policy, and the node score (spec-scheduler §11).
+"""Card scores, card ordering by GPU policy, and the node score (docs/protocol.md, "Scoring").
 
 Owns :func:`card_score`, :func:`parse_gpu_policy`, :func:`order_cards`, :func:`node_score` and
 :func:`node_priority`, the one node ranking: HAMi's node score mapped onto kube-scheduler's 0..10 under
@@ -83,7 +83,8 @@ def _chain(policy: GpuPolicy, numa_bind: bool) -> list[str]:
     if not keys:
         keys = [SPREAD]
     if numa_bind:
-        # NUMA groups must stay contiguous for numa-bind (§9): NUMA becomes the primary key.
+        # NUMA groups must stay contiguous for numa-bind (docs/protocol.md, "Several cards"): NUMA becomes the
+        # primary key.
         keys = [NUMA, *(k for k in keys if k != NUMA)]
     return keys
 

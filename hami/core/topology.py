@@ -1,4 +1,4 @@
-"""Topology-aware choice among the cards Fit collected (spec-scheduler §12, NVLink pair scores).
+"""Topology-aware choice among the cards Fit collected (docs/protocol.md, "Topology", NVLink pair scores).
 
 Owns :func:`select`: given every card that passed Fit (in walk order) and the node's pair scores,
 pick ``nums`` of them. ``nums == 1``: the card whose summed score to all other candidates is lowest

@@ -1,4 +1,5 @@
-"""Usage accounting: fold a pod's grants into per-card usage and apply it to a node (spec-scheduler §6).
+"""Usage accounting: fold a pod's grants into per-card usage and apply it to a node
+(docs/protocol.md, "Usage").
 
 Owns :func:`pod_usage` (one pod's collapsed usage, per card uuid) and :func:`apply_usage` (add or
 remove that usage on a :class:`~hami.core.model.NodeState` in O(cards of the pod)), so the scheduler's
@@ -18,7 +19,7 @@ from hami.core.model import DeviceMode, DeviceState, MigAllocation, MigReservati
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CardUsage:
-    """What one pod holds on one card after the §6 collapse.
+    """What one pod holds on one card after the collapse of docs/protocol.md, "Usage".
 
     ``slots`` is 0 only for a card that the pod names in MIG reservations but in no grant
     (a left-over reservation: it is booked, but takes no slot). ``unreserved`` is True when some
@@ -41,7 +42,7 @@ class PodUsage:
 
     @property
     def memory(self) -> int:
-        """Total MiB over all cards (what a namespace quota counts, §14)."""
+        """Total MiB over all cards (what a namespace quota counts, docs/protocol.md, "Quotas")."""
         return sum(c.memory for c in self.cards)
 
     @property
@@ -80,7 +81,7 @@ def collapse(
 def pod_usage(
     devices: PodDevices, init_count: int, *, init_done: bool, mig: Sequence[MigAllocation] = ()
 ) -> PodUsage:
-    """The collapsed usage of one tracked pod (§6).
+    """The collapsed usage of one tracked pod (docs/protocol.md, "Usage").
 
     ``devices`` are the decoded ``hami.io/vgpu-devices-allocated`` lists (init containers first);
     ``init_done`` (every init container terminated with exit code 0) drops the init containers.
@@ -120,9 +121,9 @@ def pod_usage(
 def apply_usage(node: NodeState, usage: PodUsage, *, sign: int = 1) -> NodeState:
     """Add (``sign=1``) or remove (``sign=-1``) one pod's usage on ``node``; returns the new node.
 
-    Entries naming a card the node does not have are ignored. MIG fail-closed rules (§6): a grant
-    on a MIG card without its reservation, or a reservation on a non-MIG card, counts one
-    inconsistency on that card (the card is unhealthy while any remain).
+    Entries naming a card the node does not have are ignored. MIG fail-closed rules
+    (docs/protocol.md, "Usage"): a grant on a MIG card without its reservation, or a reservation on a non-MIG
+    card, counts one inconsistency on that card (the card is unhealthy while any remain).
     """
     if sign not in (1, -1):
         raise ValueError(f"sign must be 1 or -1, got {sign!r}")
@@ -162,7 +163,8 @@ def _change(
 
 
 def add_grant(state: DeviceState, memory: int, cores: int, reservation: MigReservation | None) -> DeviceState:
-    """The card after one more container got ``memory``/``cores`` on it (app containers, §7 step 4)."""
+    """The card after one more container got ``memory``/``cores`` on it (app containers,
+    docs/protocol.md, "Pod on a node")."""
     return replace(
         state,
         used=state.used + 1,

@@ -49,7 +49,7 @@ def finding(severity: Severity, check: str, subject: str, message: str, action: 
 class DoctorSettings:
     scheduler_name: str = "hami-scheduler"  # what the webhook sets on GPU pods
     lock_timeout: datetime.timedelta = datetime.timedelta(seconds=300)  # the scheduler's --node-lock-timeout
-    handshake_window: datetime.timedelta = datetime.timedelta(seconds=60)  # spec-scheduler §5.3
+    handshake_window: datetime.timedelta = datetime.timedelta(seconds=60)  # docs/protocol.md, "Handshake"
     config: DeviceConfig = field(default_factory=DeviceConfig)
 
 

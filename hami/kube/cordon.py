@@ -1,4 +1,5 @@
-"""Compare-and-set updates of a node's ``hami.io/device-cordon`` list (spec-scheduler §5.1, §8 check 2).
+"""Compare-and-set updates of a node's ``hami.io/device-cordon`` list
+(docs/annotations.md, "Node annotations"; docs/protocol.md, "Fit" check 2).
 
 Owns one write: add and/or remove card uuids in the node annotation with a JSON patch whose ``test`` op
 holds the value just read (or, when the key is absent, the enclosing object: JSON patch cannot test an

@@ -4,11 +4,11 @@ Owns acquire and release as compare-and-set JSON patches: a ``test`` op on the v
 ``replace``/``add``/``remove``. Any non-2xx answer to the patch means another writer got there first
 (a real API server answers 422 to a failed ``test``, the embedded one 500) or the answer was lost, so
 the lock is re-read and the decision made again; nothing is ever PUT. Value format and parsing belong
-to the codec (``NodeLockValue``, spec-scheduler §16): ``<RFC3339 time>,<namespace>,<pod>``, or a bare
-time (legacy).
+to the codec (``NodeLockValue``, docs/protocol.md, "Node lock"): ``<RFC3339 time>,<namespace>,<pod>``, or a
+bare time (legacy).
 
-Rules (spec-scheduler §16, plus the takeovers of :func:`orphan_reason`): a lock older than ``expiry``
-is taken over; a lock whose holder pod can never be allocated on this node — deleted, bound to
+Rules (docs/protocol.md, "Node lock", plus the takeovers of :func:`orphan_reason`): a lock older than
+``expiry`` is taken over; a lock whose holder pod can never be allocated on this node — deleted, bound to
 another node, Succeeded/Failed (kubelet's admission failures included), or unbound with a failed bind
 recorded at or after the lock's time (``bind-phase=failed``, ``bind-time`` >= the lock's time: no
 attempt has taken the lock since) or with a lock older than the bind timeout (an attempt gave up

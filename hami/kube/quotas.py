@@ -1,4 +1,4 @@
-"""ResourceQuota reads as raw JSON dicts (the scheduler's namespace GPU quotas, spec-scheduler §14).
+"""ResourceQuota reads as raw JSON dicts (the scheduler's namespace GPU quotas, docs/protocol.md, "Quotas").
 
 Owns listing ResourceQuotas, in one namespace or in all of them (the extender keeps them live with
 :class:`~hami.kube.watch.ListWatcher` kind ``resourcequotas``; ``hami explain`` reads them once). Interpreting

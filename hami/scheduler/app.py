@@ -6,9 +6,9 @@ a separate listener, what the kubelet's probes and Prometheus read (``GET /healt
 ``/metrics``; ``--metrics-listen``, the shared listener of :mod:`hami.process.http`); neither serves the
 other's routes. Request bodies are capped (``--max-body-bytes``, HAMi's 1 MiB): a declared larger body
 is answered 413 before it is read, an undeclared (chunked) one as soon as it passes the cap, and the
-connection is closed. Also the HTTP status rules (spec-scheduler §15: an empty body is HTTP 400 ``Please
-send a request body``; unreadable JSON and every other failure are HTTP 200 with ``Error`` set) and the
-``FilteringFailed`` Events (through the aggregating, bounded :class:`~hami.kube.events.EventRecorder`,
+connection is closed. Also the HTTP status rules (docs/protocol.md, "Extender": an empty body is HTTP 400
+``Please send a request body``; unreadable JSON and every other failure are HTTP 200 with ``Error`` set) and
+the ``FilteringFailed`` Events (through the aggregating, bounded :class:`~hami.kube.events.EventRecorder`,
 only about a pod the API server has that names our scheduler and is not bound), flushed when the verbs
 app stops. The service is wired and run by :mod:`hami.scheduler.main`. Must not import the Kubernetes
 client (only ``hami.kube``).

@@ -1,4 +1,4 @@
-"""``POST /bind``: the only scheduler step that writes (spec-scheduler §16, architecture rule 7).
+"""``POST /bind``: the only scheduler step that writes (docs/protocol.md, "Node lock", architecture rule 7).
 
 Writes only to a pending pod of ours (:func:`hami.scheduler.attempt.judge`): a pod already bound,
 naming another scheduler (GPU-less ones included), not Pending, being deleted, recreated, or with

@@ -6,7 +6,7 @@ node is returned in ``NodeNames``; the others go to ``FailedNodes`` when other p
 room (resolvable) and to ``FailedAndUnresolvableNodes`` otherwise (too few cards, type/uuid mismatch,
 unregistered). Every failing node is a :class:`~hami.core.rejection.Rejection` (the snapshot's
 exclusions too); its HAMi text is rendered here, from the codes. The pod's namespace GPU quota
-(spec-scheduler §14, from the snapshot's ResourceQuotas, without the pod's own usage) is passed to the
+(docs/protocol.md, "Quotas", from the snapshot's ResourceQuotas, without the pod's own usage) is passed to the
 core, so a pod over quota gets ``ResourceQuotaNotFit``. The cards held for pods kube-scheduler nominated
 to a node for preemption count as used when they outrank the pod or equal it (``spec.priority``,
 kube-scheduler's rule for nominated pods; :mod:`hami.core.reservations`). A pod without a device request

@@ -4,7 +4,7 @@ Owns the request counters and latency histograms of the extender verbs, the filt
 reason (labels from the closed vocabulary of ``hami.scheduler.reasons``) and unschedulable pods, bind
 outcomes, watch restarts, node-lock hold times (:class:`LockHolds`: from a bind's acquire until the
 node watch shows the lock gone or held by another pod), and a collector that derives HAMi's
-allocation gauges (spec-node-chart §B.5: ``hami_gpu_memory_limit_bytes``,
+allocation gauges (docs/metrics.md, "Scheduler": ``hami_gpu_memory_limit_bytes``,
 ``hami_gpu_memory_allocated_bytes``, ``hami_gpu_shared_count``, ...) and the snapshot's sizes from
 the snapshot on each scrape. Every labelled counter starts with all its label values at 0.
 Must not import the Kubernetes client or aiohttp.

@@ -1,4 +1,4 @@
-"""What a pod holds in the scheduler's live view (spec-scheduler §6).
+"""What a pod holds in the scheduler's live view (docs/protocol.md, "Usage").
 
 Owns :class:`PodRecord` (what one pod holds on one node) and :func:`pod_record` (a pod object -> its
 record, or None when it holds no card), with :class:`PodMeta` (who it is, as preemption needs it: uid,

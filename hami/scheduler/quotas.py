@@ -1,10 +1,10 @@
-"""Namespace GPU quotas as the scheduler sees them (spec-scheduler §14): limits from ResourceQuotas,
+"""Namespace GPU quotas as the scheduler sees them (docs/protocol.md, "Quotas"): limits from ResourceQuotas,
 used amounts from the tracked pods.
 
 Owns :class:`QuotaBook`: the ``spec.hard`` limits ``limits.<memory resource>`` and
 ``limits.<cores resource>`` of every ResourceQuota (fed by a list+watch, like nodes and pods), and per
-namespace the collapsed usage (§6) of its tracked pods, kept incrementally by the snapshot with the same
-add/remove it applies to node usage. :meth:`QuotaBook.quota` answers the core's
+namespace the collapsed usage (docs/protocol.md, "Usage") of its tracked pods, kept incrementally by the
+snapshot with the same add/remove it applies to node usage. :meth:`QuotaBook.quota` answers the core's
 :class:`~hami.core.model.NamespaceQuota` for one namespace, optionally without one pod's own usage (the
 pod being decided, as ``Snapshot.candidate(..., exclude=key)`` does for nodes).
 

@@ -1,4 +1,4 @@
-"""The scheduler's writes about node registration (spec-scheduler §5.3), made in the background.
+"""The scheduler's writes about node registration (docs/protocol.md, "Handshake"), made in the background.
 
 Owns :class:`Registration`. The snapshot decides, from every node event; this module writes, through
 the service's :class:`~hami.process.tasks.TaskSet` (an extender answer never waits for it):

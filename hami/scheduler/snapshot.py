@@ -6,7 +6,7 @@ O(cards of that pod): the pod's previous usage is removed from its node and the 
 core's ``apply_usage``; nothing walks the cluster per request. A node's usage is rebuilt from its own
 pods only when its registration text changes.
 
-Usage accounting (spec-scheduler §6; the rule is ``hami.annotations.holding``, shared with the node
+Usage accounting (docs/protocol.md, "Usage"; the rule is ``hami.annotations.holding``, shared with the node
 agent, and ``hami.scheduler.podrecords`` decodes what a pod holds): a pod counts iff
 it carries ``hami.io/vgpu-node`` and a readable ``hami.io/vgpu-devices-allocated`` and is not
 Succeeded/Failed; init containers drop out once all of them exited 0 (sticky). Deviations, each about
@@ -29,14 +29,14 @@ the cards it will get there (:mod:`hami.core.reservations`) against every pod of
 priority: ``candidate(..., priority=...)`` counts them as used, for filter and bind alike. A node's
 reservations are computed when first asked and kept until its usage, its pods or its cards change.
 
-Namespace quotas (§14): ``quotas`` (a :class:`~hami.scheduler.quotas.QuotaBook`, fed by the
-ResourceQuota watch through ``replace_quotas``/``quota_event``) also receives every change of a pod's
+Namespace quotas (docs/protocol.md, "Quotas"): ``quotas`` (a :class:`~hami.scheduler.quotas.QuotaBook`, fed by
+the ResourceQuota watch through ``replace_quotas``/``quota_event``) also receives every change of a pod's
 applied usage, so a namespace's used amounts move with the same add/remove as the nodes'.
 
 The ``fragmentation`` policy's learned target workload (``workload``, a
 :class:`~hami.scheduler.workload.Workload`) hears every pod the watch shows (each counted once).
 
-Registration (spec-scheduler §5): a node without a readable registration is excluded, as a
+Registration (docs/protocol.md, "Registration"): a node without a readable registration is excluded, as a
 :class:`~hami.core.rejection.Rejection` whose code says how (``hami.scheduler.reasons``), and so is a
 Node of a shape no API server stores (``node_shape_problem``: a field we read of the wrong JSON type,
 ``Reason.NODE_MALFORMED``), so a list holding one still builds (``hami doctor``, ``hami simulate``);
@@ -44,7 +44,7 @@ malformed data is reported once per distinct text through ``on_malformed`` (the 
 Event on the Node). A node's ``hami.io/node-enforcement`` is read with its registration (each card's
 enforcement, ``none`` for a card it does not list; re-read only when the text changes); an unreadable
 one does not exclude the node: its cards count as ``none`` and the problem is logged and reported once
-per distinct text through ``on_enforcement``. Handshake (§5.3): a node whose
+per distinct text through ``on_enforcement``. Handshake (docs/protocol.md, "Handshake"): a node whose
 ``hami.io/node-handshake`` lacks ``Requesting`` is reported through ``on_handshake`` (the app writes
 ``Requesting_<time>``); a node whose Requesting stamp is older than the window while its allocatable
 count is 0 is stale (its device plugin is not registered with the kubelet) and excluded until that
@@ -143,7 +143,7 @@ class Snapshot:
         workload: Workload | None = None,
     ) -> None:
         self._count_resource = count_resource
-        if quotas is None:  # the default resource names (spec-scheduler §2)
+        if quotas is None:  # the default resource names (docs/protocol.md, "Device config")
             quotas = QuotaBook(memory_resource="nvidia.com/gpumem", cores_resource="nvidia.com/gpucores")
         self.quotas = quotas
         self.nominations = nominations if nominations is not None else NominationBook()

@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 #: XIDs caused by applications, not by the card (HAMi and NVIDIA's plugin ignore them).
 IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 _MIB = 1024 * 1024
-#: PCIe common-ancestor level -> pair score (spec-scheduler §12); each active NVLink adds 100.
+#: PCIe common-ancestor level -> pair score (docs/protocol.md, "Topology"); each active NVLink adds 100.
 LEVEL_SCORES: tuple[tuple[str, int], ...] = (
     ("NVML_TOPOLOGY_SYSTEM", 10),  # across CPU sockets
     ("NVML_TOPOLOGY_NODE", 20),  # same CPU

@@ -1,6 +1,6 @@
 """Serve the device plugin on its socket and keep it registered with kubelet, forever.
 
-Owns the plugin lifecycle (spec-node-chart §A.1 step 6, §A.12): remove a stale socket, serve
+Owns the plugin lifecycle (docs/node-agent.md, "Device plugin"): remove a stale socket, serve
 ``<kubelet-dir>/nvidia-<resource>.sock`` (gRPC over a unix socket), call kubelet's
 ``Registration.Register`` on ``<kubelet-dir>/kubelet.sock``, then watch both sockets. A restarted kubelet
 recreates its socket and wipes the plugin sockets: either change stops the server and starts the whole

@@ -1,8 +1,8 @@
 """The embedded API server: kmock's emulator plus the reactions a real apiserver has and kmock lacks.
 
-Owns the three reactions documented in ``testing-here.md``: ``pods/binding`` (sets ``spec.nodeName``
-through the emulator's own PATCH so watchers see it), the core discovery fix (``/api/v1`` must say
-``groupVersion: v1`` for kubectl), and ``kind``/``apiVersion`` on list responses; every embedded
+Owns the three reactions kmock lacks (docs/testing.md, "The API server: kmock"): ``pods/binding`` (sets
+``spec.nodeName`` through the emulator's own PATCH so watchers see it), the core discovery fix (``/api/v1``
+must say ``groupVersion: v1`` for kubectl), and ``kind``/``apiVersion`` on list responses; every embedded
 apiserver also serves ``deployments|replicasets/scale`` (:mod:`hami_testkit.scale`, ``kubectl scale``).
 Used by the test suite and by ``hami demo``. Simulation only: nothing in production imports this module.
 

@@ -235,7 +235,7 @@ def _kind(kind: Enforcement | None) -> str:
 
 _HEADERS = ("POD", "NODE", "CONTAINER", "CARD", "MODEL", "MEMORY", "CORES", "ENFORCEMENT", "STATUS")
 
-#: What each of HAMi's per-card reason words (spec-scheduler §19) says about a card, for the legend.
+#: What each of HAMi's per-card reason words (docs/protocol.md, "Reasons") says about a card, for the legend.
 MEANINGS: Mapping[str, str] = {
     Reason.CARD_NOT_HEALTH: "unhealthy",
     Reason.CARD_CORDONED: "cordoned",

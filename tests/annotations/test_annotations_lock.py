@@ -1,4 +1,4 @@
-"""Node lock value (spec-scheduler §16) and handshake (§5.3)."""
+"""Node lock value (docs/protocol.md, "Node lock") and handshake (docs/protocol.md, "Handshake")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""MIG allocations JSON (spec-scheduler §13): golden text, round trips, every invalid shape."""
+"""MIG allocations JSON (docs/protocol.md, "MIG"): golden text, round trips, every invalid shape."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Node registration (JSON and legacy colon form), pair scores, cordon, read_node (spec-scheduler §5.1)."""
+"""Node registration (JSON and legacy colon form), pair scores, cordon, read_node
+(docs/annotations.md, "Node annotations")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Pod device lists, bind phase and times: §15 golden strings, quirks, errors, round trips."""
+"""Pod device lists, bind phase and times: golden strings (docs/protocol.md, "Extender"), quirks, errors,
+round trips."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""read_pod_request: containers init-first, steering annotations (§17), scoring weights (§11)."""
+"""read_pod_request: containers init-first, steering annotations (docs/protocol.md, "Steering"), scoring
+weights (docs/protocol.md, "Scoring")."""
 
 from __future__ import annotations
 

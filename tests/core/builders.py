@@ -88,7 +88,8 @@ def make_node(
 def make_container(
     nums: int = 1, *, mem: int = 0, pct: int = PERCENT_NOT_GIVEN, cores: int = 0, type: str = NVIDIA
 ) -> ContainerRequest:
-    """A request as the §3 parser would build it; ``mem=0, pct=101`` means 0 MiB (hand-built)."""
+    """A request as the parser (docs/protocol.md, "Requests") would build it; ``mem=0, pct=101`` means 0 MiB
+    (hand-built)."""
     return ContainerRequest(nums=nums, type=type, memory_mib=mem, percentage=pct, cores=cores)
 
 

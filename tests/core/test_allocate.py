@@ -1,4 +1,4 @@
-"""Pod level per node (spec-scheduler §7 step 4), Decisions, resolvability, and the fast precheck."""
+"""Pod level per node (docs/protocol.md, "Pod on a node"), Decisions, resolvability, and the fast precheck."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Fit of one container on one node (spec-scheduler §8, §9): check order, walk order, failure text."""
+"""Fit of one container on one node (docs/protocol.md, "Fit", "Several cards"): check order, walk order,
+failure text."""
 
 from __future__ import annotations
 
@@ -166,7 +167,8 @@ def test_request_type_other_than_nvidia_is_an_unknown_device_type() -> None:
     assert isinstance(decision, Rejection) and not decision.resolvable
 
 
-# Each row: a card that fails two checks; the earlier check of §8 must be the reported one.
+# Each row: a card that fails two checks; the earlier check of docs/protocol.md, "Fit" must be the reported
+# one.
 ORDER = [
     ("health before cordon", make_card("GPU-0", health=False), {}, "CardNotHealth"),
     ("cordon before type", make_card("GPU-C", type="NVIDIA T4"), {"use_types": ("A100",)}, "CardCordoned"),

@@ -1,4 +1,4 @@
-"""Dynamic MIG (spec-scheduler §13): profile and placement choice, Fit revisits, booking, exemption."""
+"""Dynamic MIG (docs/protocol.md, "MIG"): profile and placement choice, Fit revisits, booking, exemption."""
 
 from __future__ import annotations
 

@@ -125,7 +125,7 @@ def test_slots_and_cores_are_freed_too() -> None:
 
 
 def test_an_exclusive_request_needs_the_whole_card() -> None:
-    # gpucores 100 needs used == 0 (spec §8 check 13): every pod on the card goes.
+    # gpucores 100 needs used == 0 (docs/protocol.md, "Fit" check 13): every pod on the card goes.
     holders = [hold("a", "GPU-0", mem=10, prio=1), hold("b", "GPU-0", mem=10, prio=1)]
     found = run(make_request(make_container(cores=100)), make_cards(1), holders)
     assert victims(found) == ["a", "b"]

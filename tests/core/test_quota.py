@@ -1,5 +1,5 @@
-"""Namespace quotas (spec-scheduler §14): inside Fit, reading ResourceQuota limits, and the admission
-pre-check (§4, HAMi's ``fitResourceQuota``)."""
+"""Namespace quotas (docs/protocol.md, "Quotas"): inside Fit, reading ResourceQuota limits, and the admission
+pre-check (docs/protocol.md, "Admission", HAMi's ``fitResourceQuota``)."""
 
 from __future__ import annotations
 

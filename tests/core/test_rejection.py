@@ -1,5 +1,5 @@
-"""Reasons as data: every reason code renders to HAMi's exact text (spec-scheduler §19), rejections are
-keyed by the code, node-level reasons (too few cards, exclusions) are rejections with their detail."""
+"""Reasons as data: every reason code renders to HAMi's exact text (docs/protocol.md, "Reasons"), rejections
+are keyed by the code, node-level reasons (too few cards, exclusions) are rejections with their detail."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from hami.core.rejection import Reason, Rejection, node_rejection
 
 from .builders import make_card, make_cards, make_container, make_node, make_request
 
-#: spec-scheduler §19, word for word: counted per card as ``n/N Word``.
+#: docs/protocol.md, "Reasons", word for word: counted per card as ``n/N Word``.
 HAMI_CARD_WORDS = {
     Reason.CARD_NOT_HEALTH: "CardNotHealth",
     Reason.CARD_CORDONED: "CardCordoned",

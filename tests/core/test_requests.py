@@ -1,4 +1,5 @@
-"""parse_container: every rule of spec-scheduler §3, one table row each, plus the problems users see."""
+"""parse_container: every rule of docs/protocol.md, "Requests", one table row each, plus the problems users
+see."""
 
 from __future__ import annotations
 

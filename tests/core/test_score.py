@@ -1,4 +1,4 @@
-"""Scoring and ordering (spec-scheduler §11): card score, weights, GPU policies, node score."""
+"""Scoring and ordering (docs/protocol.md, "Scoring"): card score, weights, GPU policies, node score."""
 
 from __future__ import annotations
 

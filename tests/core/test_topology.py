@@ -1,4 +1,4 @@
-"""Topology-aware selection (spec-scheduler §12)."""
+"""Topology-aware selection (docs/protocol.md, "Topology")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Usage accounting (spec-scheduler §6): collapse, init-done shrink, incremental apply/remove, MIG rules."""
+"""Usage accounting (docs/protocol.md, "Usage"): collapse, init-done shrink, incremental apply/remove, MIG
+rules."""
 
 from __future__ import annotations
 

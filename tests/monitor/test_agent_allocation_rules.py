@@ -1,6 +1,7 @@
-"""The node agent's pure Allocate and kubelet rules, checked one by one against spec-node-chart §A.2, §A.4
-and §A.9: which pod is a candidate, the envs of one container, the HAMi-core mounts (with HAMi's
-``CUDA_DISABLE_CONTROL`` parsing), the kubelet device list, and per-node override precedence."""
+"""The node agent's pure Allocate and kubelet rules, checked one by one against
+docs/node-agent.md, "Per-node overrides", "Device plugin" and docs/protocol.md, "Allocate": which pod is a
+candidate, the envs of one container, the HAMi-core mounts (with HAMi's ``CUDA_DISABLE_CONTROL`` parsing), the
+kubelet device list, and per-node override precedence."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def g(uuid: str, mem: int, cores: int) -> Grant:
     return Grant(uuid=uuid, memory_mib=mem, cores=cores)
 
 
-# ------------------------------------------------------------------------------------------ envs (§A.9)
+# ------------------------------------------------------------------------ envs (docs/protocol.md, "Allocate")
 def test_visible_devices_are_deduplicated_real_uuids_and_limits_go_by_position() -> None:
     grants = (g("GPU-b", 1000, 40), g("GPU-a", 2000, 10), g("GPU-b", 3000, 20))
     envs = container_envs(grants, {}, NodeSettings(), cache_file=None)
@@ -71,7 +72,7 @@ def test_mig_mode_sets_only_the_visible_devices() -> None:
     assert envs == {"NVIDIA_VISIBLE_DEVICES": "MIG-1"}
 
 
-# ------------------------------------------------------------------------------------------ mounts (§A.9)
+# ---------------------------------------------------------------------- mounts (docs/protocol.md, "Allocate")
 def _mounts(container: dict[str, Any], *, licensed: bool = False) -> dict[str, tuple[str, bool]]:
     mounts = hook_mounts(
         PurePosixPath("/usr/local"),
@@ -115,7 +116,7 @@ def test_cuda_disable_control_any_true_entry_counts() -> None:
     assert "/etc/ld.so.preload" not in _mounts({"env": env})
 
 
-# ------------------------------------------------------------------------------ pending pod (§A.9 2b)
+# ----------------------------------------------------------------- pending pod (docs/protocol.md, "Allocate")
 def _pod(phase: str = "Pending", /, **annotations: str | None) -> dict[str, Any]:
     base: dict[str, str | None] = {
         POD_VGPU_NODE: "n1",
@@ -147,7 +148,7 @@ def test_pending_pod_candidates(pod: dict[str, Any], candidate: bool) -> None:
     assert is_candidate(pod, "n1") is candidate
 
 
-# ------------------------------------------------------------------------------------------ kubelet (§A.4)
+# -------------------------------------------------------------- kubelet (docs/node-agent.md, "Device plugin")
 CARDS = (
     Card(uuid="GPU-a", index=0, model="Tesla T4", memory_mib=15360, numa=1),
     Card(uuid="GPU-b", index=1, model="Tesla T4", memory_mib=15360, numa=0, healthy=False),
@@ -170,7 +171,7 @@ def test_kubelet_sees_split_replicas_without_filtered_cards_and_topology_only_wh
     assert [(d.ID, d.topology.nodes[0].ID) for d in numa] == [("GPU-b-0", 0), ("GPU-c-0", 1)]
 
 
-# ------------------------------------------------------------------------------------------ config (§A.2)
+# ---------------------------------------------------------- config (docs/node-agent.md, "Per-node overrides")
 YAML = {
     "nvidia": {
         "deviceSplitCount": 10,

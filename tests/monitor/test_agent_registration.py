@@ -234,8 +234,9 @@ async def test_errors_are_retried_after_5s(
 async def test_the_stored_register_json_is_hamis_byte_for_byte(
     apiserver: kmock.KubernetesEmulator, api: Any, tmp_path: Path
 ) -> None:
-    # spec-node-chart §A.5's example: zero index/numa and false health are omitted (Go omitempty), key
-    # order id, index, count, devmem, devcore, type, numa, mode, health; scaling applied (1.5 × 32768)
+    # HAMi's registration example (docs/node-agent.md, "Registration"): zero index/numa and false health are
+    # omitted (Go omitempty), key order id, index, count, devmem, devcore, type, numa, mode, health; scaling
+    # applied (1.5 × 32768)
     path = write_cards(
         tmp_path / "cards.yaml",
         [

@@ -166,7 +166,8 @@ async def test_init_container_grants_collapse_like_the_scheduler(
         await exporter.grants.refresh()
         after = await exporter.scrape()
     a = {"device_uuid": "GPU-0000"}
-    # While init runs: max(init 5000, app 4000) = 5000 MiB, max(20, 20) cores, one slot (§6 collapse).
+    # While init runs: max(init 5000, app 4000) = 5000 MiB, max(20, 20) cores, one slot (the collapse of
+    # docs/protocol.md, "Usage").
     assert value(before, "hami_node_card_memory_allocated_bytes", **a) == 5000 * MIB
     assert value(before, "hami_node_card_slots_used", **a) == 1
     assert value(before, "hami_vgpu_memory_limit_bytes", container="setup") == 5000 * MIB
@@ -179,8 +180,9 @@ async def test_init_container_grants_collapse_like_the_scheduler(
 async def test_released_init_grants_stay_released_like_the_scheduler(
     apiserver: kmock.KubernetesEmulator, api: Any, tmp_path: Path
 ) -> None:
-    """The scheduler never re-inflates a pod whose init containers once all exited 0 (spec-scheduler
-    §6, sticky); a restarted pod whose init statuses go back to running must not re-inflate here."""
+    """The scheduler never re-inflates a pod whose init containers once all exited 0
+    (docs/protocol.md, "Usage", sticky); a restarted pod whose init statuses go back to running must not
+    re-inflate here."""
     devices = [[grant("GPU-0000", 5000, 20)], [grant("GPU-0000", 4000, 20)]]
     finished = [{"name": "setup", "state": {"terminated": {"exitCode": 0}}}]
     await create_gpu_pod(

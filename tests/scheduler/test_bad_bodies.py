@@ -2,7 +2,7 @@
 test_body_limit): each gets a clear answer that names the problem, writes nothing, and the service goes
 on serving. ``/prioritize`` has no error field (``HostPriorityList``), so its refusals are HTTP 400;
 ``/bind`` answers HTTP 200 with ``Error`` (kube-scheduler shows it on the pod), an empty body 400
-(spec-scheduler §15). Also ``/prioritize`` with template ``Nodes`` (full Node objects, the form
+(docs/protocol.md, "Extender"). Also ``/prioritize`` with template ``Nodes`` (full Node objects, the form
 kube-scheduler sends when ``nodeCacheCapable`` is false): they are judged from their own annotations.
 """
 

@@ -1,4 +1,4 @@
-"""Which binds take the node lock and how long they wait for it (spec-scheduler §16 step 3): PodGroup
+"""Which binds take the node lock and how long they wait for it (docs/protocol.md, "Node lock"): PodGroup
 members wait up to --node-lock-retry-timeout, other pods follow --node-lock-wait; every pod with a GPU
 request takes the lock, one whose only GPU request is in init containers too (HAMi skips it)."""
 

@@ -1,5 +1,6 @@
 """The node-lock expiry of ``hami scheduler``: ``--node-lock-timeout``, then ``HAMI_NODE_LOCK_TIMEOUT``,
-then HAMi's own ``HAMI_NODELOCK_EXPIRE`` (a Go duration), then 5 minutes (spec-scheduler §2)."""
+then HAMi's own ``HAMI_NODELOCK_EXPIRE`` (a Go duration), then 5 minutes
+(docs/protocol.md, "Device config")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""``hami scheduler --tls-cert/--tls-key``: the verbs over HTTPS, as HAMi serves its extender (§15).
+"""``hami scheduler --tls-cert/--tls-key``: the verbs over HTTPS, as HAMi serves its extender
+(docs/protocol.md, "Extender").
 
 Runs the real command as a process (the TLS set-up is part of start-up) against this test's embedded
 API server, with a certificate for 127.0.0.1 signed by a CA made here by ``webhook.certs``. The

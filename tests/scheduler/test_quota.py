@@ -1,4 +1,4 @@
-"""Namespace GPU quotas (spec-scheduler §14): ResourceQuotas watched from the embedded API server,
+"""Namespace GPU quotas (docs/protocol.md, "Quotas"): ResourceQuotas watched from the embedded API server,
 used amounts from the tracked pods, enforced by /filter and /bind over HTTP; and the quota book alone."""
 
 from __future__ import annotations

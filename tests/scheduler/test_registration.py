@@ -1,5 +1,5 @@
 """The scheduler's registration-side writes: the handshake request, the InvalidNodeRegistration
-Warning, and the resync pass that writes again what failed (spec-scheduler §5.3)."""
+Warning, and the resync pass that writes again what failed (docs/protocol.md, "Handshake")."""
 
 from __future__ import annotations
 

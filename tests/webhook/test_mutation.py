@@ -1,4 +1,5 @@
-"""The pure admission decision (spec-scheduler §4): tables of pods -> spec changes or refusal messages."""
+"""The pure admission decision (docs/protocol.md, "Admission"): tables of pods -> spec changes or refusal
+messages."""
 
 from __future__ import annotations
 
@@ -55,7 +56,8 @@ def limits_of(pod: dict[str, Any], index: int = 0, key: str = "containers") -> d
 @pytest.mark.parametrize(
     ("limits", "expected"),
     [
-        # a bare card request is exclusive: gpucores 100 means "needs an unused card" (§8)
+        # a bare card request is exclusive: gpucores 100 means "needs an unused card"
+        # (docs/protocol.md, "Fit")
         ({GPU: "1"}, {GPU: "1", CORES: "100"}),
         ({GPU: "2"}, {GPU: "2", CORES: "100"}),
         # memory keeps the card shareable: nothing to add
