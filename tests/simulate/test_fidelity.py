@@ -20,7 +20,7 @@ from hami.simulate.trace import TraceNode, TracePod, read_nodes, read_pods
 from hami.simulate.workload import RequestClass, target_workload
 
 OPENB = Path(__file__).resolve().parents[3] / "shared" / "data" / "openb"
-PAPER_DEFAULT = {  # unallocated GPU % at x = 100, mean and sd over seeds 42..51 (fgd.md)
+PAPER_DEFAULT = {  # unallocated GPU % at x = 100, mean, sd over seeds 42..51 (docs/policies.md, "Measured")
     "dotprod": (9.38, 0.19),
     "packing": (8.22, 0.53),
     "bestfit": (7.14, 0.14),
