@@ -3,7 +3,11 @@
 Owns: :class:`RawMeta`, :class:`RawPod`, :class:`RawNode` and their small siblings (containers, specs,
 statuses, lists), ``total=False`` TypedDicts with the API's own JSON field names, covering only the
 fields this project reads or writes; and pure accessors (:func:`meta`, :func:`name`, :func:`annotations`,
-:func:`labels`, :func:`pod_phase`, :func:`node_name`, :func:`containers`, ...).
+:func:`labels`, :func:`pod_phase`, :func:`node_name`, :func:`containers`, ...), with the few pod rules
+every reader shares, each declared here once: :func:`priority` (``spec.priority``, int32, else 0),
+:func:`start_time` (kube-scheduler's GetPodStartTime: ``status.startTime``, else now),
+:data:`FINISHED_PHASES` / :func:`finished` and :func:`containers_init_first` (the device-annotation
+order).
 
 Objects come off the wire (the API server, a watch stream, an AdmissionReview, an extender request, a
 manifest file) as plain dicts: a TypedDict says what a well-formed object holds, it checks nothing. So
@@ -19,6 +23,7 @@ Pure: stdlib only. Every layer may import it; it imports nothing of the project.
 """
 
 # No ``from __future__ import annotations``: it would bind the name :func:`annotations` defines.
+import datetime
 from collections.abc import Mapping
 from typing import Any, TypedDict, cast
 
@@ -212,6 +217,43 @@ def pod_phase(pod: object) -> str:
     return _text(_field(pod, "status"), "phase")
 
 
+#: Phases whose containers are gone for good: a pod in one holds nothing and never runs again.
+FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
+
+#: kube-scheduler's range for ``spec.priority`` (int32).
+PRIORITY_MIN, PRIORITY_MAX = -(2**31), 2**31 - 1
+
+
+def finished(pod: object) -> bool:
+    """Whether ``status.phase`` is one of :data:`FINISHED_PHASES`."""
+    return pod_phase(pod) in FINISHED_PHASES
+
+
+def priority(pod: object) -> int:
+    """``spec.priority`` as kube-scheduler reads it: absent, not an integer or outside int32 -> 0."""
+    value = _field(pod, "spec").get("priority")
+    if isinstance(value, int) and not isinstance(value, bool) and PRIORITY_MIN <= value <= PRIORITY_MAX:
+        return value
+    return 0
+
+
+def start_time(pod: object, now: float) -> float:
+    """When the pod started, in Unix seconds, as kube-scheduler's GetPodStartTime reads it (its victims
+    are ordered by it: higher priority first, then the earliest start): ``status.startTime``, else
+    ``now`` (not started yet, or unreadable). A caller without a clock passes ``math.inf``: "later
+    than every start", which orders every pod as kube-scheduler's "now" does."""
+    text = _field(pod, "status").get("startTime")
+    if not isinstance(text, str) or len(text) > 64:
+        return now
+    try:
+        stamp = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        return now
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=datetime.UTC)
+    return stamp.timestamp()
+
+
 def node_name(pod: object) -> str:
     """``spec.nodeName``: the node the pod is bound to (``""`` when unbound or not a string)."""
     return _text(_field(pod, "spec"), "nodeName")
@@ -231,6 +273,12 @@ def containers(pod: object) -> list[RawContainer]:
 def init_containers(pod: object) -> list[RawContainer]:
     """``spec.initContainers``: the entries that are objects (none when absent or not a list)."""
     return _entries(_field(pod, "spec").get("initContainers"))
+
+
+def containers_init_first(pod: object) -> list[RawContainer]:
+    """The pod's containers in device-annotation order: init containers first, then app containers
+    (entries that are not objects are left out)."""
+    return [*init_containers(pod), *containers(pod)]
 
 
 def _entries(value: object) -> list[RawContainer]:

@@ -31,7 +31,6 @@ from hami.annotations import (
 )
 from hami.core.gocompat import disabling_value
 from hami.core.model import Grant
-from hami.objects import RawContainer
 from monitor.config import NodeSettings
 
 
@@ -96,19 +95,13 @@ def phase_text(pod: Mapping[str, Any]) -> str:
     return str(pod_annotations(pod).get(POD_BIND_PHASE) or "")
 
 
-def containers_in_order(pod: Mapping[str, Any]) -> list[RawContainer]:
-    """The pod's containers in device-annotation order: init containers first, then app containers
-    (entries that are not objects are left out, as ``hami.objects`` reads them)."""
-    return [*objects.init_containers(pod), *objects.containers(pod)]
-
-
 def container_names(pod: Mapping[str, Any]) -> tuple[str, ...]:
-    """Names in device-annotation order (:func:`containers_in_order`)."""
-    return tuple(str(c.get("name") or "") for c in containers_in_order(pod))
+    """Names in device-annotation order (:func:`hami.objects.containers_init_first`)."""
+    return tuple(str(c.get("name") or "") for c in objects.containers_init_first(pod))
 
 
 def container_spec(pod: Mapping[str, Any], index: int) -> Mapping[str, Any]:
-    every = containers_in_order(pod)
+    every = objects.containers_init_first(pod)
     return every[index] if 0 <= index < len(every) else {}
 
 

@@ -31,11 +31,11 @@ from hami.annotations import (
     read_vgpu_node,
 )
 from hami.core.model import NVIDIA, Device, DeviceMode, Grant, PodDevices
-from monitor.allocate_rules import containers_in_order
+from hami.core.requests import card_count
 
 
 def container_count(pod: Mapping[str, Any]) -> int:
-    return len(containers_in_order(pod))
+    return len(objects.containers_init_first(pod))
 
 
 def _plural(count: int, word: str) -> str:
@@ -92,21 +92,25 @@ def record_problem(pod: Mapping[str, Any]) -> str | None:
 
 
 def asked_count(container: Mapping[str, Any], resource: str) -> int | None:
-    """The card count a container asks for (limits first, then requests, as the scheduler reads it);
-    0 when it asks for none, None when the value is not a plain count."""
-    resources = container.get("resources") or {}
-    value = (resources.get("limits") or {}).get(resource, (resources.get("requests") or {}).get(resource))
-    if value is None:
-        return 0
-    text = str(value).strip()
-    return int(text) if text.isascii() and text.isdigit() and len(text) <= 6 else None
+    """The card count a container asks for (:func:`hami.core.requests.card_count`, as the scheduler
+    reads it); 0 when it asks for none, None when the value is not a plain count."""
+    resources = container.get("resources")
+    return card_count(resource, _quantities(resources, "limits"), _quantities(resources, "requests"))
+
+
+def _quantities(resources: object, which: str) -> dict[str, str]:
+    """``resources.<which>`` as text (a hand-built pod may hold plain numbers; other shapes: none)."""
+    values = resources.get(which) if isinstance(resources, Mapping) else None
+    if not isinstance(values, Mapping):
+        return {}
+    return {str(key): str(value) for key, value in values.items()}
 
 
 def container_problem(pod: Mapping[str, Any], devices: PodDevices, resource: str) -> str | None:
     """Whether every waiting entry belongs to a container asking kubelet for exactly that many cards:
     kubelet calls Allocate only for such containers, in this order, so any other entry would be handed
     to the wrong container."""
-    containers = containers_in_order(pod)
+    containers = objects.containers_init_first(pod)
     for index, grants in enumerate(devices):
         if not grants or index >= len(containers):
             continue

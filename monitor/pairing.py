@@ -39,7 +39,7 @@ from hami.annotations import (
 )
 from hami.core.model import Device, Grant
 from hami.objects import pod_key
-from monitor.allocate_rules import container_names, containers_in_order, is_candidate, phase_text
+from monitor.allocate_rules import container_names, is_candidate, phase_text
 from monitor.handout import asked_count, handout_problem, whose_problem
 
 #: Bind order of a pod without a readable bind time: after every pod with one.
@@ -97,7 +97,7 @@ class Pairing:
 
 def requested(pod: Mapping[str, Any], resource: str) -> tuple[int | None, ...]:
     """Card counts the containers ask for (init first), skipping containers that ask for none."""
-    every = containers_in_order(pod)
+    every = objects.containers_init_first(pod)
     return tuple(count for count in (asked_count(c, resource) for c in every) if count != 0)
 
 

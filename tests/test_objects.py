@@ -183,5 +183,8 @@ def test_no_accessor_raises_whatever_json_it_is_handed(place: str, value: Any) -
         assert all(isinstance(k, str) and isinstance(v, str) for k, v in strings.items())
     for entries in (objects.containers(obj), objects.init_containers(obj), objects.items(obj)):
         assert all(isinstance(entry, dict) for entry in entries)
+    assert all(isinstance(entry, dict) for entry in objects.containers_init_first(obj))
+    assert isinstance(objects.priority(obj), int) and isinstance(objects.finished(obj), bool)
+    assert isinstance(objects.start_time(obj, 7.0), float)
     for mapping in (objects.meta(obj), objects.spec(obj), objects.status(obj), objects.allocatable(obj)):
         assert isinstance(mapping, dict)

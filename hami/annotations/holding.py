@@ -54,8 +54,6 @@ from hami.annotations.errors import AnnotationError
 from hami.annotations.keys import POD_BIND_PHASE, POD_BIND_TIME, POD_DEVICES_ALLOCATED, POD_VGPU_NODE
 from hami.annotations.pod import decode_unix_time
 
-#: Phases whose containers no longer hold their cards (docs/protocol.md, "Usage").
-FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
 #: How long an unbound ``bind-phase=allocating`` counts by default: 2 x kube-scheduler's 30 s bind timeout.
 ALLOCATING_HORIZON = datetime.timedelta(seconds=60)
 _LONG_AGO = datetime.datetime.min.replace(tzinfo=datetime.UTC)
@@ -90,7 +88,7 @@ def holding(pod: Mapping[str, Any], *, grant_required: bool = True) -> Holding:
     ``grant_required``: True (scheduler, exporter) = the cards its grant names, on the grant's node;
     False (MIG reclaim) = whatever it records, on the node it is bound to, grant or not.
     """
-    if objects.pod_phase(pod) in FINISHED_PHASES:
+    if objects.finished(pod):  # its containers no longer hold their cards (docs/protocol.md, "Usage")
         return Holding(node=None, why=Why.FINISHED)
     bound = objects.node_name(pod) or None
     if not grant_required:

@@ -184,16 +184,11 @@ def _resources(container: RawContainer, which: str) -> dict[str, str]:
     return {str(name): str(value) for name, value in values.items()}
 
 
-def _containers(pod: Mapping[str, Any]) -> tuple[list[RawContainer], list[RawContainer]]:
-    return objects.init_containers(pod), objects.containers(pod)
-
-
 def parse_pod_containers(pod: Mapping[str, Any], config: DeviceConfig) -> tuple[ParsedContainer, ...]:
     """Every container's request and problems, init containers (sidecars included) first, then app."""
-    init, app = _containers(pod)
     return tuple(
         parse_container(str(c.get("name", "")), _resources(c, "limits"), _resources(c, "requests"), config)
-        for c in (*init, *app)
+        for c in objects.containers_init_first(pod)
     )
 
 
@@ -206,7 +201,7 @@ def read_pod_request(pod: Mapping[str, Any], config: DeviceConfig) -> PodRequest
     so does an unreadable ``hami.io/require-enforcement`` (ours: never read as "no requirement").
     """
     annotations = pod_annotations(pod)
-    init, _ = _containers(pod)
+    init = objects.init_containers(pod)
     return PodRequest(
         namespace=objects.namespace(pod),
         name=objects.name(pod),

@@ -44,7 +44,6 @@ from hami.kube.client import KubeError, NotFound, load_api_client
 from hami.kube.protocol import KubeApi
 from hami.scheduler.config import load_device_config
 from hami.scheduler.nominations import DEFAULT_SCHEDULER, NominationBook, Nominations
-from hami.scheduler.podrecords import priority_of
 from hami.scheduler.quotas import QuotaBook
 from hami.scheduler.snapshot import Snapshot
 from hami.scheduler.victims import node_holders
@@ -134,7 +133,7 @@ async def explain(
     snapshot.replace_nodes(nodes)
     snapshot.replace_quotas(await kube_quotas.list_resource_quotas(api, namespace))
     snapshot.replace_pods(pods)
-    results = explain_all(snapshot, request, priority_of(pod), policy, (namespace, name))
+    results = explain_all(snapshot, request, objects.priority(pod), policy, (namespace, name))
     print_results(results, out)
     print_enforcement(snapshot, out)
     if any(r.fits for r in results):
@@ -169,7 +168,7 @@ def preemption_option(
     node), or why there is none."""
     if objects.spec(pod).get("preemptionPolicy") == "Never":
         return "preemption: not tried (preemptionPolicy: Never)"
-    priority = priority_of(pod)
+    priority = objects.priority(pod)
     now = datetime.datetime.now(datetime.UTC)
     names: dict[str, str] = {}
     nodes = []

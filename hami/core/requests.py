@@ -1,6 +1,7 @@
 """One container's resources -> its device request, exactly as HAMi reads them (docs/protocol.md, "Requests").
 
-Owns :func:`parse_container` and the :class:`RequestProblem` texts the webhook shows users. The
+Owns :func:`parse_container` (with :func:`card_count`, the one reader of a container's card count)
+and the :class:`RequestProblem` texts the webhook shows users. The
 request follows HAMi to the letter (a malformed value empties or ignores exactly what HAMi empties or
 ignores); ``problems`` says, for every managed resource value that is malformed, what is wrong with
 it, naming the container and the resource, whether or not it changed the outcome. With
@@ -72,6 +73,18 @@ def whole_number(text: str | None) -> int | None:
         return None
 
 
+def card_count(name: str, limits: Mapping[str, str], requests: Mapping[str, str]) -> int | None:
+    """The card count a container asks for under resource ``name``, read as :func:`parse_container`
+    reads it (:func:`lookup`, then :func:`whole_number`): 0 when absent, None when not a plain
+    non-negative whole number. The one reader of a container's card count (the node agent's hand-out
+    checks match kubelet's calls with it)."""
+    text = lookup(name, limits, requests)
+    if text is None:
+        return 0
+    value = whole_number(text)
+    return value if value is not None and value >= 0 else None
+
+
 def parse_container(
     name: str,
     limits: Mapping[str, str],
@@ -111,7 +124,7 @@ def parse_container(
         return quantity.plain_int
 
     # 1. count: absent or not a plain integer -> no request at all.
-    count_text = lookup(res.count, limits, requests)
+    count_text = lookup(res.count, limits, requests)  # card_count reads it alike, without the problems
     nums = integer(res.count, count_text, "") if count_text is not None else None
     if nums is not None and nums < 0:
         problem(res.count, str(count_text), "must not be negative")

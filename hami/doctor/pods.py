@@ -39,7 +39,7 @@ OK, WARN, FAIL = Severity.OK, Severity.WARN, Severity.FAIL
 def gpu_resources(pod: Mapping[str, Any], config: DeviceConfig) -> list[str]:
     """The managed resource names the pod's containers (init included) ask for, in limits or requests."""
     asked: set[str] = set()
-    for container in [*objects.init_containers(pod), *objects.containers(pod)]:
+    for container in objects.containers_init_first(pod):
         resources = container.get("resources")
         for which in ("limits", "requests"):
             values = resources.get(which) if isinstance(resources, Mapping) else None
@@ -95,7 +95,7 @@ def check_pods(
     found: list[Finding] = []
     gpu_pods = 0
     for pod in sorted(pods, key=pod_key):
-        if objects.pod_phase(pod) in ("Succeeded", "Failed"):
+        if objects.finished(pod):
             continue
         asked = gpu_resources(pod, settings.config)
         if not asked and read_vgpu_node(pod) is None:

@@ -83,7 +83,6 @@ from hami.scheduler.attempt import (
 )
 from hami.scheduler.bindlock import acquire, after, count_grant, lock_wait, locks_node
 from hami.scheduler.context import Context
-from hami.scheduler.podrecords import priority_of
 from hami.scheduler.snapshot import PodRecord, local_time
 from hami.scheduler.wire import ExtenderBindingArgs, ExtenderBindingResult
 
@@ -147,7 +146,7 @@ async def _bind(ctx: Context, att: Attempt) -> ExtenderBindingResult:
         return _failed_on(ctx, pod, att.node, exc)
     if not locks_node(request):  # no GPU request: only the Binding
         return await _bind_plain(ctx, att, pod)
-    priority = priority_of(pod)  # immutable: the cards held for nominated pods it does not outrank
+    priority = objects.priority(pod)  # immutable: the cards held for nominated pods it does not outrank
     try:
         _decide(ctx, request, att.node, att.key, priority)  # fail fast, without locking, when it cannot fit
         att.grant = await acquire(

@@ -34,7 +34,6 @@ from hami.core.model import NodeState, PodRequest
 from hami.core.rejection import Rejection
 from hami.objects import pod_key
 from hami.scheduler.context import Context
-from hami.scheduler.podrecords import priority_of
 from hami.scheduler.reasons import advice, registration_rejection, rejection_words
 from hami.scheduler.snapshot import local_time
 from hami.scheduler.wire import ExtenderArgs, ExtenderFilterResult, NodeListWire, filter_result
@@ -147,7 +146,7 @@ def handle_filter(ctx: Context, args: ExtenderArgs) -> Filtered:
     else:
         if not ctx.snapshot.ready:
             return Filtered(filter_result(error=NOT_SYNCED))
-        states, excluded = snapshot_states(ctx, names or [], request, priority_of(pod))
+        states, excluded = snapshot_states(ctx, names or [], request, objects.priority(pod))
     quotas = ctx.snapshot.quotas_for(request.namespace, exclude=(request.namespace, request.name))
     decisions = allocate(request, states, ctx.settings.policy, quotas=quotas)
     fitting = list(decisions.fitting)

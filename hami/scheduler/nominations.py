@@ -33,7 +33,7 @@ from hami.annotations import AnnotationError, read_pod_request
 from hami.core.allocate import Policy
 from hami.core.model import NodeState
 from hami.core.reservations import Nominee, Occupant, Reservation, reserve
-from hami.scheduler.podrecords import PodKey, priority_of
+from hami.scheduler.podrecords import PodKey
 from hami.settings import DeviceConfig
 
 logger = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ def pod_nomination(key: PodKey, pod: Mapping[str, Any], rule: Nominations) -> tu
     node = objects.status(pod).get("nominatedNodeName")
     if not isinstance(node, str) or not node or len(node) > MAX_NODE_NAME:
         return None
-    if objects.node_name(pod) or objects.pod_phase(pod) in ("Succeeded", "Failed"):
+    if objects.node_name(pod) or objects.finished(pod):
         return None
     if (objects.scheduler_name(pod) or DEFAULT_SCHEDULER) != rule.scheduler_name:
         return None
@@ -71,7 +71,7 @@ def pod_nomination(key: PodKey, pod: Mapping[str, Any], rule: Nominations) -> tu
         return None
     if not request.has_devices:
         return None
-    return node, Nominee(key=key, priority=priority_of(pod), request=request)
+    return node, Nominee(key=key, priority=objects.priority(pod), request=request)
 
 
 class NominationBook:

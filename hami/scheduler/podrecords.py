@@ -2,17 +2,18 @@
 
 Owns :class:`PodRecord` (what one pod holds on one node) and :func:`pod_record` (a pod object -> its
 record, or None when it holds no card), with :class:`PodMeta` (who it is, as preemption needs it: uid,
-``spec.priority`` read by :func:`priority_of`, when it started, the node it is bound to, whether it is
-being deleted; read once per pod event by :func:`pod_meta`). Whether and where a pod holds cards is the
-shared rule ``hami.annotations.holding`` (grant required); this module decodes what it holds, with the
-init containers dropped once the caller saw them all exit 0, and logs the pods it leaves out. Pure apart
-from logging: no clock, no I/O; must not import the Kubernetes client or aiohttp.
+``spec.priority`` and when it started, both read by the one rule in :mod:`hami.objects`, the node it is
+bound to, whether it is being deleted; read once per pod event by :func:`pod_meta`). Whether and where a
+pod holds cards is the shared rule ``hami.annotations.holding`` (grant required); this module decodes
+what it holds, with the init containers dropped once the caller saw them all exit 0, and logs the pods
+it leaves out. Pure apart from logging: no clock, no I/O; must not import the Kubernetes client or
+aiohttp.
 """
 
 from __future__ import annotations
 
-import datetime
 import logging
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,9 +34,6 @@ logger = logging.getLogger(__name__)
 
 PodKey = tuple[str, str]  # (namespace, name): uids are not guaranteed by every API server
 
-#: kube-scheduler's range for ``spec.priority`` (int32).
-PRIORITY_MIN, PRIORITY_MAX = -(2**31), 2**31 - 1
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PodMeta:
@@ -43,42 +41,19 @@ class PodMeta:
 
     uid: str
     priority: int = 0
-    started: float = 0.0  # Unix seconds: status.startTime, else metadata.creationTimestamp
+    started: float = math.inf  # Unix seconds: hami.objects.start_time, not started yet -> inf ("now")
     bound: str = ""  # spec.nodeName
     deleting: bool = False
     labels: tuple[tuple[str, str], ...] = ()  # metadata.labels (PodDisruptionBudget selectors read them)
 
 
-def priority_of(pod: Mapping[str, Any]) -> int:
-    """``spec.priority`` as kube-scheduler reads it: absent (or not an int32) -> 0."""
-    value = objects.spec(pod).get("priority")
-    if isinstance(value, int) and not isinstance(value, bool) and PRIORITY_MIN <= value <= PRIORITY_MAX:
-        return value
-    return 0
-
-
-def _seconds(text: Any) -> float | None:
-    if not isinstance(text, str) or len(text) > 64:
-        return None
-    try:
-        stamp = datetime.datetime.fromisoformat(text)
-    except ValueError:
-        return None
-    if stamp.tzinfo is None:
-        stamp = stamp.replace(tzinfo=datetime.UTC)
-    return stamp.timestamp()
-
-
 def pod_meta(pod: Mapping[str, Any]) -> PodMeta:
     """The pod's :class:`PodMeta`; unreadable fields fall back to their defaults."""
     metadata = objects.meta(pod)
-    started = _seconds(objects.status(pod).get("startTime"))
-    if started is None:
-        started = _seconds(metadata.get("creationTimestamp"))
     return PodMeta(
         uid=objects.uid(pod),
-        priority=priority_of(pod),
-        started=started or 0.0,
+        priority=objects.priority(pod),
+        started=objects.start_time(pod, math.inf),
         bound=objects.node_name(pod),
         deleting=bool(metadata.get("deletionTimestamp")),
         labels=tuple(sorted(objects.labels(pod).items())),

@@ -40,7 +40,6 @@ from hami.core.preempt import preempt_node
 from hami.core.rejection import Rejection
 from hami.core.victimsearch import CardMemo, Holder
 from hami.scheduler.context import Context
-from hami.scheduler.podrecords import priority_of
 from hami.scheduler.snapshot import local_time
 from hami.scheduler.victims import node_holders
 from hami.scheduler.wire import (
@@ -88,7 +87,7 @@ def proposals(args: ExtenderPreemptionArgs) -> dict[str, Proposal]:
         uids = dict.fromkeys(p["UID"] for p in meta["Pods"])
         found[node] = Proposal(uids=tuple(uids), pdb=meta["NumPDBViolations"])
     for node, full in (args["NodeNameToVictims"] or {}).items():
-        priorities = {str(p["metadata"]["uid"]): priority_of(p) for p in full["Pods"]}
+        priorities = {str(p["metadata"]["uid"]): objects.priority(p) for p in full["Pods"]}
         found[node] = Proposal(uids=tuple(priorities), pdb=full["NumPDBViolations"], priorities=priorities)
     return found
 
@@ -122,7 +121,7 @@ def handle_preempt(ctx: Context, args: ExtenderPreemptionArgs) -> Preempted:
         return Preempted(_answer({}, pdb), len(offered))
     if not (ctx.snapshot.ready and ctx.disruptions.synced):
         raise PreemptError(503, NOT_SYNCED)
-    priority = priority_of(pod)
+    priority = objects.priority(pod)
     key = (request.namespace, request.name)
     local_now = local_time(ctx.clock())
     quotas = ctx.snapshot.quotas_for(request.namespace, exclude=key)

@@ -175,7 +175,7 @@ class NodeKubelet:
         if held is not None and held.uid != uid:
             self.release(key)  # same name, new pod: the old one is gone
         phase = (pod.get("status") or {}).get("phase") or "Pending"
-        if phase in ("Succeeded", "Failed"):  # a finished pod's devices are free again (device manager)
+        if phase in objects.FINISHED_PHASES:  # a finished pod's devices are free again (device manager)
             self.release(key)
             return
         if phase != "Pending" or key in self.assigned or (*key, uid) in self.queued:

@@ -1,19 +1,18 @@
 """SIMULATION ONLY: kube-scheduler's preemption rules, as the preemption stand-in applies them (pure).
 
-Owns :class:`Victim` and :class:`Candidate` (a node and its victims), :func:`priority` (``spec.priority``,
-absent 0), :func:`start_time` (``status.startTime``, else now, as kube-scheduler's GetPodStartTime),
-:func:`eligible` (``preemptionPolicy: Never``; a victim of an earlier attempt still terminating on the
-nominated node), :func:`nodes_message` (kube-scheduler's ``0/N nodes are available: ...`` text) and
-:func:`pick_one_node` (kube-scheduler's pickOneNodeForPreemption: fewest PDB violations, the lowest
-priority of the first victim listed, the lowest sum of priorities, the fewest victims, the latest
-start among the highest-priority victims; ties by node name instead of map order). The flow that
-uses them is :mod:`hami_testkit.preemption_standin`. Pure: stdlib and :mod:`hami.objects` only.
+Owns :class:`Victim` and :class:`Candidate` (a node and its victims), :func:`victim` (its priority and
+start read by the rules the extender reads them by: :func:`hami.objects.priority` and
+:func:`hami.objects.start_time`), :func:`eligible` (``preemptionPolicy: Never``; a victim of an earlier
+attempt still terminating on the nominated node), :func:`nodes_message` (kube-scheduler's ``0/N nodes
+are available: ...`` text) and :func:`pick_one_node` (kube-scheduler's pickOneNodeForPreemption: fewest
+PDB violations, the lowest priority of the first victim listed, the lowest sum of priorities, the fewest
+victims, the latest start among the highest-priority victims; ties by node name instead of map order).
+The flow that uses them is :mod:`hami_testkit.preemption_standin`. Pure: stdlib and :mod:`hami.objects`
+only.
 """
 
 from __future__ import annotations
 
-import contextlib
-import datetime
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -39,7 +38,7 @@ class Victim:
     name: str
     uid: str
     priority: int
-    started: float  # Unix seconds: status.startTime, else now (kube-scheduler's GetPodStartTime)
+    started: float  # Unix seconds: hami.objects.start_time (status.startTime, else now)
 
     @property
     def key(self) -> str:
@@ -55,28 +54,13 @@ class Candidate:
     pdb_violations: int = 0
 
 
-def priority(pod: Mapping[str, Any]) -> int:
-    """``spec.priority`` as kube-scheduler reads it (absent: 0)."""
-    value = objects.spec(pod).get("priority")
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
-def start_time(pod: Mapping[str, Any], now: float) -> float:
-    """``status.startTime`` in Unix seconds; ``now`` when absent or unreadable."""
-    text = objects.status(pod).get("startTime")
-    if isinstance(text, str):
-        with contextlib.suppress(ValueError):
-            return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    return now
-
-
 def victim(pod: Mapping[str, Any], now: float) -> Victim:
     return Victim(
         namespace=objects.namespace(pod),
         name=objects.name(pod),
         uid=objects.uid(pod),
-        priority=priority(pod),
-        started=start_time(pod, now),
+        priority=objects.priority(pod),
+        started=objects.start_time(pod, now),
     )
 
 
@@ -95,8 +79,8 @@ def eligible(pod: Mapping[str, Any], nominated_node_pods: Iterable[Mapping[str, 
     pod on its nominated node still terminating by preemption (victims of an earlier attempt)."""
     if objects.spec(pod).get("preemptionPolicy") == "Never":
         return NEVER
-    own = priority(pod)
-    if any(priority(p) < own and terminating_by_preemption(p) for p in nominated_node_pods):
+    own = objects.priority(pod)
+    if any(objects.priority(p) < own and terminating_by_preemption(p) for p in nominated_node_pods):
         return TERMINATING
     return ""
 

@@ -58,7 +58,6 @@ from hami_testkit.preemption_rules import (
     eligible,
     nodes_message,
     pick_one_node,
-    priority,
     victim,
 )
 
@@ -146,18 +145,18 @@ class PreemptionStandIn:
         by_node: dict[str, list[JsonDict]] = {}
         for other in pods:
             node = objects.node_name(other)
-            if node and objects.pod_phase(other) not in ("Succeeded", "Failed"):
+            if node and not objects.finished(other):
                 by_node.setdefault(node, []).append(other)
         nominated = str(objects.status(pod).get("nominatedNodeName") or "")
         why = eligible(pod, by_node.get(nominated, []) if nominated else [])
         if why:
             return NotNominated(message=why)
-        own = priority(pod)
+        own = objects.priority(pod)
         statuses = {node: NOT_HELPFUL for node in nodes}
         now = self._clock()
         candidates: list[str] = []
         for node in sorted(set(resolvable) & set(nodes)):
-            if any(priority(p) < own for p in by_node.get(node, [])):
+            if any(objects.priority(p) < own for p in by_node.get(node, [])):
                 candidates.append(node)
             else:
                 statuses[node] = NO_VICTIMS
@@ -178,7 +177,7 @@ class PreemptionStandIn:
             victim=gone,
             preemptor=preemptor,
             preemptor_uid=objects.uid(pod),
-            preemptor_priority=priority(pod),
+            preemptor_priority=objects.priority(pod),
             node=node,
         )
         self.preemptions[gone.key] = record
@@ -278,7 +277,7 @@ class PreemptionStandIn:
     async def _clear_lower_nominations(self, own: int, node: str, pods: Iterable[JsonDict]) -> None:
         """Lower-priority pods nominated to ``node`` may no longer fit there: their nomination goes."""
         for other in list(pods):
-            if objects.status(other).get("nominatedNodeName") == node and priority(other) < own:
+            if objects.status(other).get("nominatedNodeName") == node and objects.priority(other) < own:
                 with contextlib.suppress(ApiError):
                     await self._api.merge_patch(
                         pods_path(objects.namespace(other), objects.name(other), "status"),

@@ -39,7 +39,6 @@ from hami import objects
 from hami.annotations import NODE_HANDSHAKE, NODE_LOCK
 from hami_testkit.events import pod_event
 from hami_testkit.kubeapi import ApiError, JsonDict, SimApi, nodes_path, pods_path
-from hami_testkit.preemption_rules import priority
 from hami_testkit.preemption_standin import Nominated, NotNominated, PreemptionError, PreemptionStandIn
 
 logger = logging.getLogger("hami_testkit.scheduler_standin")
@@ -155,7 +154,7 @@ class SchedulerStandIn:
                 or (last.kind == "unschedulable" and last.generation != self.generation)
                 or now >= last.retry_at
             ):
-                if due is None or priority(pod) > priority(due):
+                if due is None or objects.priority(pod) > objects.priority(due):
                     due = pod
                 continue
             wake_at = last.retry_at if wake_at is None else min(wake_at, last.retry_at)
@@ -375,7 +374,7 @@ class SchedulerStandIn:
                 self.pods[key] = pod
                 phase = (pod.get("status") or {}).get("phase")
                 old_phase = ((old or {}).get("status") or {}).get("phase")
-                if phase in ("Succeeded", "Failed") and old_phase != phase:
+                if phase in objects.FINISHED_PHASES and old_phase != phase:
                     self._bump()
                 if self._warn_others:
                     await self._warn_no_scheduler(pod)

@@ -59,7 +59,7 @@ def deleting(obj: Mapping[str, Any]) -> bool:
 
 
 def terminal(pod: Mapping[str, Any]) -> bool:
-    return objects.pod_phase(pod) in ("Succeeded", "Failed")
+    return objects.finished(pod)
 
 
 def active(pod: Mapping[str, Any]) -> bool:

@@ -92,7 +92,8 @@ def test_requested_counts_follow_kubelets_container_order_and_skip_zero() -> Non
             "containers": [gpu("a", 0), {"name": "b"}, gpu("c", "1", key="requests"), gpu("d", "1e3")],
         }
     }
-    assert requested(spec, "nvidia.com/gpu") == (2, 1, None)  # "1e3" is a count, but not one we read
+    # "1e3" is read as the scheduler reads it (hami.core.requests.card_count): 1000 cards
+    assert requested(spec, "nvidia.com/gpu") == (2, 1, 1000)
 
 
 # ------------------------------------------------------------------------------------------ suspects

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from hami.objects import start_time
 from hami_testkit.preemption_rules import (
     NEVER,
     NO_VICTIMS,
@@ -20,7 +21,6 @@ from hami_testkit.preemption_rules import (
     eligible,
     nodes_message,
     pick_one_node,
-    start_time,
 )
 
 
