@@ -75,13 +75,14 @@ def make_cards(n: int, **kwargs: object) -> tuple[DeviceState, ...]:
     return tuple(make_card(f"GPU-{i}", index=i, **kwargs) for i in range(n))  # type: ignore[arg-type]
 
 
-def make_node(
+def node_state(
     name: str = "node1",
     cards: tuple[DeviceState, ...] | list[DeviceState] = (),
     *,
     pair_scores: Mapping[str, Mapping[str, int]] | None = None,
     cordoned: frozenset[str] = frozenset(),
 ) -> NodeState:
+    """The core's view of a node (a :class:`NodeState`); ``tests.builders.make_node`` builds a Node object."""
     return NodeState(name=name, devices=tuple(cards), pair_scores=pair_scores or {}, cordoned=cordoned)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from hami.core import precheck
@@ -11,9 +11,9 @@ from hami.core.model import Allocation, ContainerRequest, NamespaceQuota, NodeSt
 from hami.core.score import parse_gpu_policy
 from hami.core.usage import apply_usage, pod_usage
 
-from .builders import make_card, make_cards, make_container, make_node, make_request, mig_card
+from .builders import make_card, make_cards, make_container, make_request, mig_card, node_state
 
-ONE_CARD = make_node(cards=make_cards(1))
+ONE_CARD = node_state(cards=make_cards(1))
 
 
 def grants(decision: Allocation | Rejection) -> list[list[tuple[str, int]]]:
@@ -40,7 +40,7 @@ def test_later_app_containers_see_earlier_picks_in_scores() -> None:
     # Spread: the first container takes GPU-1 (last registered), which then scores higher, so the second
     # container goes to GPU-0.
     request = make_request(make_container(mem=100), make_container(mem=100))
-    assert grants(fit_node(request, make_node(cards=make_cards(2)), Policy())) == [
+    assert grants(fit_node(request, node_state(cards=make_cards(2)), Policy())) == [
         [("GPU-1", 100)],
         [("GPU-0", 100)],
     ]
@@ -52,7 +52,7 @@ def test_containers_without_requests_get_empty_entries() -> None:
 
 
 def test_pod_without_requests_fits_everywhere_with_empty_entries() -> None:
-    decisions = allocate(make_request(None, None), [ONE_CARD, make_node("n2")], Policy())
+    decisions = allocate(make_request(None, None), [ONE_CARD, node_state("n2")], Policy())
     assert decisions.fitting == ("node1", "n2")
     assert grants(decisions["n2"]) == [[], []]
 
@@ -64,19 +64,19 @@ def test_failing_init_container_fails_the_node_with_its_reason() -> None:
 
 
 def test_resolvable_flags() -> None:
-    full = make_node(cards=(make_card(count=1, used=1),))
+    full = node_state(cards=(make_card(count=1, used=1),))
     busy = fit_node(make_request(make_container(mem=1)), full, Policy())
     assert isinstance(busy, Rejection) and busy.resolvable  # other pods could leave
     excluded = fit_node(make_request(make_container(mem=1), nouse_uuids=("GPU-0",)), full, Policy())
     assert isinstance(excluded, Rejection) and not excluded.resolvable
     sick = fit_node(
-        make_request(make_container(mem=1)), make_node(cards=(make_card(health=False),)), Policy()
+        make_request(make_container(mem=1)), node_state(cards=(make_card(health=False),)), Policy()
     )
     assert isinstance(sick, Rejection) and not sick.resolvable
 
 
 def test_decisions_expose_verdicts_and_rejections() -> None:
-    nodes = [make_node("ok", make_cards(1)), make_node("full", make_cards(1, count=1, used=1))]
+    nodes = [node_state("ok", make_cards(1)), node_state("full", make_cards(1, count=1, used=1))]
     decisions = allocate(make_request(make_container(mem=1)), nodes, Policy())
     assert decisions.fits("ok") and not decisions.fits("full")
     assert list(decisions) == ["ok", "full"] and len(decisions) == 2
@@ -122,13 +122,13 @@ PRECHECK_CASES = [
 
 def test_precheck_table() -> None:
     for name, card, container, expected in PRECHECK_CASES:
-        node = make_node(cards=(card,))
+        node = node_state(cards=(card,))
         request = make_request(container)
         plan = precheck.plan(request, parse_gpu_policy("spread"), None)
         assert plan is not None
         assert precheck.verdict(plan, node.summary) is expected, name
         assert isinstance(fit_node(request, node, Policy()), Allocation) is expected, name
-    steered = make_node(
+    steered = node_state(
         cards=(make_card("GPU-0", type="NVIDIA T4"), make_card("GPU-1", index=1, type="NVIDIA A100"))
     )
     for steering, fits in (
@@ -145,9 +145,9 @@ def test_precheck_table() -> None:
         assert isinstance(fit_node(request, steered, Policy()), Allocation) is fits, steering
     mutex = precheck.plan(make_request(make_container(mem=1)), parse_gpu_policy("mutex"), None)
     assert (
-        mutex is not None and precheck.verdict(mutex, make_node(cards=(make_card(used=1),)).summary) is False
+        mutex is not None and precheck.verdict(mutex, node_state(cards=(make_card(used=1),)).summary) is False
     )
-    cordoned = make_node(cards=make_cards(1), cordoned=frozenset({"GPU-0"}))
+    cordoned = node_state(cards=make_cards(1), cordoned=frozenset({"GPU-0"}))
     assert allocate(make_request(make_container(mem=1)), [cordoned], Policy()).fitting == ()
 
 
@@ -159,7 +159,7 @@ def test_precheck_declines_steered_pods_and_mig_nodes() -> None:
     assert precheck.plan(make_request(make_container(mem=1)), spread, NamespaceQuota(cores_limit=1)) is None
     plan = precheck.plan(make_request(make_container(mem=1)), spread, NamespaceQuota())
     assert plan is not None
-    assert precheck.verdict(plan, make_node(cards=(mig_card(),)).summary) is None
+    assert precheck.verdict(plan, node_state(cards=(mig_card(),)).summary) is None
 
 
 @st.composite
@@ -187,7 +187,7 @@ def nodes(draw: st.DrawFn) -> NodeState:
             )
         )
     cordoned = frozenset(draw(st.lists(st.sampled_from([f"GPU-{i}" for i in range(4)]), max_size=1)))
-    return make_node(cards=cards, cordoned=cordoned)
+    return node_state(cards=cards, cordoned=cordoned)
 
 
 containers = st.builds(
@@ -227,6 +227,6 @@ def test_precheck_verdict_equals_fit(
     request = make_request(*items, init_count=min(init_count, len(items)), gpu_policy=gpu_policy, **steering)  # type: ignore[arg-type]
     plan = precheck.plan(request, parse_gpu_policy(gpu_policy), None)
     full = fit_node(request, node, Policy())
-    if plan is None:
-        return
+    assume(plan is not None)
+    assert plan is not None
     assert precheck.verdict(plan, node.summary) == isinstance(full, Allocation), full

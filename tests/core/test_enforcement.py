@@ -16,7 +16,7 @@ from hami.core.model import Allocation, DeviceState, NodeState, Rejection
 from hami.core.rejection import Reason
 from hami.core.score import parse_gpu_policy
 
-from .builders import make_card, make_container, make_node, make_request
+from .builders import make_card, make_container, make_request, node_state
 
 HAMI_CORE, NONE, MIG, MPS, MPS_NS = (
     Enforcement.HAMI_CORE,
@@ -28,7 +28,7 @@ HAMI_CORE, NONE, MIG, MPS, MPS_NS = (
 
 
 def node_of(*kinds: Enforcement, name: str = "n1") -> NodeState:
-    return make_node(name, [make_card(f"GPU-{i}", index=i, enforcement=k) for i, k in enumerate(kinds)])
+    return node_state(name, [make_card(f"GPU-{i}", index=i, enforcement=k) for i, k in enumerate(kinds)])
 
 
 def test_levels_are_ordered_and_every_kind_has_one() -> None:
@@ -92,7 +92,7 @@ def test_the_cluster_floor_applies_and_a_pod_cannot_lower_it() -> None:
 
 def test_other_reasons_come_first_and_a_failing_card_counts_once() -> None:
     request = make_request(make_container(mem=10), enforcement=Level.COOPERATIVE)
-    node = make_node("n1", [make_card("GPU-0", health=False), make_card("GPU-1", index=1, type="AMD")])
+    node = node_state("n1", [make_card("GPU-0", health=False), make_card("GPU-1", index=1, type="AMD")])
     decision = fit_node(request, node, Policy())
     assert isinstance(decision, Rejection)
     assert decision.reasons == {Reason.CARD_NOT_HEALTH: 1}  # the AMD card is not a vendor card
@@ -124,7 +124,7 @@ def test_the_precheck_verdict_equals_fit_under_a_requirement(
     numa_bind: bool,
     policy: str,
 ) -> None:
-    node = make_node(
+    node = node_state(
         "n1",
         [
             make_card(

@@ -8,7 +8,7 @@ import pytest
 from hami.core.allocate import Policy, fit_node
 from hami.core.model import Allocation, ContainerRequest, NodeState, PodRequest, Rejection
 
-from .builders import make_card, make_cards, make_container, make_node, make_request
+from .builders import make_card, make_cards, make_container, make_request, node_state
 
 SPREAD = Policy()
 
@@ -36,23 +36,23 @@ def message(decision: Allocation | Rejection) -> str:
 
 def test_identical_idle_cards_last_registered_is_used_first() -> None:
     # Spread sorts by score descending; equal scores keep registration order; Fit walks from the end.
-    assert uuids(fit(make_node(cards=make_cards(3)), one(make_container(mem=100)))) == ["GPU-2"]
+    assert uuids(fit(node_state(cards=make_cards(3)), one(make_container(mem=100)))) == ["GPU-2"]
 
 
 def test_spread_prefers_the_least_used_card() -> None:
     # Scores (type NVIDIA: request counted): GPU-0 idle, GPU-1 has 1 task of 500 MiB -> GPU-0 lowest.
     cards = (make_card("GPU-0", index=0), make_card("GPU-1", index=1, used=1, used_mem=500))
-    assert uuids(fit(make_node(cards=cards), one(make_container(mem=100)))) == ["GPU-0"]
+    assert uuids(fit(node_state(cards=cards), one(make_container(mem=100)))) == ["GPU-0"]
 
 
 def test_binpack_prefers_the_most_used_card() -> None:
     cards = (make_card("GPU-0", index=0, used=1, used_mem=500), make_card("GPU-1", index=1))
-    decision = fit(make_node(cards=cards), one(make_container(mem=100)), Policy(gpu_policy="binpack"))
+    decision = fit(node_state(cards=cards), one(make_container(mem=100)), Policy(gpu_policy="binpack"))
     assert uuids(decision) == ["GPU-0"]
 
 
 def test_multi_card_picks_distinct_cards_in_walk_order() -> None:
-    assert uuids(fit(make_node(cards=make_cards(4)), one(make_container(3, mem=100)))) == [
+    assert uuids(fit(node_state(cards=make_cards(4)), one(make_container(3, mem=100)))) == [
         "GPU-3",
         "GPU-2",
         "GPU-1",
@@ -157,12 +157,12 @@ CASES: list[tuple[str, tuple[object, ...], ContainerRequest, dict[str, object], 
 def test_each_check_reports_its_reason(
     cards: tuple[object, ...], container: ContainerRequest, steering: dict[str, object], expected: str
 ) -> None:
-    decision = fit(make_node(cards=cards), one(container, **steering))  # type: ignore[arg-type]
+    decision = fit(node_state(cards=cards), one(container, **steering))  # type: ignore[arg-type]
     assert message(decision) == expected
 
 
 def test_request_type_other_than_nvidia_is_an_unknown_device_type() -> None:
-    decision = fit(make_node(cards=make_cards(1)), one(make_container(mem=1, type="AMD")))
+    decision = fit(node_state(cards=make_cards(1)), one(make_container(mem=1, type="AMD")))
     assert message(decision) == "Device type not found"
     assert isinstance(decision, Rejection) and not decision.resolvable
 
@@ -197,63 +197,63 @@ ORDER = [
 
 @pytest.mark.parametrize(("card", "steering", "reason"), [o[1:] for o in ORDER], ids=[o[0] for o in ORDER])
 def test_check_order(card: object, steering: dict[str, object], reason: str) -> None:
-    node = make_node(cards=(card,), cordoned=frozenset({"GPU-C"}))  # type: ignore[arg-type]
+    node = node_state(cards=(card,), cordoned=frozenset({"GPU-C"}))  # type: ignore[arg-type]
     decision = fit(node, one(make_container(mem=10, cores=10), **steering))
     assert message(decision) == f"1/1 {reason}"
 
 
 def test_cores_before_exclusive_and_exclusive_before_compute_exhausted() -> None:
     # 100 cores on a card with 10 cores used: check 12 (cores) fires before 13 (exclusive).
-    node = make_node(cards=(make_card(used=1, used_cores=10),))
+    node = node_state(cards=(make_card(used=1, used_cores=10),))
     assert message(fit(node, one(make_container(mem=1, cores=100)))) == "1/1 CardInsufficientCore"
 
 
 def test_cores_above_100_are_clamped_to_100() -> None:
     # 150 % would fail check 12 on an idle 100-core card; clamped to 100 it fits and is granted 100.
-    decision = fit(make_node(cards=make_cards(1)), one(make_container(mem=1, cores=150)))
+    decision = fit(node_state(cards=make_cards(1)), one(make_container(mem=1, cores=150)))
     assert isinstance(decision, Allocation)
     assert decision.devices[0][0].cores == 100
 
 
 def test_exclusive_rule_needs_totalcore_exactly_100() -> None:
     # deviceCoreScaling 2: a 200-core card; a 100-core request may share it with a running task.
-    node = make_node(cards=(make_card(cores=200, used=1, used_cores=50),))
+    node = node_state(cards=(make_card(cores=200, used=1, used_cores=50),))
     assert isinstance(fit(node, one(make_container(mem=1, cores=100))), Allocation)
 
 
 def test_zero_core_task_may_join_when_cores_are_left() -> None:
-    node = make_node(cards=(make_card(used=1, used_cores=99),))
+    node = node_state(cards=(make_card(used=1, used_cores=99),))
     assert isinstance(fit(node, one(make_container(mem=1, cores=0))), Allocation)
 
 
 def test_percentage_resolves_against_each_card() -> None:
     # 50 % of a 1000 MiB card = 500 MiB; of a 3000 MiB card = 1500 MiB.
     cards = (make_card("GPU-0", index=0, memory=1000), make_card("GPU-1", index=1, memory=3000))
-    decision = fit(make_node(cards=cards), one(make_container(2, pct=50)))
+    decision = fit(node_state(cards=cards), one(make_container(2, pct=50)))
     assert isinstance(decision, Allocation)
     assert {g.uuid: g.memory_mib for g in decision.devices[0]} == {"GPU-0": 500, "GPU-1": 1500}
 
 
 def test_memory_mib_wins_over_percentage() -> None:
-    decision = fit(make_node(cards=make_cards(1)), one(make_container(mem=300, pct=50)))
+    decision = fit(node_state(cards=make_cards(1)), one(make_container(mem=300, pct=50)))
     assert isinstance(decision, Allocation)
     assert decision.devices[0][0].memory_mib == 300
 
 
 def test_type_substring_is_case_insensitive_and_loose() -> None:
     # use-gputype "a10" admits "NVIDIA A100" (substring), "t4" does not.
-    node = make_node(cards=(make_card(type="NVIDIA A100"),))
+    node = node_state(cards=(make_card(type="NVIDIA A100"),))
     assert isinstance(fit(node, one(make_container(mem=1), use_types=("t4", "a10"))), Allocation)
     assert message(fit(node, one(make_container(mem=1), use_types=("t4",)))) == "1/1 CardTypeMismatch"
 
 
 def test_vgpu_mode_matches_card_mode_as_substring() -> None:
-    node = make_node(cards=(make_card(mode="mps"),))
+    node = node_state(cards=(make_card(mode="mps"),))
     assert isinstance(fit(node, one(make_container(mem=1), vgpu_mode="hami-core,mps")), Allocation)
 
 
 def test_cordoned_card_reports_cordoned() -> None:
-    node = make_node(cards=make_cards(2), cordoned=frozenset({"GPU-1"}))
+    node = node_state(cards=make_cards(2), cordoned=frozenset({"GPU-1"}))
     assert uuids(fit(node, one(make_container(mem=1)))) == ["GPU-0"]
     assert message(fit(node, one(make_container(2, mem=1)))) == (
         "1/2 AllocatedCardsInsufficientRequest, 1/2 CardCordoned"
@@ -272,7 +272,7 @@ def test_spec_example_reason_text_with_ten_cards() -> None:
     cards += [make_card(f"u{i}", index=3 + i) for i in range(3)]
     cards += [make_card(f"s{i}", index=6 + i, used=10) for i in range(4)]
     request = one(make_container(mem=500, cores=50), nouse_uuids=("u0", "u1", "u2"))
-    assert message(fit(make_node(cards=cards), request)) == (
+    assert message(fit(node_state(cards=cards), request)) == (
         "1/10 CardInsufficientCore, 2/10 CardInsufficientMemory, 3/10 CardUuidMismatch, "
         "4/10 CardTimeSlicingExhausted"
     )
@@ -282,7 +282,7 @@ def test_allocated_cards_insufficient_request_replaces_and_partial_picks_are_kep
     # nums 3 on 2 cards fails before Fit (NodeInsufficientDevice); on 3 cards with one full: the
     # two picks are reported as "2/3 AllocatedCardsInsufficientRequest" next to the real reason.
     cards = (make_card("GPU-0", index=0, used=10), *make_cards(3)[1:])
-    assert message(fit(make_node(cards=cards), one(make_container(3, mem=1)))) == (
+    assert message(fit(node_state(cards=cards), one(make_container(3, mem=1)))) == (
         "1/3 CardTimeSlicingExhausted, 2/3 AllocatedCardsInsufficientRequest"
     )
 
@@ -290,14 +290,14 @@ def test_allocated_cards_insufficient_request_replaces_and_partial_picks_are_kep
 def test_reason_items_sort_as_strings() -> None:
     # 12 cards: 10 full (slots), 2 cordoned -> "10/12 ..." sorts before "2/12 ...".
     cards = make_cards(12, count=1, used=1)
-    node = make_node(cards=cards[:10] + make_cards(12)[10:], cordoned=frozenset({"GPU-10", "GPU-11"}))
+    node = node_state(cards=cards[:10] + make_cards(12)[10:], cordoned=frozenset({"GPU-10", "GPU-11"}))
     assert (
         message(fit(node, one(make_container(mem=1)))) == "10/12 CardTimeSlicingExhausted, 2/12 CardCordoned"
     )
 
 
 def test_too_many_cards_requested_is_node_insufficient_device() -> None:
-    decision = fit(make_node(cards=make_cards(2)), one(make_container(3, mem=1)))
+    decision = fit(node_state(cards=make_cards(2)), one(make_container(3, mem=1)))
     assert message(decision) == "NodeInsufficientDevice"
     assert isinstance(decision, Rejection) and not decision.resolvable
 
@@ -305,7 +305,7 @@ def test_too_many_cards_requested_is_node_insufficient_device() -> None:
 def test_type_prefilter_sets_the_denominator() -> None:
     # Only cards whose type contains "nvidia" are handed to Fit: 1 of 2 here.
     cards = (make_card("GPU-0", index=0, used=10), make_card("AMD-0", index=1, type="AMD MI100"))
-    assert message(fit(make_node(cards=cards), one(make_container(mem=1)))) == "1/1 CardTimeSlicingExhausted"
+    assert message(fit(node_state(cards=cards), one(make_container(mem=1)))) == "1/1 CardTimeSlicingExhausted"
 
 
 # ------------------------------------------------------------------------------------------- NUMA
@@ -317,7 +317,7 @@ def numa_cards(*numas: int, **kwargs: object) -> tuple[object, ...]:
 
 def test_numa_bind_takes_all_cards_from_one_numa_node() -> None:
     # Sorted with numa-bind (spread): NUMA ascending -> [0,1 | 2,3]; walk from the end: GPU-3, GPU-2.
-    node = make_node(cards=numa_cards(0, 0, 1, 1))  # type: ignore[arg-type]
+    node = node_state(cards=numa_cards(0, 0, 1, 1))  # type: ignore[arg-type]
     assert uuids(fit(node, one(make_container(2, mem=1), numa_bind=True))) == ["GPU-3", "GPU-2"]
 
 
@@ -326,13 +326,13 @@ def test_numa_group_reset_discards_picks_and_counts_numa_not_fit() -> None:
     # [GPU-0, GPU-1, GPU-3, GPU-2]. Walk: GPU-2 picked, GPU-3 full, GPU-1 (numa0): reset, the pick is
     # discarded; GPU-1, GPU-0 picked.
     cards = (*numa_cards(0, 0, 1)[:3], make_card("GPU-3", index=3, numa=1, used=10))
-    decision = fit(make_node(cards=cards), one(make_container(2, mem=1), numa_bind=True))  # type: ignore[arg-type]
+    decision = fit(node_state(cards=cards), one(make_container(2, mem=1), numa_bind=True))  # type: ignore[arg-type]
     assert uuids(decision) == ["GPU-1", "GPU-0"]
 
 
 def test_numa_bind_fails_when_no_group_is_big_enough() -> None:
     # 1 card per NUMA node, nums 2: walk numa1 pick, numa0 reset (+1 NumaNotFit), pick -> 1 picked.
-    node = make_node(cards=numa_cards(0, 1))  # type: ignore[arg-type]
+    node = node_state(cards=numa_cards(0, 1))  # type: ignore[arg-type]
     assert message(fit(node, one(make_container(2, mem=1), numa_bind=True))) == (
         "1/2 AllocatedCardsInsufficientRequest, 1/2 NumaNotFit"
     )
@@ -340,7 +340,7 @@ def test_numa_bind_fails_when_no_group_is_big_enough() -> None:
 
 def test_numa_reset_happens_before_the_uuid_check() -> None:
     # numa1 card picked, then the numa0 card is uuid-excluded yet still resets the group: the pick is lost.
-    node = make_node(cards=numa_cards(0, 1))  # type: ignore[arg-type]
+    node = node_state(cards=numa_cards(0, 1))  # type: ignore[arg-type]
     decision = fit(node, one(make_container(1, mem=1), numa_bind=True, nouse_uuids=("GPU-0",)))
     assert uuids(decision) == ["GPU-1"]  # nums 1 succeeds at GPU-1 before reaching GPU-0
     decision = fit(node, one(make_container(2, mem=1), numa_bind=True, nouse_uuids=("GPU-0",)))
@@ -348,5 +348,5 @@ def test_numa_reset_happens_before_the_uuid_check() -> None:
 
 
 def test_without_numa_bind_cards_come_from_any_numa() -> None:
-    node = make_node(cards=numa_cards(0, 1))  # type: ignore[arg-type]
+    node = node_state(cards=numa_cards(0, 1))  # type: ignore[arg-type]
     assert sorted(uuids(fit(node, one(make_container(2, mem=1))))) == ["GPU-0", "GPU-1"]

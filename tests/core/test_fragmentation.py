@@ -18,7 +18,7 @@ from hami.core.fragplacement import card_scores, gradient, node_priorities, plac
 from hami.core.model import NVIDIA, Allocation, Grant, NodeState, PodRequest
 from hami.core.usage import apply_usage, pod_usage
 
-from .builders import make_card, make_container, make_node, make_request
+from .builders import make_card, make_container, make_request, node_state
 
 
 def cls(nums: int, pct: int = 0, weight: float = 1.0, **kwargs: object) -> TargetClass:
@@ -39,7 +39,7 @@ def node_with(
         make_card(f"{name}-{i}", index=i, count=count, used=int(u > 0), used_mem=u, used_cores=u // 10)
         for i, u in enumerate(used)
     ]
-    return make_node(name, cards, cordoned=cordoned)
+    return node_state(name, cards, cordoned=cordoned)
 
 
 def share(pct: int, **kwargs: str) -> PodRequest:
@@ -100,8 +100,8 @@ def test_flexible_pods_leave_the_cards_that_restricted_demand_waits_for() -> Non
     pod prefers the model that fewer classes accept — here the one ModelY card, which the ModelY-only
     demand needs nine times more per card than the average. With the cluster's supply, the card's
     reserve makes taking it cost what it is worth to them, and the pod goes to ModelX."""
-    x = make_node("x", [make_card("x-0", type="NVIDIA ModelX")])
-    y = make_node("y", [make_card("y-0", type="NVIDIA ModelY")])
+    x = node_state("x", [make_card("x-0", type="NVIDIA ModelX")])
+    y = node_state("y", [make_card("y-0", type="NVIDIA ModelY")])
     classes = [cls(1, 100, 0.6), cls(1, 100, 0.3, types=("modelx",)), cls(1, 100, 0.1, types=("modely",))]
     whole = share(100)
 

@@ -6,7 +6,15 @@ from hami.core.allocate import Policy, fit_node
 from hami.core.mig import book_all
 from hami.core.model import Allocation, MigPlacement, MigReservation, Rejection
 
-from .builders import a100_profiles, make_card, make_container, make_device, make_node, make_request, mig_card
+from .builders import (
+    a100_profiles,
+    make_card,
+    make_container,
+    make_device,
+    make_request,
+    mig_card,
+    node_state,
+)
 
 A100 = make_device("MIG-0", mode="mig", memory=40960, mig_profiles=a100_profiles())
 
@@ -40,7 +48,7 @@ def test_smallest_profile_with_enough_memory_and_a_free_placement() -> None:
 def test_fit_revisits_a_mig_card_for_several_instances() -> None:
     # nums 2 on a single MIG card: both instances come from it (1g at 6 then 5); grants carry the
     # profile's memory and cores, not the request's.
-    node = make_node(cards=(mig_card(),))
+    node = node_state(cards=(mig_card(),))
     decision = fit_node(make_request(make_container(2, mem=1000, cores=5)), node, Policy())
     assert isinstance(decision, Allocation)
     assert [(g.uuid, g.memory_mib, g.cores) for g in decision.devices[0]] == [("MIG-0", 4864, 15)] * 2
@@ -51,7 +59,7 @@ def test_fit_revisits_a_mig_card_for_several_instances() -> None:
 
 
 def test_mig_count_exemption_from_node_insufficient_device() -> None:
-    node = make_node(cards=(mig_card(),))
+    node = node_state(cards=(mig_card(),))
     assert isinstance(fit_node(make_request(make_container(3, mem=1)), node, Policy()), Allocation)
     # vgpu-mode without "mig" removes the exemption
     decision = fit_node(make_request(make_container(3, mem=1), vgpu_mode="hami-core"), node, Policy())
@@ -60,7 +68,7 @@ def test_mig_count_exemption_from_node_insufficient_device() -> None:
 
 def test_existing_reservations_make_the_topology_infeasible() -> None:
     taken = (MigReservation(profile="7g.40gb", placement=MigPlacement(start=0, size=8)),)
-    node = make_node(cards=(mig_card(reservations=taken, used=1),))
+    node = node_state(cards=(mig_card(reservations=taken, used=1),))
     decision = fit_node(make_request(make_container(mem=1)), node, Policy())
     assert isinstance(decision, Rejection)
     assert decision.message == "1/1 CardMigTopologyInfeasible"
@@ -70,7 +78,7 @@ def test_existing_reservations_make_the_topology_infeasible() -> None:
 def test_app_containers_see_earlier_bookings_on_the_shared_copy() -> None:
     # Two app containers each asking a 3g: 4 then 0; a third small one (100 MiB: memory is still free)
     # finds no 1g placement left.
-    node = make_node(cards=(mig_card(),))
+    node = node_state(cards=(mig_card(),))
     two = make_request(make_container(mem=15000), make_container(mem=15000))
     decision = fit_node(two, node, Policy())
     assert isinstance(decision, Allocation)
@@ -82,11 +90,11 @@ def test_app_containers_see_earlier_bookings_on_the_shared_copy() -> None:
 
 def test_percentage_resolves_against_the_card_before_profile_choice() -> None:
     # 50 % of 40960 MiB = 20480 > 3g (19968) -> 7g.40gb
-    decision = fit_node(make_request(make_container(pct=50)), make_node(cards=(mig_card(),)), Policy())
+    decision = fit_node(make_request(make_container(pct=50)), node_state(cards=(mig_card(),)), Policy())
     assert isinstance(decision, Allocation)
     assert decision.mig[0].profile == "7g.40gb"
 
 
 def test_hami_core_cards_are_never_revisited() -> None:
-    decision = fit_node(make_request(make_container(2, mem=1)), make_node(cards=(make_card(),)), Policy())
+    decision = fit_node(make_request(make_container(2, mem=1)), node_state(cards=(make_card(),)), Policy())
     assert isinstance(decision, Rejection) and decision.message == "NodeInsufficientDevice"

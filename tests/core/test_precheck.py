@@ -10,7 +10,7 @@ resolvable) with the full Fit's.
 
 from __future__ import annotations
 
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from hami.core import precheck
@@ -27,7 +27,7 @@ from hami.core.model import (
 )
 from hami.core.score import parse_gpu_policy
 
-from .builders import make_card, make_container, make_node, make_request
+from .builders import make_card, make_container, make_request, node_state
 
 SPREAD = parse_gpu_policy("spread")
 
@@ -44,7 +44,7 @@ def fits(request: PodRequest, node: NodeState, policy: str = "spread") -> bool:
 
 def two_numa_node() -> NodeState:
     """Four cards, two per NUMA node; one card of NUMA 1 is full (slots)."""
-    return make_node(
+    return node_state(
         cards=(
             make_card("GPU-0", index=0, numa=0),
             make_card("GPU-1", index=1, numa=0),
@@ -69,7 +69,7 @@ def test_numa_bind_pods_are_judged_from_the_summary() -> None:
 
 
 def test_numa_bind_under_mutex_and_binpack() -> None:
-    node = make_node(
+    node = node_state(
         cards=(
             make_card("GPU-0", index=0, numa=0, used=1),
             make_card("GPU-1", index=1, numa=1),
@@ -86,7 +86,7 @@ def test_numa_bind_under_mutex_and_binpack() -> None:
 
 
 def test_type_steered_pods_are_judged_per_card_type() -> None:
-    node = make_node(
+    node = node_state(
         cards=(
             make_card("GPU-0", index=0, type="NVIDIA T4", numa=0),
             make_card("GPU-1", index=1, type="NVIDIA A100", numa=0, used=1, used_mem=900),
@@ -116,7 +116,7 @@ def test_type_steered_pods_are_judged_per_card_type() -> None:
 
 def test_rejections_keep_hamis_words_and_counts() -> None:
     # The node fails the precheck; its rejection is built by the unordered walk, counted per card.
-    node = make_node(
+    node = node_state(
         cards=(
             make_card("GPU-0", index=0, type="NVIDIA T4"),
             make_card("GPU-1", index=1, type="NVIDIA A100", used=1, used_mem=900),
@@ -145,7 +145,7 @@ def test_topology_aware_numa_bind_and_quota_pods_run_the_full_fit() -> None:
 
 
 def test_allocate_uses_the_summary_for_steered_pods() -> None:
-    nodes = [two_numa_node(), make_node("other", (make_card("GPU-7", type="NVIDIA T4"),))]
+    nodes = [two_numa_node(), node_state("other", (make_card("GPU-7", type="NVIDIA T4"),))]
     request = make_request(make_container(2, mem=100), numa_bind=True, use_types=("NVIDIA",))
     decisions = allocate(request, nodes, Policy())
     assert decisions.fitting == ("node1",)
@@ -185,7 +185,7 @@ def nodes(draw: st.DrawFn) -> NodeState:
             )
         )
     cordoned = frozenset(draw(st.lists(st.sampled_from([f"GPU-{i}" for i in range(6)]), max_size=1)))
-    return make_node(cards=cards, cordoned=cordoned)
+    return node_state(cards=cards, cordoned=cordoned)
 
 
 containers = st.builds(
@@ -237,8 +237,8 @@ def test_steered_and_numa_verdicts_equal_fit(
     apps = sum(1 for c in request.containers[request.init_count :] if c is not None and c.nums > 0)
     declined = apps > 1 or (request.numa_bind and policy.topology)
     assert (plan is None) == declined, (apps, request.numa_bind, gpu_policy)
-    if plan is None:
-        return
+    assume(plan is not None)  # a declined plan has nothing more to compare
+    assert plan is not None
     full = fit_node(request, node, CLUSTER)
     assert precheck.verdict(plan, node.summary) == isinstance(full, Allocation), full
 
@@ -256,13 +256,13 @@ def test_rejections_equal_the_full_fit(
     decisions = allocate(request, [node], CLUSTER)
     full = fit_node(request, node, CLUSTER)
     assert decisions.fits(node.name) == isinstance(full, Allocation)
-    if isinstance(full, Allocation):
-        return
+    assume(not isinstance(full, Allocation))  # the rest compares rejections
+    assert not isinstance(full, Allocation)
     got = decisions[node.name]
     assert isinstance(got, Rejection)
     assert (got.reasons, got.total, got.message) == (full.reasons, full.total, full.message)
     # Resolvable, computed here by the full Fit alone: the pod fits the node with nothing used.
-    idle = make_node(
+    idle = node_state(
         cards=[DeviceState(device=s.device) for s in node.devices],
         cordoned=node.cordoned,
         pair_scores=node.pair_scores,

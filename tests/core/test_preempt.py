@@ -29,7 +29,7 @@ from hami.core.preempt import Holder, Preemption, cost, preempt_node
 from hami.core.usage import CardUsage, PodUsage, apply_usage
 from hami.core.victimsearch import CardMemo
 
-from .builders import make_card, make_cards, make_container, make_node, make_request, mig_card
+from .builders import make_card, make_cards, make_container, make_request, mig_card, node_state
 
 PREEMPTOR = 100  # the preempting pod's priority in every case
 
@@ -56,7 +56,7 @@ def hold(
 
 
 def node_of(cards: Sequence[DeviceState], holders: Sequence[Holder], **kwargs: object) -> NodeState:
-    node = make_node(cards=tuple(cards), **kwargs)  # type: ignore[arg-type]
+    node = node_state(cards=tuple(cards), **kwargs)  # type: ignore[arg-type]
     for holder in holders:
         node = apply_usage(node, holder.usage)
     return node

@@ -19,7 +19,7 @@ from hami.core.quota import (
     read_limits,
 )
 
-from .builders import make_cards, make_container, make_node, make_request
+from .builders import make_cards, make_container, make_request, node_state
 
 
 def quota(**kwargs: int) -> dict[str, NamespaceQuota]:
@@ -31,7 +31,7 @@ def test_spec_example_partial_pick_then_quota() -> None:
     # make 2000 -> 3/4 ResourceQuotaNotFit, and the one pick -> 1/4 AllocatedCardsInsufficientRequest.
     decision = fit_node(
         make_request(make_container(2, mem=1000)),
-        make_node(cards=make_cards(4)),
+        node_state(cards=make_cards(4)),
         Policy(),
         quotas=quota(memory_limit=1000),
     )
@@ -40,7 +40,7 @@ def test_spec_example_partial_pick_then_quota() -> None:
 
 
 def test_equality_passes_and_used_counts() -> None:
-    node = make_node(cards=make_cards(1))
+    node = node_state(cards=make_cards(1))
     request = make_request(make_container(mem=1000, cores=30))
     assert isinstance(
         fit_node(request, node, Policy(), quotas=quota(memory_limit=3000, memory_used=2000)), Allocation
@@ -53,7 +53,7 @@ def test_equality_passes_and_used_counts() -> None:
 
 
 def test_zero_limit_blocks_and_other_namespaces_are_free() -> None:
-    node = make_node(cards=make_cards(1))
+    node = node_state(cards=make_cards(1))
     request = make_request(make_container(mem=1))
     assert isinstance(fit_node(request, node, Policy(), quotas=quota(memory_limit=0)), Rejection)
     other = {"elsewhere": NamespaceQuota(memory_limit=0)}
@@ -64,7 +64,7 @@ def test_percentage_resolved_per_card_counts() -> None:
     # 50 % of a 1000 MiB card = 500 MiB against a 400 MiB limit.
     decision = fit_node(
         make_request(make_container(pct=50)),
-        make_node(cards=make_cards(1)),
+        node_state(cards=make_cards(1)),
         Policy(),
         quotas=quota(memory_limit=400),
     )
@@ -74,7 +74,7 @@ def test_percentage_resolved_per_card_counts() -> None:
 def test_init_containers_collapse_to_their_peak_in_quota() -> None:
     # init 5000 MiB then app 4000 MiB on the single card: collapsed max(5000, 4000) = 5000 <= 6000 passes;
     # summing would be 9000 and fail. Two app containers of 4000 do sum: 8000 > 6000 fails.
-    node = make_node(cards=make_cards(1, memory=20000))
+    node = node_state(cards=make_cards(1, memory=20000))
     init_app = make_request(make_container(mem=5000), make_container(mem=4000), init_count=1)
     assert isinstance(fit_node(init_app, node, Policy(), quotas=quota(memory_limit=6000)), Allocation)
     two_apps = make_request(make_container(mem=4000), make_container(mem=4000))
@@ -83,7 +83,7 @@ def test_init_containers_collapse_to_their_peak_in_quota() -> None:
 
 
 def test_quota_rejection_is_resolvable_when_usage_could_go_away() -> None:
-    node = make_node(cards=make_cards(1))
+    node = node_state(cards=make_cards(1))
     request = make_request(make_container(mem=1000))
     busy = fit_node(request, node, Policy(), quotas=quota(memory_limit=1000, memory_used=500))
     assert isinstance(busy, Rejection) and busy.resolvable
@@ -168,7 +168,7 @@ def test_a_pod_over_its_quota_at_admission_never_fits_in_fit() -> None:
     request = make_request(make_container(1, mem=9000), make_container(2, mem=1000), init_count=1)
     ask = admission_ask(request.containers, request.init_count)
     assert ask == QuotaAsk(memory=9000, cores=0)
-    node = make_node(cards=make_cards(2, memory=20000))
+    node = node_state(cards=make_cards(2, memory=20000))
     refused = fit_node(request, node, Policy(), quotas=quota(memory_limit=ask.memory - 1))
     assert isinstance(refused, Rejection) and not refused.resolvable
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hami.core.allocate import Policy, fit_node
 from hami.core.rejection import Reason, Rejection, node_rejection
 
-from .builders import make_card, make_cards, make_container, make_node, make_request
+from .builders import make_card, make_cards, make_container, make_request, node_state
 
 #: docs/protocol.md, "Reasons", word for word: counted per card as ``n/N Word``.
 HAMI_CARD_WORDS = {
@@ -69,15 +69,15 @@ def test_a_node_level_reason_renders_with_its_detail() -> None:
 
 def test_fit_keys_the_rejection_by_reason_code() -> None:
     request = make_request(make_container(mem=5000))
-    card = fit_node(request, make_node(cards=make_cards(2)), Policy())
+    card = fit_node(request, node_state(cards=make_cards(2)), Policy())
     assert isinstance(card, Rejection)
     assert card.reasons == {Reason.CARD_INSUFFICIENT_MEMORY: 2} and card.total == 2
     assert all(isinstance(reason, Reason) for reason in card.reasons)
-    node = fit_node(make_request(make_container(3, mem=1)), make_node(cards=(make_card(),)), Policy())
+    node = fit_node(make_request(make_container(3, mem=1)), node_state(cards=(make_card(),)), Policy())
     assert isinstance(node, Rejection) and node.reasons == {Reason.NODE_INSUFFICIENT_DEVICE: 1}
     assert node.message == "NodeInsufficientDevice" and not node.resolvable
     other = fit_node(
-        make_request(make_container(mem=1, type="AMD")), make_node(cards=make_cards(1)), Policy()
+        make_request(make_container(mem=1, type="AMD")), node_state(cards=make_cards(1)), Policy()
     )
     assert isinstance(other, Rejection) and other.reasons == {Reason.DEVICE_TYPE_NOT_FOUND: 1}
     assert other.message == "Device type not found"

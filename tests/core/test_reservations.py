@@ -23,7 +23,7 @@ from hami.core.reservations import (
 )
 from hami.core.usage import CardUsage, PodUsage, apply_usage
 
-from .builders import make_cards, make_container, make_node, make_request
+from .builders import make_cards, make_container, make_request, node_state
 
 POLICY = Policy()
 
@@ -34,7 +34,7 @@ def occupant(*cards: str, mem: int, prio: int = 0, leaving: bool = False) -> Occ
 
 
 def node_of(cards: Sequence[DeviceState], occupants: Sequence[Occupant] = ()) -> NodeState:
-    node = make_node(cards=tuple(cards))
+    node = node_state(cards=tuple(cards))
     for o in occupants:
         node = apply_usage(node, o.usage)
     return node

@@ -9,11 +9,11 @@ from hami.core.gocompat import f32
 from hami.core.model import Allocation, DeviceState, PodRequest, ScoringWeights
 from hami.core.score import card_score, node_priority, node_score
 
-from .builders import make_card, make_cards, make_container, make_node, make_request
+from .builders import make_card, make_cards, make_container, make_request, node_state
 
 
 def chosen(cards: tuple[DeviceState, ...], request: PodRequest, policy: Policy | None = None) -> list[str]:
-    decision = fit_node(request, make_node(cards=cards), policy or Policy())
+    decision = fit_node(request, node_state(cards=cards), policy or Policy())
     assert isinstance(decision, Allocation), decision
     return [g.uuid for g in decision.devices[-1]]
 
@@ -130,18 +130,18 @@ def test_unknown_single_policy_behaves_as_spread() -> None:
 
 def node_3() -> object:
     # 1 card, 1/10 slots, 10/100 cores, 100/1000 MiB -> 10 x (0.1 + 0.1 + 0.1) = 3.0
-    return make_node("node1", (make_card(used=1, used_cores=10, used_mem=100),))
+    return node_state("node1", (make_card(used=1, used_cores=10, used_mem=100),))
 
 
 def node_8() -> object:
     # 3/10 slots, 30/100 cores, 200/1000 MiB -> 10 x (0.3 + 0.3 + 0.2) = 8.0
-    return make_node("node2", (make_card(used=3, used_cores=30, used_mem=200),))
+    return node_state("node2", (make_card(used=3, used_cores=30, used_mem=200),))
 
 
 def test_node_score_examples() -> None:
     assert node_score(node_3()) == pytest.approx(3.0, rel=1e-6)  # type: ignore[arg-type]
     assert node_score(node_8()) == pytest.approx(8.0, rel=1e-6)  # type: ignore[arg-type]
-    assert node_score(make_node(cards=make_cards(2, count=0))) == 0.0
+    assert node_score(node_state(cards=make_cards(2, count=0))) == 0.0
 
 
 def test_node_score_counts_every_card_even_other_vendors() -> None:
@@ -150,7 +150,7 @@ def test_node_score_counts_every_card_even_other_vendors() -> None:
         make_card("GPU-0", index=0),
         make_card("AMD-0", index=1, type="AMD", used=5, used_cores=50, used_mem=500),
     )
-    assert node_score(make_node(cards=cards)) == pytest.approx(7.5, rel=1e-6)
+    assert node_score(node_state(cards=cards)) == pytest.approx(7.5, rel=1e-6)
 
 
 @pytest.mark.parametrize(
@@ -184,7 +184,7 @@ def test_node_score_is_the_usage_before_the_pod() -> None:
 
 
 def test_equal_scores_rank_equal() -> None:
-    nodes = [make_node(n, make_cards(1)) for n in ("b", "c", "a")]
+    nodes = [node_state(n, make_cards(1)) for n in ("b", "c", "a")]
     for node_policy in ("binpack", "spread"):
         ranks = priorities(make_request(make_container(mem=1)), nodes, Policy(node_policy=node_policy))
         assert list(ranks) == ["b", "c", "a"] and len(set(ranks.values())) == 1

@@ -6,7 +6,7 @@ from hami.core.allocate import Policy, fit_node
 from hami.core.model import Allocation
 from hami.core.topology import select
 
-from .builders import make_cards, make_container, make_node, make_request
+from .builders import make_cards, make_container, make_request, node_state
 
 # A-B 100 (NVLink), A-C 10, B-C 20, symmetric.
 SCORES = {
@@ -46,7 +46,7 @@ def test_fit_in_topology_mode_collects_every_candidate_then_selects() -> None:
         f"GPU-{a}": {f"GPU-{b}": (100 if {a, b} == {0, 1} else 10) for b in range(3) if b != a}
         for a in range(3)
     }
-    node = make_node(cards=cards, pair_scores=scores)
+    node = node_state(cards=cards, pair_scores=scores)
     request = make_request(make_container(2, mem=1), gpu_policy="topology-aware")
     decision = fit_node(request, node, Policy())
     assert isinstance(decision, Allocation)

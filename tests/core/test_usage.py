@@ -6,7 +6,7 @@ from __future__ import annotations
 from hami.core.model import Grant, MigAllocation, MigPlacement, MigReservation
 from hami.core.usage import apply_usage, pod_usage
 
-from .builders import make_card, make_cards, make_node, mig_card
+from .builders import make_card, make_cards, mig_card, node_state
 
 
 def g(uuid: str, mem: int, cores: int) -> Grant:
@@ -52,7 +52,7 @@ def test_cards_are_sorted_by_uuid_and_totals_sum() -> None:
 
 
 def test_apply_then_remove_restores_the_node_exactly() -> None:
-    node = make_node(cards=make_cards(2))
+    node = node_state(cards=make_cards(2))
     usage = pod_usage(((g("GPU-1", 300, 30),), (g("GPU-1", 200, 10),)), 0, init_done=False)
     added = apply_usage(node, usage)
     assert figures(added.devices) == [("GPU-0", 0, 0, 0), ("GPU-1", 2, 500, 40)]
@@ -63,7 +63,7 @@ def test_apply_then_remove_restores_the_node_exactly() -> None:
 
 
 def test_unknown_uuid_is_ignored() -> None:
-    node = make_node(cards=make_cards(1))
+    node = node_state(cards=make_cards(1))
     assert apply_usage(node, pod_usage(((g("nope", 1, 1),),), 0, init_done=False)) is node
 
 
@@ -78,7 +78,7 @@ def reservation(start: int, size: int = 1, profile: str = "1g.5gb") -> MigAlloca
 
 
 def test_mig_entry_with_matching_reservation_books_it() -> None:
-    node = make_node(cards=(mig_card(),))
+    node = node_state(cards=(mig_card(),))
     usage = pod_usage(((g("MIG-0", 4864, 15),),), 0, init_done=False, mig=[reservation(6)])
     card = apply_usage(node, usage).devices[0]
     assert card.healthy and card.used == 1
@@ -86,7 +86,7 @@ def test_mig_entry_with_matching_reservation_books_it() -> None:
 
 
 def test_mig_entry_without_reservation_fails_closed_and_removal_heals() -> None:
-    node = make_node(cards=(mig_card(),))
+    node = node_state(cards=(mig_card(),))
     usage = pod_usage(((g("MIG-0", 4864, 15),),), 0, init_done=False)
     added = apply_usage(node, usage)
     assert not added.devices[0].healthy
@@ -94,13 +94,13 @@ def test_mig_entry_without_reservation_fails_closed_and_removal_heals() -> None:
 
 
 def test_reservation_on_a_non_mig_card_fails_closed() -> None:
-    node = make_node(cards=(make_card("MIG-0"),))
+    node = node_state(cards=(make_card("MIG-0"),))
     usage = pod_usage(((g("MIG-0", 100, 0),),), 0, init_done=False, mig=[reservation(0)])
     assert not apply_usage(node, usage).devices[0].healthy
 
 
 def test_two_bad_pods_need_two_removals() -> None:
-    node = make_node(cards=(mig_card(),))
+    node = node_state(cards=(mig_card(),))
     usage = pod_usage(((g("MIG-0", 1, 0),),), 0, init_done=False)
     twice = apply_usage(apply_usage(node, usage), usage)
     assert not apply_usage(twice, usage, sign=-1).devices[0].healthy
@@ -108,7 +108,7 @@ def test_two_bad_pods_need_two_removals() -> None:
 
 def test_left_over_reservation_is_still_booked() -> None:
     # The reservation points at container 1, which has no grant: no slot, but the placement is taken.
-    node = make_node(cards=(mig_card(),))
+    node = node_state(cards=(mig_card(),))
     leftover = MigAllocation(
         container_index=1,
         device_index=0,
@@ -122,7 +122,7 @@ def test_left_over_reservation_is_still_booked() -> None:
 
 
 def test_reservation_for_a_different_card_does_not_match() -> None:
-    node = make_node(cards=(mig_card("MIG-0"), mig_card("MIG-1", index=1)))
+    node = node_state(cards=(mig_card("MIG-0"), mig_card("MIG-1", index=1)))
     wrong = MigAllocation(
         container_index=0,
         device_index=0,
