@@ -12,8 +12,10 @@ collector read in a worker thread), which reads the same inventory. On an MPS-mo
 adopted before the device plugin serves, the namespaces of the pods running on the node restored on it
 (``monitor.mps.keeper.restore``: after the agent's container restarts its daemon is a new one), watched
 by one more task (which restores them again on each new daemon) and its gone pods' namespaces closed
-by another (``monitor.mps.keeper``). Process set-up (logging, one-line
-errors, SIGTERM/SIGINT) is the shared :mod:`hami.process.entry`.
+by another (``monitor.mps.keeper``). The node's pods are read from one pod cache
+(:class:`monitor.podcache.PodCache`, a list + watch of the pods bound to this node), started before
+anything reads it and stopped on the way out; its families join the exporter's registry. Process
+set-up (logging, one-line errors, SIGTERM/SIGINT) is the shared :mod:`hami.process.entry`.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from prometheus_client import CollectorRegistry
 
 from hami.core.model import DeviceMode
 from hami.kube.client import KubeError
+from hami.kube.protocol import KubeApi
 from hami.process.entry import configure_logging, reachable_api, refuse, until_signalled
 from hami.process.http import alive, metrics_app, serve_retrying
 from monitor.allocate_call import Allocator
@@ -40,6 +43,7 @@ from monitor.grants import GrantBook
 from monitor.inventory import Inventory
 from monitor.mps.control import MpsControl
 from monitor.mps.keeper import restore, sweep
+from monitor.podcache import PodCache, PodCacheCollector
 from monitor.registrar import Registrar
 
 log = logging.getLogger("monitor")
@@ -74,12 +78,31 @@ async def run(config: AgentConfig) -> None:
         "node %s: using the %s backend, resource %s", config.node_name, backend.name, settings.resource_name
     )
     inventory = Inventory(backend)
+    pods = PodCache(api, config.node_name)
+    pods.start()  # before anything reads it; readers list while it is not synced yet
+    try:
+        await _run(config, settings, api, backend, inventory, pods)
+    finally:
+        await pods.stop()
+        backend.close()
+        api.close()
+
+
+async def _run(
+    config: AgentConfig,
+    settings: NodeSettings,
+    api: KubeApi,
+    backend: Backend,
+    inventory: Inventory,
+    pods: PodCache,
+) -> None:
+    """The agent's parts and loops over the opened backend and the started pod cache."""
     mps = mps_control(config, settings)
     core_limit = not settings.device.disable_core_limit  # as Allocate reads it
 
     async def restore_namespaces() -> bool:
         assert mps is not None
-        return await restore(mps, api=api, node_name=config.node_name, core_limit=core_limit)
+        return await restore(mps, api=api, node_name=config.node_name, core_limit=core_limit, pods=pods)
 
     if mps is not None:
         await mps.start()  # adopts a daemon that answers; a failed start is retried by watch()
@@ -94,6 +117,7 @@ async def run(config: AgentConfig) -> None:
         inventory=inventory,
         scheduler_name=config.scheduler_name,
         mps=mps,
+        pods=pods,
     )
     service = DevicePluginService(inventory=inventory, settings=settings, allocator=allocator)
     runner = KubeletRunner(
@@ -115,7 +139,7 @@ async def run(config: AgentConfig) -> None:
         refresh=config.refresh_interval,
         mps=mps,
     )
-    grants = GrantBook(api=api, node_name=config.node_name)
+    grants = GrantBook(api=api, node_name=config.node_name, pods=pods)
     registry = CollectorRegistry()
     registry.register(
         NodeCollector(
@@ -127,6 +151,7 @@ async def run(config: AgentConfig) -> None:
             mps=mps,
         )
     )
+    registry.register(PodCacheCollector(pods, config.node_name))
 
     try:
         async with asyncio.TaskGroup() as tasks:
@@ -137,7 +162,13 @@ async def run(config: AgentConfig) -> None:
             if mps is not None:
                 tasks.create_task(mps.watch(config.health_interval, restore_namespaces), name="mps-daemon")
                 tasks.create_task(
-                    sweep(mps, api=api, node_name=config.node_name, interval=config.register_interval),
+                    sweep(
+                        mps,
+                        api=api,
+                        node_name=config.node_name,
+                        interval=config.register_interval,
+                        pods=pods,
+                    ),
                     name="mps-namespaces",
                 )
             tasks.create_task(
@@ -154,8 +185,6 @@ async def run(config: AgentConfig) -> None:
         await allocator.events.drain(seconds=2.0)  # the last Events, briefly; never blocks shutdown long
         if mps is not None:
             await mps.stop()  # quits the daemon only when this agent started it and --mps-quit-on-stop
-        backend.close()
-        api.close()
 
 
 def mps_control(config: AgentConfig, settings: NodeSettings) -> MpsControl | None:

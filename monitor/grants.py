@@ -3,9 +3,10 @@
 Owns turning one pod's decoded ``hami.io/vgpu-devices-allocated`` into per-container
 :class:`ContainerGrant` s with their container names, the per-card totals (the same collapse
 (docs/protocol.md, "Usage") the scheduler applies, through ``hami.core.usage``), and :class:`GrantBook`, the
-periodic pod list that keeps them fresh and remembers whose init containers already gave their cards back
-(sticky, as the scheduler's view). Which pods hold cards here is the shared rule ``hami.annotations.holding``
-with the grant required, so the totals are exactly what the scheduler counts for the node's cards. Every
+periodic pass over the node's pods (the agent's pod cache, ``monitor.podcache``: no API request while it is
+synced) that keeps them fresh and remembers whose init containers already gave their cards back (sticky, as
+the scheduler's view). Which pods hold cards here is the shared rule ``hami.annotations.holding`` with the
+grant required, so the totals are exactly what the scheduler counts for the node's cards. Every
 annotation is decoded by the shared codec; nothing here splits annotation text. Imports the codec, the
 core and ``hami.kube``; must not import grpc, pynvml or the Kubernetes client.
 """
@@ -24,8 +25,8 @@ from hami.annotations.holding import holding, init_containers_done
 from hami.core.model import Device, DeviceState, NodeState
 from hami.core.usage import PodUsage, apply_usage, pod_usage
 from hami.kube.client import KubeError
-from hami.kube.pods import list_pods
 from hami.kube.protocol import KubeApi
+from monitor.podcache import ListedPods, NodePods
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +80,8 @@ def read_pod_grants(
     devices = read_pod_devices(pod)
     if devices is None:
         return None
-    init = objects.init_containers(pod)
-    names = [str(c.get("name", "")) for c in objects.containers_init_first(pod)]
+    init = [str(c.get("name", "")) for c in objects.init_containers(pod)]
+    names = init + [str(c.get("name", "")) for c in objects.containers(pod)]
     done = init_done_before or init_containers_done(pod)
     start = len(init) if done else 0
     grants = tuple(
@@ -128,14 +129,16 @@ def card_totals(node: str, devices: Sequence[Device], pods: Iterable[PodGrants])
 class GrantBook:
     """The tracked pods of one node, refreshed by a periodic list (``run``; cancel it to stop).
 
-    Lists the pods bound to the node (field selector, re-checked client-side) and keeps those that hold
+    Reads the pods bound to the node (``pods``: the agent's cache; without one, a list of the node's pods
+    each time, field selector re-checked client-side) and keeps those that hold
     cards here (:func:`read_pod_grants`). The tuple is replaced whole, so the exporter's scrape thread always
     reads one consistent list. A pod that cannot be read (an unreadable annotation, or any error reading
     it) is left out with a log line naming it; it never ends the loop, nor the agent.
     """
 
-    def __init__(self, *, api: KubeApi, node_name: str) -> None:
+    def __init__(self, *, api: KubeApi, node_name: str, pods: NodePods | None = None) -> None:
         self._api, self._node = api, node_name
+        self._source = pods if pods is not None else ListedPods(api, node_name)
         self._pods: tuple[PodGrants, ...] = ()
         self._init_done: set[str] = set()  # uids of listed pods whose init containers were seen done
 
@@ -144,10 +147,11 @@ class GrantBook:
         return self._pods
 
     async def refresh(self) -> tuple[PodGrants, ...]:
-        """List now; raises :class:`~hami.kube.client.KubeError` (the previous list is kept)."""
+        """Read the node's pods now; raises :class:`~hami.kube.client.KubeError` when a list is needed and
+        fails (the previous pods are kept)."""
         tracked = []
         listed: set[str] = set()
-        for pod in await list_pods(self._api, node_name=self._node):
+        for pod in (await self._source.view()).pods:
             uid = objects.uid(pod) or "/".join(objects.pod_key(pod))
             listed.add(uid)
             try:

@@ -37,6 +37,7 @@ from hami.kube.protocol import KubeApi
 from hami.objects import pod_key
 from monitor.allocate_rules import AllocationError, ContainerAnswer, container_names
 from monitor.backends.base import Backend, BackendError, MigBackend, MigInstance
+from monitor.podcache import NodePods
 
 log = logging.getLogger(__name__)
 
@@ -134,9 +135,13 @@ async def allocate_mig(
     node: str,
     pod: Mapping[str, Any],
     served: Sequence[tuple[int, tuple[Grant, ...]]],
+    pods: NodePods | None = None,
 ) -> list[ContainerAnswer]:
     """Answers for the popped entries ``served`` = (container index, its grants) of a MIG-mode pod;
-    the instances exist and are recorded on the pod when this returns."""
+    the instances exist and are recorded on the pod when this returns. The claims are read from one
+    fresh list (``pods.listed()``, the node's pods otherwise): an instance is reused or destroyed on the
+    API server's state now, never on the pod cache's (which may not show an instance recorded moments
+    ago yet)."""
     namespace, name = pod_key(pod)
     where = f"pod {namespace}/{name} on node {node}"
     if not isinstance(backend, MigBackend):
@@ -146,7 +151,8 @@ async def allocate_mig(
         )
     bookings = list(read_pod_mig_allocations(pod))  # AnnotationError (a ValueError) names key and text
     position = {(b.container_index, b.device_index): k for k, b in enumerate(bookings)}
-    claims = live_claims(await list_pods(api, node_name=node), node)
+    listed = (await pods.listed()).pods if pods is not None else await list_pods(api, node_name=node)
+    claims = live_claims(listed, node)
     names = container_names(pod)
     answers = []
     for index, grants in served:

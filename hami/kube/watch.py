@@ -102,8 +102,10 @@ class ListWatcher:
         on_skip: SkipCallback | None = None,
         watch_seconds: int = 300,
         backoff: float = 1.0,
+        field_selector: str | None = None,
     ) -> None:
         self._api = api
+        self._selector: dict[str, str] = {"field_selector": field_selector} if field_selector else {}
         self._kind = kind
         self._loop = loop
         self._on_list = on_list
@@ -220,7 +222,9 @@ class ListWatcher:
 
     def _list(self) -> str:
         try:
-            response = self._call(_preload_content=False, _request_timeout=timeout_of(self._api))
+            response = self._call(
+                _preload_content=False, _request_timeout=timeout_of(self._api), **self._selector
+            )
             body = json.loads(response.data or b"{}")
         except Exception as exc:
             raise error_from(exc) from exc
@@ -238,6 +242,7 @@ class ListWatcher:
                 timeout_seconds=self._watch_seconds,
                 _preload_content=False,
                 _request_timeout=(timeout_of(self._api), self._watch_seconds + 30),
+                **self._selector,
             )
         except Exception as exc:
             raise error_from(exc) from exc

@@ -4,8 +4,11 @@ the pods running here are rebuilt on a new daemon.
 Owns :func:`close_gone` (one pass), :func:`sweep` (the loop, every ``interval`` seconds) and
 :func:`restore`. A namespace is named after its container's pod (``monitor.mps.rules.namespace_pod``
 reads the pod UID back); it is closed when no pod with that UID is on the node any more, or the pod
-finished (``Succeeded``/``Failed``). Only namespaces open before the pod list was read are judged, so
-one opened meanwhile by Allocate is never closed by a stale list. A name that names no pod is left
+finished (``Succeeded``/``Failed``). Only namespaces open before the pods were read are judged, so
+one opened meanwhile by Allocate is never closed by a stale read. The pods come from the agent's pod
+cache (``monitor.podcache``) while it is synced; a namespace or directory is only closed or removed
+once one fresh list confirms its pod is gone (the cache may not show a pod bound moments ago yet), so a
+pass where every pod is still there makes no API request. A name that names no pod is left
 alone. The same pass removes the directories under ``<pipe>/hami`` a previous daemon left for pods
 gone (:meth:`MpsControl.remove_leftover_dirs`: never one the daemon still has).
 
@@ -24,30 +27,47 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from hami import objects
 from hami.annotations import AnnotationError, read_pod_devices
 from hami.kube.client import KubeError
-from hami.kube.pods import list_pods
 from hami.kube.protocol import KubeApi
 from monitor.allocate_rules import AllocationError
 from monitor.mps.control import MpsControl
 from monitor.mps.protocol import MpsError, MpsNameError
 from monitor.mps.rules import card_limits, namespace_name, namespace_pod
+from monitor.podcache import ListedPods, NodePods
 
 log = logging.getLogger(__name__)
 
+FINISHED = frozenset({"Succeeded", "Failed"})
 
-async def close_gone(control: MpsControl, *, api: KubeApi, node_name: str) -> list[str]:
+
+def _live(pods: Sequence[Mapping[str, Any]]) -> set[str]:
+    return {objects.uid(pod) for pod in pods if objects.pod_phase(pod) not in FINISHED}
+
+
+def _gone(names: Iterable[str], live: set[str]) -> list[str]:
+    return [name for name in names if (uid := namespace_pod(name)) is not None and uid not in live]
+
+
+async def close_gone(
+    control: MpsControl, *, api: KubeApi, node_name: str, pods: NodePods | None = None
+) -> list[str]:
     """Close the namespaces of pods no longer running on the node, and remove the directories left for
     such pods; returns the namespaces closed. Raises :class:`KubeError` when the pods cannot be listed
     (nothing is closed or removed then)."""
+    source = pods if pods is not None else ListedPods(api, node_name)
     before = control.namespaces
     leftovers = await control.leftover_dirs()
     if not before and not leftovers:
         return []
-    pods = await list_pods(api, node_name=node_name)
-    live = {objects.uid(pod) for pod in pods if not objects.finished(pod)}
+    view = await source.view()
+    live = _live(view.pods)
+    if not view.fresh and (_gone(before, live) or _gone(leftovers, live)):
+        live = _live((await source.listed()).pods)  # confirmed on the API server before anything goes
     closed: list[str] = []
     for name in before:
         uid = namespace_pod(name)
@@ -59,7 +79,7 @@ async def close_gone(control: MpsControl, *, api: KubeApi, node_name: str) -> li
             log.warning("MPS: namespace %s of a pod gone stays open for now: %s", name, exc)
             continue
         closed.append(name)
-    gone = [name for name in leftovers if (uid := namespace_pod(name)) is not None and uid not in live]
+    gone = _gone(leftovers, live)
     if gone:
         try:
             await control.remove_leftover_dirs(gone)
@@ -68,7 +88,14 @@ async def close_gone(control: MpsControl, *, api: KubeApi, node_name: str) -> li
     return closed
 
 
-async def restore(control: MpsControl, *, api: KubeApi, node_name: str, core_limit: bool = True) -> bool:
+async def restore(
+    control: MpsControl,
+    *,
+    api: KubeApi,
+    node_name: str,
+    core_limit: bool = True,
+    pods: NodePods | None = None,
+) -> bool:
     """Open the namespaces of the pods running on the node on the daemon that answers now (module
     docstring); True when done and the daemon is marked restored. False (logged; the caller tries
     again later) when the daemon is down, the pods cannot be listed, or the daemon refused a namespace
@@ -81,14 +108,16 @@ async def restore(control: MpsControl, *, api: KubeApi, node_name: str, core_lim
         return False
     if not state.namespaces:  # per-client limits: nothing is held on the daemon's side
         return control.mark_restored(pid)
+    source = pods if pods is not None else ListedPods(api, node_name)
     try:
-        pods = await list_pods(api, node_name=node_name)
+        # one fresh list: a pod Allocate served moments ago gets its namespace back too
+        running = (await source.listed()).pods
     except KubeError as exc:
         log.warning("MPS: cannot list node %s's pods to restore their namespaces: %s", node_name, exc)
         return False
     opened: list[str] = []
-    for pod in pods:
-        if objects.finished(pod):
+    for pod in running:
+        if objects.pod_phase(pod) in FINISHED:
             continue
         where = f"pod {objects.namespace(pod)}/{objects.name(pod)}"
         try:
@@ -119,11 +148,13 @@ async def restore(control: MpsControl, *, api: KubeApi, node_name: str, core_lim
     return True
 
 
-async def sweep(control: MpsControl, *, api: KubeApi, node_name: str, interval: float) -> None:
+async def sweep(
+    control: MpsControl, *, api: KubeApi, node_name: str, interval: float, pods: NodePods | None = None
+) -> None:
     """:func:`close_gone` every ``interval`` seconds; never returns (cancel it to stop)."""
     while True:
         try:
-            closed = await close_gone(control, api=api, node_name=node_name)
+            closed = await close_gone(control, api=api, node_name=node_name, pods=pods)
         except KubeError as exc:
             log.warning("MPS: cannot list node %s's pods, namespaces stay for now: %s", node_name, exc)
         else:

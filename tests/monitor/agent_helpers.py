@@ -31,6 +31,7 @@ from monitor.backends.sim import SimBackend
 from monitor.config import NodeSettings
 from monitor.deviceplugin.server import DevicePluginService
 from monitor.inventory import Inventory
+from monitor.podcache import NodePods
 from tests.builders import create, make_node, make_pod
 
 #: when the pods of these tests were bound (their hami.io/bind-time)
@@ -197,9 +198,10 @@ def make_allocator(
     settings: NodeSettings,
     *,
     backend: Backend | None = None,
+    pods: NodePods | None = None,
 ) -> Allocator:
     """The Allocator of node n1 (our scheduler's pods), with its hook and lock directories under
-    ``tmp_path``."""
+    ``tmp_path``; it reads the node's pods from ``pods`` (a list per call without)."""
     return Allocator(
         api=api,
         node_name="n1",
@@ -208,6 +210,7 @@ def make_allocator(
         lock_dir=tmp_path / "vgpulock",
         backend=backend,
         inventory=inventory,
+        pods=pods,
     )
 
 

@@ -1,9 +1,10 @@
 """Fixtures for the node agent: a real API client on the embedded API server, a short temporary
 directory for unix sockets (their paths are limited to ~107 bytes, which pytest's tmp_path can exceed),
-node n1's Allocator and device plugin (``allocator``, ``stub``) over the cards of a module's own
-``inventory`` fixture, with its ``agent_settings`` (default settings unless the module overrides them),
-and the host markers: a test marked ``gpu`` talks to this host's real NVML and runs only where the
-NVIDIA driver's library loads; one marked ``no_gpu`` asserts its absence and runs only where it does not."""
+node n1's Allocator (on its pod cache) and device plugin (``allocator``, ``stub``) over the cards of a
+module's own ``inventory`` fixture, with its ``agent_settings`` (default settings unless the module
+overrides them), and the host markers: a test marked ``gpu`` talks to this host's real NVML and runs only
+where the NVIDIA driver's library loads; one marked ``no_gpu`` asserts its absence and runs only where it
+does not."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from hami.kube.client import load_api_client
 from monitor.allocate_call import Allocator
 from monitor.config import NodeSettings
 from monitor.inventory import Inventory
+from monitor.podcache import PodCache
 
 from .agent_helpers import make_allocator, plugin_stub
 
@@ -66,10 +68,14 @@ def agent_settings() -> NodeSettings:
 async def allocator(
     api: Any, inventory: Inventory, agent_settings: NodeSettings, tmp_path: Path
 ) -> AsyncIterator[Allocator]:
-    """Node n1's Allocator; the Events it still writes are drained at the end."""
-    allocator = make_allocator(api, tmp_path, inventory, agent_settings)
+    """Node n1's Allocator reading the node's pods from its pod cache, as the agent wires it; the Events
+    it still writes are drained and the cache's watch stopped at the end."""
+    pods = PodCache(api, "n1")
+    pods.start()
+    allocator = make_allocator(api, tmp_path, inventory, agent_settings, pods=pods)
     yield allocator
     await allocator.events.drain()
+    await pods.stop()
 
 
 @pytest.fixture
