@@ -80,8 +80,8 @@ def read_pod_grants(
     devices = read_pod_devices(pod)
     if devices is None:
         return None
-    init = [str(c.get("name", "")) for c in objects.init_containers(pod)]
-    names = init + [str(c.get("name", "")) for c in objects.containers(pod)]
+    init = objects.init_containers(pod)
+    names = [str(c.get("name", "")) for c in objects.containers_init_first(pod)]
     done = init_done_before or init_containers_done(pod)
     start = len(init) if done else 0
     grants = tuple(

@@ -42,11 +42,9 @@ from monitor.podcache import ListedPods, NodePods
 
 log = logging.getLogger(__name__)
 
-FINISHED = frozenset({"Succeeded", "Failed"})
-
 
 def _live(pods: Sequence[Mapping[str, Any]]) -> set[str]:
-    return {objects.uid(pod) for pod in pods if objects.pod_phase(pod) not in FINISHED}
+    return {objects.uid(pod) for pod in pods if not objects.finished(pod)}
 
 
 def _gone(names: Iterable[str], live: set[str]) -> list[str]:
@@ -117,7 +115,7 @@ async def restore(
         return False
     opened: list[str] = []
     for pod in running:
-        if objects.pod_phase(pod) in FINISHED:
+        if objects.finished(pod):
             continue
         where = f"pod {objects.namespace(pod)}/{objects.name(pod)}"
         try:
