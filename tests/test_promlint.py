@@ -30,8 +30,11 @@ from monitor.config import NodeSettings
 from monitor.exporter import NodeCollector
 from monitor.grants import PodGrants, read_pod_grants
 from monitor.inventory import Inventory
+from monitor.podcache import PodCache, PodCacheCollector
 from webhook.metrics import WebhookMetrics
 
+#: The pod cache of the agent text is fed by hand: it never talks to an API server.
+NO_API: Any = None
 NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
 
@@ -170,6 +173,9 @@ def node_agent_text(tmp_path: Path, *, legacy: bool) -> str:
             legacy=legacy,
         )
     )
+    pods = PodCache(NO_API, "n1")  # fed by hand, as its watch would
+    pods.on_list([pod])
+    registry.register(PodCacheCollector(pods, "n1"))
     return generate_latest(registry).decode()
 
 

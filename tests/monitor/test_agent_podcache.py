@@ -260,3 +260,11 @@ async def test_the_collector_reports_the_cache(api: Any) -> None:
     assert samples[("hami_node_pod_reads_cached_total", None)] == 1
     assert samples[("hami_node_pod_lists_total", "cache")] == 1
     assert samples[("hami_node_pod_lists_total", "fallback")] == 0
+
+
+def test_docs_list_the_pod_cache_metrics(api: Any) -> None:
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
+    families = list(PodCacheCollector(PodCache(api, "n1"), "n1").describe())
+    names = [f.name + ("_total" if f.type == "counter" else "") for f in families]
+    assert len(names) == 4
+    assert [name for name in names if f"`{name}`" not in docs] == []
