@@ -48,7 +48,7 @@ from hami.kube.admissionconfig import (
 from hami.kube.client import Conflict, KubeError, NotFound, load_api_client
 from hami.kube.protocol import KubeApi
 from hami.kube.secrets import create_secret, get_secret, patch_secret
-from webhook import certs
+from webhook import tlsbundle
 from webhook.config import service_hostnames
 
 logger = logging.getLogger("hami.webhook.certgen")
@@ -122,29 +122,29 @@ def renewal_needed(
 ) -> str:
     """Why the Secret's certificate must be re-issued ("" when it is fine to keep)."""
     try:
-        ca_pem = decode_data(data, certs.CA_CERT, where)
-        cert_pem = decode_data(data, certs.TLS_CERT, where)
-        key_pem = decode_data(data, certs.TLS_KEY, where)
-        (cert, *_) = _certificates(cert_pem, f"{where} {certs.TLS_CERT}")
-        cas = _certificates(ca_pem, f"{where} {certs.CA_CERT}")
+        ca_pem = decode_data(data, tlsbundle.CA_CERT, where)
+        cert_pem = decode_data(data, tlsbundle.TLS_CERT, where)
+        key_pem = decode_data(data, tlsbundle.TLS_KEY, where)
+        (cert, *_) = _certificates(cert_pem, f"{where} {tlsbundle.TLS_CERT}")
+        cas = _certificates(ca_pem, f"{where} {tlsbundle.CA_CERT}")
     except CertgenError as exc:
         return str(exc)
     try:
         key = serialization.load_pem_private_key(key_pem, password=None)
     except (ValueError, TypeError) as exc:
-        return f"{where}: {certs.TLS_KEY} is not a PEM private key: {exc}"
+        return f"{where}: {tlsbundle.TLS_KEY} is not a PEM private key: {exc}"
     if _public_der(key.public_key()) != _public_der(cert.public_key()):
-        return f"{where}: {certs.TLS_KEY} does not belong to {certs.TLS_CERT}"
+        return f"{where}: {tlsbundle.TLS_KEY} does not belong to {tlsbundle.TLS_CERT}"
     if not any(_issued_by(cert, ca) for ca in cas):
-        return f"{where}: {certs.TLS_CERT} is not signed by a CA in {certs.CA_CERT}"
+        return f"{where}: {tlsbundle.TLS_CERT} is not signed by a CA in {tlsbundle.CA_CERT}"
     if cert.not_valid_after_utc - now > validity + OUTLIVES_TOLERANCE:
         days = validity.total_seconds() / 86400
         return (
-            f"{certs.TLS_CERT} is valid until {cert.not_valid_after_utc.isoformat()}, "
+            f"{tlsbundle.TLS_CERT} is valid until {cert.not_valid_after_utc.isoformat()}, "
             f"longer than the configured {days:g} days"
         )
-    bundle = certs.Bundle(ca_cert=ca_pem, cert=cert_pem, key=key_pem)
-    return certs.renewal_reason(bundle, hostnames, now=now, before=renew_before(validity))
+    bundle = tlsbundle.Bundle(ca_cert=ca_pem, cert=cert_pem, key=key_pem)
+    return tlsbundle.renewal_reason(bundle, hostnames, now=now, before=renew_before(validity))
 
 
 def previous_issuer(data: Mapping[str, Any] | None, *, now: datetime) -> bytes:
@@ -152,8 +152,8 @@ def previous_issuer(data: Mapping[str, Any] | None, *, now: datetime) -> bytes:
     if not data:
         return b""
     try:
-        (cert, *_) = _certificates(decode_data(data, certs.TLS_CERT, "Secret"), certs.TLS_CERT)
-        cas = _certificates(decode_data(data, certs.CA_CERT, "Secret"), certs.CA_CERT)
+        (cert, *_) = _certificates(decode_data(data, tlsbundle.TLS_CERT, "Secret"), tlsbundle.TLS_CERT)
+        cas = _certificates(decode_data(data, tlsbundle.CA_CERT, "Secret"), tlsbundle.CA_CERT)
     except CertgenError:
         return b""
     for ca in cas:
@@ -166,18 +166,18 @@ def issue_data(
     hostnames: Sequence[str], *, now: datetime, validity: timedelta, previous: Mapping[str, Any] | None
 ) -> dict[str, str]:
     """A new CA and serving certificate as Secret ``data``; ``ca.crt`` = new CA + previous issuer."""
-    ca = certs.make_ca(now=now, valid_for=validity)
-    bundle = certs.issue(ca, hostnames, now=now, valid_for=validity)
+    ca = tlsbundle.make_ca(now=now, valid_for=validity)
+    bundle = tlsbundle.issue(ca, hostnames, now=now, valid_for=validity)
     return {
-        certs.CA_CERT: _b64(bundle.ca_cert + previous_issuer(previous, now=now)),
-        certs.TLS_CERT: _b64(bundle.cert),
-        certs.TLS_KEY: _b64(bundle.key),
+        tlsbundle.CA_CERT: _b64(bundle.ca_cert + previous_issuer(previous, now=now)),
+        tlsbundle.TLS_CERT: _b64(bundle.cert),
+        tlsbundle.TLS_KEY: _b64(bundle.key),
     }
 
 
 def renew_before(validity: timedelta) -> timedelta:
     """Renew when less than a third of the configured validity is left (30 of 90 days)."""
-    return validity * certs.RENEW_FRACTION
+    return validity * tlsbundle.RENEW_FRACTION
 
 
 def ca_bundle_patch(config: Mapping[str, Any], ca_bundle: str) -> list[dict[str, Any]]:
@@ -274,7 +274,8 @@ async def ensure_secret(
         data = issue_data(hostnames, now=now, validity=validity, previous=old)
         await _publish_first(api, webhook_config, data)
         # ca.key of an older tool is dropped: the Secret never carries a CA key
-        patch: dict[str, str | None] = {**data, certs.CA_KEY: None} if certs.CA_KEY in old else dict(data)
+        ca_key = tlsbundle.CA_KEY
+        patch: dict[str, str | None] = {**data, ca_key: None} if ca_key in old else dict(data)
         await patch_secret(api, namespace, name, data=patch, labels=SECRET_LABELS)
         return SecretOutcome(action="renewed", reason=reason)
     raise AssertionError("unreachable")  # pragma: no cover
@@ -285,7 +286,7 @@ async def _publish_first(api: KubeApi, webhook_config: str | None, data: Mapping
     if not webhook_config:
         return
     try:
-        changed = await publish_ca_bundle(api, webhook_config, data[certs.CA_CERT])
+        changed = await publish_ca_bundle(api, webhook_config, data[tlsbundle.CA_CERT])
     except NotFound:
         logger.info("MutatingWebhookConfiguration %s does not exist yet; inject will fill it", webhook_config)
         return
@@ -301,8 +302,8 @@ async def inject(api: KubeApi, *, namespace: str, secret: str, webhook_config: s
     except NotFound:
         raise CertgenError(f"{where} not found (run the secret subcommand first)") from None
     data = stored.get("data") or {}
-    ca_pem = decode_data(data, certs.CA_CERT, where)
-    _certificates(ca_pem, f"{where} {certs.CA_CERT}")  # refuse to publish garbage
+    ca_pem = decode_data(data, tlsbundle.CA_CERT, where)
+    _certificates(ca_pem, f"{where} {tlsbundle.CA_CERT}")  # refuse to publish garbage
     try:
         return await publish_ca_bundle(api, webhook_config, _b64(ca_pem))
     except NotFound:
@@ -403,7 +404,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     )
     try:
         message = asyncio.run(_run(args))
-    except (KubeError, CertgenError, certs.CertificateError) as exc:
+    except (KubeError, CertgenError, tlsbundle.CertificateError) as exc:
         print(f"webhook.certs {args.command}: {exc}", file=sys.stderr)
         return 1
     print(message)

@@ -44,7 +44,7 @@ from prometheus_client import CollectorRegistry
 
 from hami import objects
 from hami.kube.client import load_api_client
-from webhook import certs, registration
+from webhook import registration, tlsbundle
 from webhook.config import HANDLER_ID, WebhookSettings
 from webhook.metrics import WebhookMetrics, serve_metrics
 from webhook.mutation import Admit, Refuse, plan
@@ -70,18 +70,18 @@ def operator_settings(
     # We serve only built-in kinds: no CustomResourceDefinition watch, so no RBAC on CRDs is needed.
     kopf_settings.scanning.disabled = True
     tls = settings.tls_dir
-    ca_file = tls / certs.CA_CERT
+    ca_file = tls / tlsbundle.CA_CERT
     # chart mode: switch certificates in place; managed: Kopf restarts and re-publishes the caBundle
     in_place = not settings.manage_config
     kopf_settings.admission.server = PublishingWebhookServer(
         published=published,
         metrics=metrics,
-        switch=CertificateSwitch(tls / certs.TLS_CERT, tls / certs.TLS_KEY) if in_place else None,
+        switch=CertificateSwitch(tls / tlsbundle.TLS_CERT, tls / tlsbundle.TLS_KEY) if in_place else None,
         switch_interval=settings.cert_check_interval,
         addr=settings.listen.host,
         port=settings.listen.port or None,  # None: Kopf picks a free port (and re-publishes the URL)
-        certfile=str(tls / certs.TLS_CERT),
-        pkeyfile=str(tls / certs.TLS_KEY),
+        certfile=str(tls / tlsbundle.TLS_CERT),
+        pkeyfile=str(tls / tlsbundle.TLS_KEY),
         cafile=str(ca_file) if ca_file.exists() else None,
         file_check_interval=KOPF_FILE_WATCH_OFF if in_place else settings.cert_check_interval,
     )
@@ -139,8 +139,8 @@ def build_registry(
 
     @kopf.on.probe(id="certificate", registry=registry)
     def certificate(**_: Any) -> str:
-        bundle = certs.read_bundle(settings.tls_dir)
-        return "missing" if bundle is None else certs.expiry(bundle.cert).isoformat()
+        bundle = tlsbundle.read_bundle(settings.tls_dir)
+        return "missing" if bundle is None else tlsbundle.expiry(bundle.cert).isoformat()
 
     if settings.manage_config:
 
@@ -171,9 +171,9 @@ async def renew_forever(settings: WebhookSettings, *, interval: float = RENEW_CH
         await asyncio.sleep(interval)
         try:
             outcome = await asyncio.to_thread(
-                certs.ensure_certificates, settings.tls_dir, settings.hostnames, now=datetime.now(UTC)
+                tlsbundle.ensure_certificates, settings.tls_dir, settings.hostnames, now=datetime.now(UTC)
             )
-        except (OSError, certs.CertificateError) as exc:
+        except (OSError, tlsbundle.CertificateError) as exc:
             logger.error("certificate check failed: %s", exc)
             continue
         if outcome.action != "loaded":
@@ -197,7 +197,7 @@ async def run(
     ~160,000 objects, which stalled admission for 100-300 ms every few seconds at 200 requests/s.
     """
     outcome = await asyncio.to_thread(
-        certs.ensure_certificates, settings.tls_dir, settings.hostnames, now=datetime.now(UTC)
+        tlsbundle.ensure_certificates, settings.tls_dir, settings.hostnames, now=datetime.now(UTC)
     )
     logger.info("certificates in %s %s %s", settings.tls_dir, outcome.action, outcome.reason)
     published = Published()

@@ -10,7 +10,7 @@ to restart with the new files (admissions in flight or arriving then fail).
 A pair that does not load (torn update, key of another certificate, garbage) is logged and skipped:
 the previous pair stays in use and the next change is tried again. The files are read through their
 resolved paths, so both come from one ``..<timestamp>`` directory of a kubelet-style (or
-``webhook.certs.write_bundle``) atomic update, never one file from each version.
+``webhook.tlsbundle.write_bundle``) atomic update, never one file from each version.
 
 Must not import kopf or the Kubernetes client.
 """

@@ -19,7 +19,7 @@ import kmock
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 
-from webhook import certs
+from webhook import tlsbundle
 from webhook.certgen import main as certgen_main
 from webhook.config import service_hostnames
 
@@ -95,8 +95,8 @@ async def test_the_cronjob_renews_a_due_certificate_with_exactly_its_grants(
     # 20 of 90 days left (issued as the Job issues it: a one-shot CA with the same lifetime)
     hostnames = service_hostnames(rendered.component("Service", "webhook")["metadata"]["name"], NAMESPACE)
     issued = datetime.now(UTC) - timedelta(days=70)
-    old = certs.issue(
-        certs.make_ca(now=issued, valid_for=timedelta(days=90)),
+    old = tlsbundle.issue(
+        tlsbundle.make_ca(now=issued, valid_for=timedelta(days=90)),
         hostnames,
         now=issued,
         valid_for=timedelta(days=90),

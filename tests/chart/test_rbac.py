@@ -18,7 +18,7 @@ from pathlib import Path
 import kmock
 import pytest
 
-from webhook import certs
+from webhook import tlsbundle
 from webhook.certgen import main as certgen_main
 from webhook.config import service_hostnames
 
@@ -218,7 +218,7 @@ async def test_certificate_jobs_need_exactly_their_grants(
     await run(inject)  # post-install
     # an upgrade with a certificate about to expire: re-issued, published first
     hostnames = service_hostnames(rendered.component("Service", "webhook")["metadata"]["name"], NAMESPACE)
-    expiring = certs.generate(hostnames, now=datetime.now(UTC) - timedelta(days=350))
+    expiring = tlsbundle.generate(hostnames, now=datetime.now(UTC) - timedelta(days=350))
     data = {"ca.crt": expiring.ca_cert, "tls.crt": expiring.cert, "tls.key": expiring.key}
     encoded = {key: base64.b64encode(value).decode() for key, value in data.items()}
     response = await apiserver.patch(

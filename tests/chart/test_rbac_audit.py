@@ -48,7 +48,7 @@ from hami_testkit.kubeapi import MWC_PATH, pods_path
 from hami_testkit.processes import free_port, python_argv
 from hami_testkit.system import WEBHOOK, EmbeddedSystem
 from tests.eventually import eventually
-from webhook import certs
+from webhook import tlsbundle
 from webhook.config import service_hostnames
 
 from .rendering import (
@@ -93,7 +93,7 @@ UNEXERCISED: dict[str, dict[Grant, str]] = {
     },
 }
 
-EXPIRING_AGE = certs.SERVING_VALIDITY - timedelta(days=10)  # 10 days left: due for renewal
+EXPIRING_AGE = tlsbundle.SERVING_VALIDITY - timedelta(days=10)  # 10 days left: due for renewal
 JOB_LIMIT = 60.0  # seconds one certificate Job may take
 
 
@@ -228,8 +228,12 @@ class ChartSystem(EmbeddedSystem):
         hostnames = service_hostnames(
             self.rendered.component("Service", "webhook")["metadata"]["name"], NAMESPACE
         )
-        expiring = certs.generate(hostnames, now=datetime.now(UTC) - EXPIRING_AGE)
-        data = {certs.CA_CERT: expiring.ca_cert, certs.TLS_CERT: expiring.cert, certs.TLS_KEY: expiring.key}
+        expiring = tlsbundle.generate(hostnames, now=datetime.now(UTC) - EXPIRING_AGE)
+        data = {
+            tlsbundle.CA_CERT: expiring.ca_cert,
+            tlsbundle.TLS_CERT: expiring.cert,
+            tlsbundle.TLS_KEY: expiring.key,
+        }
         encoded = {key: base64.b64encode(value).decode() for key, value in data.items()}
         await self.api.merge_patch(f"/api/v1/namespaces/{NAMESPACE}/secrets/{self.secret}", {"data": encoded})
         assert "renewed" in await run_job(self.job("create"))
@@ -238,8 +242,10 @@ class ChartSystem(EmbeddedSystem):
     def mount_secret(self, secret: dict[str, Any]) -> None:
         """Write the Secret's data into the webhook's TLS directory as the kubelet does (one swap)."""
         data = {key: base64.b64decode(value) for key, value in secret["data"].items()}
-        bundle = certs.Bundle(ca_cert=data[certs.CA_CERT], cert=data[certs.TLS_CERT], key=data[certs.TLS_KEY])
-        certs.write_bundle(self.tls, bundle, now=datetime.now(UTC))
+        bundle = tlsbundle.Bundle(
+            ca_cert=data[tlsbundle.CA_CERT], cert=data[tlsbundle.TLS_CERT], key=data[tlsbundle.TLS_KEY]
+        )
+        tlsbundle.write_bundle(self.tls, bundle, now=datetime.now(UTC))
 
     async def rotate_due_certificate(self) -> None:
         """Between upgrades the certificate comes due: the CronJob re-issues it, the kubelet swaps the
@@ -247,8 +253,8 @@ class ChartSystem(EmbeddedSystem):
         hostnames = service_hostnames(
             self.rendered.component("Service", "webhook")["metadata"]["name"], NAMESPACE
         )
-        due = certs.generate(hostnames, now=datetime.now(UTC) - EXPIRING_AGE)
-        data = {certs.CA_CERT: due.ca_cert, certs.TLS_CERT: due.cert, certs.TLS_KEY: due.key}
+        due = tlsbundle.generate(hostnames, now=datetime.now(UTC) - EXPIRING_AGE)
+        data = {tlsbundle.CA_CERT: due.ca_cert, tlsbundle.TLS_CERT: due.cert, tlsbundle.TLS_KEY: due.key}
         encoded = {key: base64.b64encode(value).decode() for key, value in data.items()}
         path = f"/api/v1/namespaces/{NAMESPACE}/secrets/{self.secret}"
         await self.api.merge_patch(path, {"data": encoded})
@@ -259,7 +265,7 @@ class ChartSystem(EmbeddedSystem):
         secret = await self.api.get(path)
         assert secret is not None
         self.mount_secret(secret)
-        renewed = base64.b64decode(secret["data"][certs.TLS_CERT])
+        renewed = base64.b64decode(secret["data"][tlsbundle.TLS_CERT])
         stored = await self.api.get(f"{MWC_PATH}/{self.webhook_config['metadata']['name']}")
         assert stored is not None
         ca_bundle = base64.b64decode(stored["webhooks"][0]["clientConfig"]["caBundle"])

@@ -2,7 +2,7 @@
 (docs/protocol.md, "Extender").
 
 Runs the real command as a process (the TLS set-up is part of start-up) against this test's embedded
-API server, with a certificate for 127.0.0.1 signed by a CA made here by ``webhook.certs``. The
+API server, with a certificate for 127.0.0.1 signed by a CA made here by ``webhook.tlsbundle``. The
 probes and metrics stay plain HTTP on their own listener.
 """
 
@@ -20,7 +20,7 @@ import pytest
 from hami_testkit.processes import ChildFailed, Supervisor, free_port, python_argv
 from tests.builders import make_node, make_pod
 from tests.eventually import eventually, time_scale
-from webhook import certs
+from webhook import tlsbundle
 
 pytestmark = pytest.mark.timeout(120)
 #: bound on the child's start-up (imports, first lists), stretched by the machine's load; polled, not slept
@@ -30,7 +30,7 @@ START_WITHIN = 60.0
 def issue(directory: Path) -> tuple[Path, Path, Path]:
     """A CA and a serving certificate for 127.0.0.1 signed by it (the webhook's own issuer, which the
     chart's certgen Jobs run): (ca.pem, tls.crt, tls.key)."""
-    bundle = certs.generate(["127.0.0.1"], now=datetime.datetime.now(datetime.UTC))
+    bundle = tlsbundle.generate(["127.0.0.1"], now=datetime.datetime.now(datetime.UTC))
     paths = directory / "ca.pem", directory / "tls.crt", directory / "tls.key"
     for path, pem in zip(paths, (bundle.ca_cert, bundle.cert, bundle.key), strict=True):
         path.write_bytes(pem)

@@ -40,7 +40,7 @@ from hami_testkit.admission_standin import (
 )
 from hami_testkit.apiserver import AdmittingEmulator, embedded_apiserver
 from hami_testkit.kubeapi import MWC_PATH, SimApi
-from webhook.certs import generate
+from webhook.tlsbundle import generate
 
 Answer = Callable[[dict[str, Any]], dict[str, Any]]
 

@@ -19,7 +19,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from hami.annotations import INTERNAL_POD_ANNOTATIONS
-from webhook import certs
+from webhook import tlsbundle
 
 from .webhook_cases import CORES, GPU, MEM, PCT, PRIO, REFUSALS, ctr, make_pod
 from .webhook_harness import Operator, Webhook, api_get, scoped_mwc, served_certificate
@@ -181,8 +181,9 @@ async def test_serving_certificate_covers_the_service_names(operator: Operator, 
     for name in ("hami-webhook.hami-system.svc", "localhost", "hami-webhook"):
         der = await served_certificate(webhook.url, webhook.ca, server_hostname=name)
         pem = x509.load_der_x509_certificate(der).public_bytes(serialization.Encoding.PEM)
-        assert certs.sans(pem) == operator.settings.hostnames
-    other_ca = certs.generate(["localhost"], now=certs.expiry(pem) - certs.SERVING_VALIDITY).ca_cert
+        assert tlsbundle.sans(pem) == operator.settings.hostnames
+    earlier = tlsbundle.expiry(pem) - tlsbundle.SERVING_VALIDITY
+    other_ca = tlsbundle.generate(["localhost"], now=earlier).ca_cert
     with pytest.raises(ssl.SSLCertVerificationError):
         await served_certificate(webhook.url, other_ca)
 
@@ -194,7 +195,7 @@ async def test_healthz(operator: Operator) -> None:
         assert response.status == 200
         body = await response.json()
     tls = (operator.settings.tls_dir / "tls.crt").read_bytes()
-    assert body == {"certificate": certs.expiry(tls).isoformat()}
+    assert body == {"certificate": tlsbundle.expiry(tls).isoformat()}
 
 
 async def test_no_kubernetes_events_are_posted(operator: Operator, webhook: Webhook) -> None:

@@ -1,7 +1,7 @@
 """The chart-mode webhook serves a rotated certificate without a restart and without dropping a connection.
 
 The chart mounts the TLS Secret read-only; the certgen CronJob (or cert-manager) re-issues it and the
-kubelet swaps the mounted files (one ``..data`` rename, as ``webhook.certs.write_bundle`` does here).
+kubelet swaps the mounted files (one ``..data`` rename, as ``webhook.tlsbundle.write_bundle`` does here).
 The webhook must then present the new certificate to new connections, keep its listener (Kopf's own
 file watch closes it and every open connection, failing admissions in between) and keep serving
 when the files are broken (a half-written or mismatched pair is never loaded).
@@ -23,7 +23,7 @@ import pytest
 from cryptography import x509
 
 from tests.eventually import eventually
-from webhook import certs
+from webhook import tlsbundle
 from webhook.config import WebhookSettings
 
 from .webhook_cases import GPU, ctr, make_pod
@@ -40,18 +40,18 @@ from .webhook_harness import (
 @dataclass
 class ChartWebhook:
     settings: WebhookSettings
-    first: certs.Bundle
+    first: tlsbundle.Bundle
 
     @property
     def url(self) -> str:
         return f"https://{self.settings.listen}/webhook"
 
 
-def foreign(now: datetime, names: tuple[str, ...], *, previous: bytes = b"") -> certs.Bundle:
+def foreign(now: datetime, names: tuple[str, ...], *, previous: bytes = b"") -> tlsbundle.Bundle:
     """What the certgen Job writes into the Secret: a one-shot CA (key discarded) and a certificate;
     ``ca.crt`` also carries the previous CA during the overlap."""
-    made = certs.generate(names, now=now)
-    return certs.Bundle(ca_cert=made.ca_cert + previous, cert=made.cert, key=made.key)
+    made = tlsbundle.generate(names, now=now)
+    return tlsbundle.Bundle(ca_cert=made.ca_cert + previous, cert=made.cert, key=made.key)
 
 
 @pytest.fixture
@@ -59,7 +59,7 @@ def chart_webhook(cluster: Cluster, tmp_path: Path) -> Iterator[ChartWebhook]:
     tls = tmp_path / "tls"
     settings = operator_settings(cluster, tls, manage_config=False, config_name="hami-webhook-reload")
     first = foreign(datetime.now(UTC), settings.hostnames)
-    certs.write_bundle(tls, first, now=datetime.now(UTC))
+    tlsbundle.write_bundle(tls, first, now=datetime.now(UTC))
     with running_operator(settings):
         yield ChartWebhook(settings=settings, first=first)
 
@@ -110,7 +110,7 @@ async def test_a_rotated_certificate_is_served_without_dropping_a_connection(
     # the CronJob re-issues; the kubelet swaps the mounted files
     now = datetime.now(UTC)
     second = foreign(now, chart_webhook.settings.hostnames, previous=chart_webhook.first.ca_cert)
-    certs.write_bundle(tls, second, now=now + timedelta(seconds=1))
+    tlsbundle.write_bundle(tls, second, now=now + timedelta(seconds=1))
 
     async def new_certificate() -> bool:
         return serial(await served_certificate(url, second.ca_cert)) == pem_serial(second.cert)
@@ -132,9 +132,9 @@ async def test_a_broken_pair_is_never_loaded(
     assert (await admit(session, url))["response"]["allowed"] is True
     now = datetime.now(UTC)
     other = foreign(now, chart_webhook.settings.hostnames)
-    mismatched = certs.Bundle(ca_cert=other.ca_cert, cert=other.cert, key=chart_webhook.first.key)
+    mismatched = tlsbundle.Bundle(ca_cert=other.ca_cert, cert=other.cert, key=chart_webhook.first.key)
     caplog.set_level(logging.WARNING, logger="hami.webhook")
-    certs.write_bundle(tls, mismatched, now=now + timedelta(seconds=1))
+    tlsbundle.write_bundle(tls, mismatched, now=now + timedelta(seconds=1))
 
     async def refused() -> bool:
         return any("kept serving the previous certificate" in r.getMessage() for r in caplog.records)
@@ -147,7 +147,7 @@ async def test_a_broken_pair_is_never_loaded(
     assert opened == [1]
 
     third = foreign(now, chart_webhook.settings.hostnames)
-    certs.write_bundle(tls, third, now=now + timedelta(seconds=2))
+    tlsbundle.write_bundle(tls, third, now=now + timedelta(seconds=2))
 
     async def third_served() -> bool:
         trusted = third.ca_cert + chart_webhook.first.ca_cert

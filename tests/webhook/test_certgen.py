@@ -20,7 +20,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from kmock._internal.rendering import Response  # (kmock.Response, not in its __all__)
 
-from webhook import certs
+from webhook import tlsbundle
 from webhook.certgen import main
 from webhook.config import service_hostnames
 
@@ -81,7 +81,7 @@ async def put_secret(apiserver: kmock.KubernetesEmulator, data: dict[str, bytes]
     assert response.status in (200, 201)
 
 
-def bundle_data(bundle: certs.Bundle) -> dict[str, bytes]:
+def bundle_data(bundle: tlsbundle.Bundle) -> dict[str, bytes]:
     return {"ca.crt": bundle.ca_cert, "tls.crt": bundle.cert, "tls.key": bundle.key}
 
 
@@ -119,7 +119,7 @@ async def test_secret_is_created_for_the_service_names(
     assert stored["type"] == "kubernetes.io/tls"
     data = secret_data(apiserver)
     assert set(data) == {"ca.crt", "tls.crt", "tls.key"}  # never the CA key
-    assert certs.sans(data["tls.crt"]) == service_hostnames(SERVICE, NS)
+    assert tlsbundle.sans(data["tls.crt"]) == service_hostnames(SERVICE, NS)
     assert len(load_all(data["ca.crt"])) == 1 and verifies(data["tls.crt"], data["ca.crt"])
     key = serialization.load_pem_private_key(data["tls.key"], password=None)
     cert = x509.load_pem_x509_certificate(data["tls.crt"])
@@ -148,7 +148,7 @@ async def test_renamed_service_reissues_and_keeps_the_old_ca_in_the_bundle(
     assert await make_secret(kubeconfig) == 0
     new = secret_data(apiserver)
     assert set(new) == {"ca.crt", "tls.crt", "tls.key"}
-    assert certs.sans(new["tls.crt"]) == service_hostnames(SERVICE, NS)
+    assert tlsbundle.sans(new["tls.crt"]) == service_hostnames(SERVICE, NS)
     assert new["tls.key"] != old["tls.key"]
     cas = load_all(new["ca.crt"])
     assert len(cas) == 2 and cas[1] == x509.load_pem_x509_certificate(old["ca.crt"])
@@ -165,19 +165,19 @@ async def test_near_expiry_is_reissued_and_an_old_ca_key_dropped(
     apiserver: kmock.KubernetesEmulator, kubeconfig: Path
 ) -> None:
     hostnames = service_hostnames(SERVICE, NS)
-    expiring = certs.generate(hostnames, now=datetime.now(UTC) - timedelta(days=75))  # 15 days left
+    expiring = tlsbundle.generate(hostnames, now=datetime.now(UTC) - timedelta(days=75))  # 15 days left
     assert expiring.ca_key is not None
     await put_secret(apiserver, {**bundle_data(expiring), "ca.key": expiring.ca_key})
     assert await make_secret(kubeconfig, days=3650) == 0
     new = secret_data(apiserver)
     assert set(new) == {"ca.crt", "tls.crt", "tls.key"}
-    assert certs.expiry(new["tls.crt"]) - datetime.now(UTC) > timedelta(days=3649)
+    assert tlsbundle.expiry(new["tls.crt"]) - datetime.now(UTC) > timedelta(days=3649)
     assert verifies(expiring.cert, new["ca.crt"])
 
 
 async def test_forty_days_left_is_kept(apiserver: kmock.KubernetesEmulator, kubeconfig: Path) -> None:
     hostnames = service_hostnames(SERVICE, NS)
-    fine = certs.generate(hostnames, now=datetime.now(UTC) - timedelta(days=50))  # 40 of 90 days left
+    fine = tlsbundle.generate(hostnames, now=datetime.now(UTC) - timedelta(days=50))  # 40 of 90 days left
     await put_secret(apiserver, bundle_data(fine))
     assert await make_secret(kubeconfig) == 0
     assert secret_data(apiserver) == bundle_data(fine)
@@ -189,7 +189,7 @@ async def test_an_unusable_secret_is_reissued(
 ) -> None:
     hostnames = service_hostnames(SERVICE, NS)
     now = datetime.now(UTC)
-    good, other = certs.generate(hostnames, now=now), certs.generate(hostnames, now=now)
+    good, other = tlsbundle.generate(hostnames, now=now), tlsbundle.generate(hostnames, now=now)
     data = bundle_data(good)
     if broken == "foreign key":
         data["tls.key"] = other.key
@@ -203,7 +203,7 @@ async def test_an_unusable_secret_is_reissued(
     assert await make_secret(kubeconfig) == 0
     new = secret_data(apiserver)
     assert new["tls.crt"] != data.get("tls.crt") and verifies(new["tls.crt"], new["ca.crt"])
-    assert certs.sans(new["tls.crt"]) == hostnames
+    assert tlsbundle.sans(new["tls.crt"]) == hostnames
 
 
 async def test_reissue_publishes_the_bundle_before_the_certificate_changes(
@@ -242,7 +242,7 @@ async def test_inject_fills_every_webhook_entry(
 ) -> None:
     assert await make_secret(kubeconfig) == 0
     ca = secret_data(apiserver)["ca.crt"]
-    stale = base64.b64encode(certs.make_ca(now=datetime.now(UTC)).ca_cert).decode()
+    stale = base64.b64encode(tlsbundle.make_ca(now=datetime.now(UTC)).ca_cert).decode()
     await put_mwc(apiserver, [entry("vgpu.hami.io"), entry("second.hami.io", caBundle=stale)])
     argv = ["inject", f"--namespace={NS}", f"--secret={SECRET}", f"--webhook-config={MWC}"]
     assert await certgen(kubeconfig, *argv) == 0
@@ -294,7 +294,7 @@ async def test_losing_a_creation_race_keeps_the_winner_and_publishes_its_ca(
     apiserver: kmock.KubernetesEmulator, kubeconfig: Path
 ) -> None:
     await put_mwc(apiserver, [entry("vgpu.hami.io")])
-    winner = certs.generate(service_hostnames(SERVICE, NS), now=datetime.now(UTC))
+    winner = tlsbundle.generate(service_hostnames(SERVICE, NS), now=datetime.now(UTC))
     encoded = {k: base64.b64encode(v).decode() for k, v in bundle_data(winner).items()}
 
     async def someone_else_first(request: kmock.Request) -> Any:
@@ -315,11 +315,11 @@ async def test_losing_a_creation_race_keeps_the_winner_and_publishes_its_ca(
 
 
 # ------------------------------------------------------------------- lifetimes and rotation
-def aged(lifetime_days: int, days_left: float) -> certs.Bundle:
+def aged(lifetime_days: int, days_left: float) -> tlsbundle.Bundle:
     """A one-shot CA and serving certificate (as certgen makes them) with ``days_left`` to go."""
     issued = datetime.now(UTC) - timedelta(days=lifetime_days - days_left)
-    ca = certs.make_ca(now=issued, valid_for=timedelta(days=lifetime_days))
-    return certs.issue(
+    ca = tlsbundle.make_ca(now=issued, valid_for=timedelta(days=lifetime_days))
+    return tlsbundle.issue(
         ca, service_hostnames(SERVICE, NS), now=issued, valid_for=timedelta(days=lifetime_days)
     )
 
@@ -331,7 +331,7 @@ async def test_default_certificate_lives_90_days(
     assert await certgen(kubeconfig, *args) == 0
     data = secret_data(apiserver)
     for pem in (data["tls.crt"], data["ca.crt"]):
-        left = certs.expiry(pem) - datetime.now(UTC)
+        left = tlsbundle.expiry(pem) - datetime.now(UTC)
         assert timedelta(days=89) < left <= timedelta(days=90)
 
 
@@ -344,7 +344,7 @@ async def test_a_certificate_living_longer_than_configured_is_reissued(
     assert await make_secret(kubeconfig, days=90) == 0
     assert "renewed: tls.crt is valid until" in capsys.readouterr().out
     new = secret_data(apiserver)
-    assert certs.expiry(new["tls.crt"]) - datetime.now(UTC) <= timedelta(days=90)
+    assert tlsbundle.expiry(new["tls.crt"]) - datetime.now(UTC) <= timedelta(days=90)
     assert verifies(old.cert, new["ca.crt"])  # pods still serving the old one keep working
 
 
@@ -380,7 +380,7 @@ async def test_rotation_renews_and_the_ca_bundle_keeps_both_cas_during_the_overl
     assert await certgen(kubeconfig, *rotate_argv("--days=90")) == 0
     new = secret_data(apiserver)
     assert new["tls.crt"] != old.cert
-    assert timedelta(days=89) < certs.expiry(new["tls.crt"]) - datetime.now(UTC) <= timedelta(days=90)
+    assert timedelta(days=89) < tlsbundle.expiry(new["tls.crt"]) - datetime.now(UTC) <= timedelta(days=90)
     (published,) = ca_bundles(apiserver)
     assert published == new["ca.crt"] and len(load_all(published)) == 2
     assert verifies(old.cert, published) and verifies(new["tls.crt"], published)
@@ -397,7 +397,7 @@ async def test_rotation_repairs_a_stale_ca_bundle_without_touching_a_valid_secre
 ) -> None:
     fine = aged(90, 60)
     await put_secret(apiserver, bundle_data(fine))
-    stale = base64.b64encode(certs.make_ca(now=datetime.now(UTC)).ca_cert).decode()
+    stale = base64.b64encode(tlsbundle.make_ca(now=datetime.now(UTC)).ca_cert).decode()
     await put_mwc(apiserver, [entry("vgpu.hami.io", caBundle=stale)])
     assert await certgen(kubeconfig, *rotate_argv()) == 0
     assert secret_data(apiserver) == bundle_data(fine)

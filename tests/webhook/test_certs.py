@@ -15,7 +15,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 from cryptography.x509.verification import PolicyBuilder, Store
 
 from tests.eventually import eventually
-from webhook import certs
+from webhook import tlsbundle
 from webhook.config import WebhookSettings, service_hostnames
 from webhook.handlers import renew_forever
 
@@ -23,7 +23,7 @@ NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 NAMES = service_hostnames("hami-webhook", "hami-system")
 
 
-def verify(bundle: certs.Bundle, name: str, *, at: datetime = NOW) -> None:
+def verify(bundle: tlsbundle.Bundle, name: str, *, at: datetime = NOW) -> None:
     """Raise unless ``bundle.cert`` is a valid server certificate for ``name`` under ``bundle.ca_cert``."""
     ca = x509.load_pem_x509_certificate(bundle.ca_cert)
     leaf = x509.load_pem_x509_certificate(bundle.cert)
@@ -42,8 +42,8 @@ def test_serving_certificate_names_every_service_name() -> None:
         "localhost",
         "127.0.0.1",
     )
-    bundle = certs.generate(NAMES, now=NOW)
-    assert certs.sans(bundle.cert) == NAMES
+    bundle = tlsbundle.generate(NAMES, now=NOW)
+    assert tlsbundle.sans(bundle.cert) == NAMES
     for name in NAMES:
         verify(bundle, name)
     with pytest.raises(x509.verification.VerificationError):
@@ -51,43 +51,43 @@ def test_serving_certificate_names_every_service_name() -> None:
 
 
 def test_ca_and_leaf_roles() -> None:
-    bundle = certs.generate(NAMES, now=NOW)
+    bundle = tlsbundle.generate(NAMES, now=NOW)
     ca = x509.load_pem_x509_certificate(bundle.ca_cert)
     leaf = x509.load_pem_x509_certificate(bundle.cert)
     assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca is True
     assert leaf.extensions.get_extension_for_class(x509.BasicConstraints).value.ca is False
     eku = leaf.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
     assert list(eku) == [ExtendedKeyUsageOID.SERVER_AUTH]
-    assert leaf.not_valid_after_utc == NOW + certs.SERVING_VALIDITY
-    assert ca.not_valid_after_utc == NOW + certs.CA_VALIDITY
+    assert leaf.not_valid_after_utc == NOW + tlsbundle.SERVING_VALIDITY
+    assert ca.not_valid_after_utc == NOW + tlsbundle.CA_VALIDITY
     # another CA's chain does not verify
-    other = certs.generate(NAMES, now=NOW)
+    other = tlsbundle.generate(NAMES, now=NOW)
     with pytest.raises(x509.verification.VerificationError):
-        verify(certs.Bundle(ca_cert=other.ca_cert, cert=bundle.cert, key=bundle.key), "localhost")
+        verify(tlsbundle.Bundle(ca_cert=other.ca_cert, cert=bundle.cert, key=bundle.key), "localhost")
 
 
 def test_absent_files_are_generated_then_loaded(tmp_path: Path) -> None:
     tls = tmp_path / "tls"
-    assert certs.ensure_certificates(tls, NAMES, now=NOW).action == "generated"
-    first = certs.read_bundle(tls)
+    assert tlsbundle.ensure_certificates(tls, NAMES, now=NOW).action == "generated"
+    first = tlsbundle.read_bundle(tls)
     assert first is not None and first.ca_key is not None
-    assert sorted(p.name for p in tls.iterdir() if not p.name.startswith("..")) == sorted(certs.FILES)
+    assert sorted(p.name for p in tls.iterdir() if not p.name.startswith("..")) == sorted(tlsbundle.FILES)
     assert oct((tls / "tls.key").stat().st_mode & 0o777) == "0o600"
-    assert certs.ensure_certificates(tls, NAMES, now=NOW + timedelta(days=1)) == certs.Outcome(
+    assert tlsbundle.ensure_certificates(tls, NAMES, now=NOW + timedelta(days=1)) == tlsbundle.Outcome(
         action="loaded"
     )
-    assert certs.read_bundle(tls) == first
+    assert tlsbundle.read_bundle(tls) == first
 
 
 def test_expiring_serving_certificate_is_renewed_under_the_same_ca(tmp_path: Path) -> None:
-    certs.ensure_certificates(tmp_path, NAMES, now=NOW)
-    before = certs.read_bundle(tmp_path)
+    tlsbundle.ensure_certificates(tmp_path, NAMES, now=NOW)
+    before = tlsbundle.read_bundle(tmp_path)
     assert before is not None
-    later = NOW + certs.SERVING_VALIDITY - timedelta(days=29)  # inside the 30-day renewal window
-    outcome = certs.ensure_certificates(tmp_path, NAMES, now=later)
+    later = NOW + tlsbundle.SERVING_VALIDITY - timedelta(days=29)  # inside the 30-day renewal window
+    outcome = tlsbundle.ensure_certificates(tmp_path, NAMES, now=later)
     assert outcome.action == "renewed"
     assert outcome.reason.startswith("tls.crt expires 2026-05-30")
-    after = certs.read_bundle(tmp_path)
+    after = tlsbundle.read_bundle(tmp_path)
     assert after is not None
     assert after.ca_cert == before.ca_cert and after.ca_key == before.ca_key  # caBundle stays valid
     assert after.cert != before.cert and after.key != before.key
@@ -95,70 +95,70 @@ def test_expiring_serving_certificate_is_renewed_under_the_same_ca(tmp_path: Pat
 
 
 def test_new_service_name_renews(tmp_path: Path) -> None:
-    certs.ensure_certificates(tmp_path, NAMES, now=NOW)
+    tlsbundle.ensure_certificates(tmp_path, NAMES, now=NOW)
     names = service_hostnames("hami-webhook", "other")
-    outcome = certs.ensure_certificates(tmp_path, names, now=NOW)
+    outcome = tlsbundle.ensure_certificates(tmp_path, names, now=NOW)
     assert outcome.action == "renewed"
     assert outcome.reason == (
         "tls.crt does not cover hami-webhook.other, hami-webhook.other.svc, "
         "hami-webhook.other.svc.cluster.local"
     )
-    bundle = certs.read_bundle(tmp_path)
-    assert bundle is not None and certs.sans(bundle.cert) == names
+    bundle = tlsbundle.read_bundle(tmp_path)
+    assert bundle is not None and tlsbundle.sans(bundle.cert) == names
 
 
 def test_a_secret_without_ca_key_is_left_to_its_owner(tmp_path: Path) -> None:
-    bundle = certs.generate(NAMES, now=NOW)
+    bundle = tlsbundle.generate(NAMES, now=NOW)
     for name, data in (
-        (certs.CA_CERT, bundle.ca_cert),
-        (certs.TLS_CERT, bundle.cert),
-        (certs.TLS_KEY, bundle.key),
+        (tlsbundle.CA_CERT, bundle.ca_cert),
+        (tlsbundle.TLS_CERT, bundle.cert),
+        (tlsbundle.TLS_KEY, bundle.key),
     ):
         (tmp_path / name).write_bytes(data)
-    late = NOW + certs.SERVING_VALIDITY - timedelta(days=1)
-    outcome = certs.ensure_certificates(tmp_path, NAMES, now=late)
+    late = NOW + tlsbundle.SERVING_VALIDITY - timedelta(days=1)
+    outcome = tlsbundle.ensure_certificates(tmp_path, NAMES, now=late)
     assert outcome.action == "kept"
     assert "no ca.key, so it is left to its owner" in outcome.reason
-    assert (tmp_path / certs.TLS_CERT).read_bytes() == bundle.cert
+    assert (tmp_path / tlsbundle.TLS_CERT).read_bytes() == bundle.cert
 
 
 def test_self_signed_without_ca_crt_is_its_own_bundle(tmp_path: Path) -> None:
-    bundle = certs.generate(NAMES, now=NOW)
-    (tmp_path / certs.TLS_CERT).write_bytes(bundle.cert)
-    (tmp_path / certs.TLS_KEY).write_bytes(bundle.key)
-    loaded = certs.read_bundle(tmp_path)
+    bundle = tlsbundle.generate(NAMES, now=NOW)
+    (tmp_path / tlsbundle.TLS_CERT).write_bytes(bundle.cert)
+    (tmp_path / tlsbundle.TLS_KEY).write_bytes(bundle.key)
+    loaded = tlsbundle.read_bundle(tmp_path)
     assert loaded is not None and loaded.ca_cert == bundle.cert and loaded.ca_key is None
 
 
 def test_unreadable_certificate_names_the_file(tmp_path: Path) -> None:
-    (tmp_path / certs.TLS_CERT).write_text("not a certificate")
-    (tmp_path / certs.TLS_KEY).write_text("x")
-    with pytest.raises(certs.CertificateError, match=r"tls\.crt: not a PEM certificate"):
-        certs.read_bundle(tmp_path)
+    (tmp_path / tlsbundle.TLS_CERT).write_text("not a certificate")
+    (tmp_path / tlsbundle.TLS_KEY).write_text("x")
+    with pytest.raises(tlsbundle.CertificateError, match=r"tls\.crt: not a PEM certificate"):
+        tlsbundle.read_bundle(tmp_path)
 
 
 def test_writes_swap_one_symlink_like_kubelet(tmp_path: Path) -> None:
-    certs.write_bundle(tmp_path, certs.generate(NAMES, now=NOW), now=NOW)
-    second = certs.generate(NAMES, now=NOW)
-    certs.write_bundle(tmp_path, second, now=NOW + timedelta(seconds=1))
-    for name in certs.FILES:
+    tlsbundle.write_bundle(tmp_path, tlsbundle.generate(NAMES, now=NOW), now=NOW)
+    second = tlsbundle.generate(NAMES, now=NOW)
+    tlsbundle.write_bundle(tmp_path, second, now=NOW + timedelta(seconds=1))
+    for name in tlsbundle.FILES:
         assert os.readlink(tmp_path / name) == f"..data/{name}"
     versions = [p.name for p in tmp_path.iterdir() if p.name.startswith("..") and p.name != "..data"]
     assert len(versions) == 1 and versions[0].startswith("..2026_03_01_12_00_01.")  # the previous one is gone
     assert os.readlink(tmp_path / "..data") == versions[0]
-    assert certs.read_bundle(tmp_path) == second
+    assert tlsbundle.read_bundle(tmp_path) == second
 
 
 async def test_renewal_task_reissues_an_expiring_certificate(tmp_path: Path) -> None:
     settings = WebhookSettings(tls_dir=tmp_path)
-    issued = datetime.now(UTC) - certs.SERVING_VALIDITY + timedelta(days=10)  # 10 days left
-    certs.write_bundle(tmp_path, certs.generate(settings.hostnames, now=issued), now=issued)
-    before = certs.read_bundle(tmp_path)
+    issued = datetime.now(UTC) - tlsbundle.SERVING_VALIDITY + timedelta(days=10)  # 10 days left
+    tlsbundle.write_bundle(tmp_path, tlsbundle.generate(settings.hostnames, now=issued), now=issued)
+    before = tlsbundle.read_bundle(tmp_path)
     assert before is not None
     task = asyncio.create_task(renew_forever(settings, interval=0.01))
 
-    async def renewed() -> certs.Bundle | None:
-        bundle = certs.read_bundle(tmp_path)
+    async def renewed() -> tlsbundle.Bundle | None:
+        bundle = tlsbundle.read_bundle(tmp_path)
         return bundle if bundle is not None and bundle.cert != before.cert else None
 
     try:
@@ -168,12 +168,12 @@ async def test_renewal_task_reissues_an_expiring_certificate(tmp_path: Path) -> 
         with contextlib.suppress(asyncio.CancelledError):
             await task
     assert after.ca_cert == before.ca_cert
-    assert certs.expiry(after.cert) > datetime.now(UTC) + certs.SERVING_VALIDITY - timedelta(days=1)
+    assert tlsbundle.expiry(after.cert) > datetime.now(UTC) + tlsbundle.SERVING_VALIDITY - timedelta(days=1)
 
 
 # ------------------------------------------------------------------------- lifetimes and renewal
 def test_self_managed_certificates_are_short_lived() -> None:
-    bundle = certs.generate(NAMES, now=NOW)
+    bundle = tlsbundle.generate(NAMES, now=NOW)
     leaf = x509.load_pem_x509_certificate(bundle.cert)
     ca = x509.load_pem_x509_certificate(bundle.ca_cert)
     assert leaf.not_valid_after_utc - NOW == timedelta(days=90)
@@ -183,38 +183,39 @@ def test_self_managed_certificates_are_short_lived() -> None:
 @pytest.mark.parametrize(("days_left", "renewed"), [(99, True), (101, False)])
 def test_renewal_starts_when_a_third_of_the_lifetime_is_left(days_left: int, renewed: bool) -> None:
     """Whatever the certificate's lifetime (here 300 days, e.g. one issued by someone else)."""
-    ca = certs.make_ca(now=NOW, valid_for=timedelta(days=1000))
-    bundle = certs.issue(ca, NAMES, now=NOW, valid_for=timedelta(days=300) - certs.BACKDATE)
-    at = NOW + timedelta(days=300 - days_left) - certs.BACKDATE
-    reason = certs.renewal_reason(bundle, NAMES, now=at)
+    ca = tlsbundle.make_ca(now=NOW, valid_for=timedelta(days=1000))
+    bundle = tlsbundle.issue(ca, NAMES, now=NOW, valid_for=timedelta(days=300) - tlsbundle.BACKDATE)
+    at = NOW + timedelta(days=300 - days_left) - tlsbundle.BACKDATE
+    reason = tlsbundle.renewal_reason(bundle, NAMES, now=at)
     assert bool(reason) is renewed, reason
 
 
 def test_a_foreign_certificate_is_reported_only_once_its_owner_is_late(tmp_path: Path) -> None:
     """Without ca.key the owner (certgen CronJob, cert-manager) renews at a third of the lifetime left;
     the webhook warns when half of that margin is gone too, not while the owner is still on time."""
-    bundle = certs.generate(NAMES, now=NOW)
+    bundle = tlsbundle.generate(NAMES, now=NOW)
     for name, data in (
-        (certs.CA_CERT, bundle.ca_cert),
-        (certs.TLS_CERT, bundle.cert),
-        (certs.TLS_KEY, bundle.key),
+        (tlsbundle.CA_CERT, bundle.ca_cert),
+        (tlsbundle.TLS_CERT, bundle.cert),
+        (tlsbundle.TLS_KEY, bundle.key),
     ):
         (tmp_path / name).write_bytes(data)
-    on_time = NOW + certs.SERVING_VALIDITY - timedelta(days=20)  # inside the owner's window, not late
-    assert certs.ensure_certificates(tmp_path, NAMES, now=on_time) == certs.Outcome(action="loaded")
-    late = NOW + certs.SERVING_VALIDITY - timedelta(days=14)
-    outcome = certs.ensure_certificates(tmp_path, NAMES, now=late)
+    on_time = NOW + tlsbundle.SERVING_VALIDITY - timedelta(days=20)  # inside the owner's window, not late
+    assert tlsbundle.ensure_certificates(tmp_path, NAMES, now=on_time) == tlsbundle.Outcome(action="loaded")
+    late = NOW + tlsbundle.SERVING_VALIDITY - timedelta(days=14)
+    outcome = tlsbundle.ensure_certificates(tmp_path, NAMES, now=late)
     assert outcome.action == "kept" and "left to its owner" in outcome.reason
 
 
 def test_an_ageing_ca_is_replaced_before_it_would_cut_a_serving_certificate_short(tmp_path: Path) -> None:
-    certs.ensure_certificates(tmp_path, NAMES, now=NOW)
-    before = certs.read_bundle(tmp_path)
+    tlsbundle.ensure_certificates(tmp_path, NAMES, now=NOW)
+    before = tlsbundle.read_bundle(tmp_path)
     assert before is not None
-    late = NOW + certs.CA_VALIDITY - timedelta(days=100)  # less than 90 + 30 days of CA left
-    certs.write_bundle(tmp_path, certs.issue(before, NAMES, now=late - timedelta(days=80)), now=late)
-    assert certs.ensure_certificates(tmp_path, NAMES, now=late).action == "renewed"
-    after = certs.read_bundle(tmp_path)
+    late = NOW + tlsbundle.CA_VALIDITY - timedelta(days=100)  # less than 90 + 30 days of CA left
+    tlsbundle.write_bundle(tmp_path, tlsbundle.issue(before, NAMES, now=late - timedelta(days=80)), now=late)
+    assert tlsbundle.ensure_certificates(tmp_path, NAMES, now=late).action == "renewed"
+    after = tlsbundle.read_bundle(tmp_path)
     assert after is not None and after.ca_cert != before.ca_cert
-    assert certs.expiry(after.cert) == late + certs.SERVING_VALIDITY  # a whole lifetime under the new CA
+    # a whole lifetime under the new CA
+    assert tlsbundle.expiry(after.cert) == late + tlsbundle.SERVING_VALIDITY
     verify(after, "localhost", at=late)

@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives import serialization
 from hami.process.flags import Address
 from hami.settings import DeviceConfig
 from tests.eventually import eventually
-from webhook import certs
+from webhook import tlsbundle
 from webhook.config import MutationSettings
 
 from .webhook_cases import GPU, MEM, ctr, make_pod
@@ -85,8 +85,8 @@ async def test_failure_policy_and_chosen_port_are_published(operator: Operator) 
 async def test_rotation_is_picked_up_without_restart(operator: Operator, webhook: Webhook) -> None:
     old_der = await served_certificate(webhook.url, webhook.ca)
     settings = operator.settings
-    fresh = certs.generate(settings.hostnames, now=datetime.now(UTC))
-    certs.write_bundle(settings.tls_dir, fresh, now=datetime.now(UTC))
+    fresh = tlsbundle.generate(settings.hostnames, now=datetime.now(UTC))
+    tlsbundle.write_bundle(settings.tls_dir, fresh, now=datetime.now(UTC))
 
     # Kopf re-reads the files, restarts its listener (on a new OS-chosen port) and republishes the CA;
     # our handler scopes the rewritten configuration again.
