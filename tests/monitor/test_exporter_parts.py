@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import kmock
 import pynvml
@@ -24,8 +24,11 @@ from monitor.config import AgentConfig, NodeSettings
 from monitor.exporter import NodeCollector
 from monitor.grants import GrantBook
 from monitor.inventory import Inventory
+from monitor.mps.metrics import mps_families
+from monitor.podcache import PodCache, PodCacheCollector
 from tests.builders import NO_API
 from tests.eventually import eventually
+from tests.test_docs_tables import metrics_section, table_metrics
 
 from .agent_helpers import card, create_node, write_cards
 from .exporter_helpers import MIB, NODE, Samples, create_gpu_pod, grant, scrape, value, values
@@ -255,3 +258,8 @@ def test_docs_list_every_exported_metric(tmp_path: Path) -> None:
     assert len(names) == 22
     docs = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
     assert {name for name in names if f"| `{name}` |" not in docs} == set()
+    # and the other way: every name the agent's tables list is one the agent exports (its card and
+    # container families, the MPS daemon's and the pod cache's; a counter is scraped with _total)
+    others = [*mps_families(NODE, "vGPU", None), *PodCacheCollector(cast(PodCache, None), NODE).describe()]
+    exported = names | {f"{m.name}_total" if m.type == "counter" else m.name for m in others}
+    assert sorted(table_metrics(metrics_section("Node agent")) - exported) == []
