@@ -56,7 +56,13 @@ async def settle(
     few loop turns and a millisecond; raise :class:`NotSettled` after ``limit`` seconds of loop time
     (stretched by the machine's load, as :func:`tests.eventually.eventually` bounds)."""
     loop = asyncio.get_running_loop()
-    limit *= time_scale()  # a loaded machine (another test run beside this one) is slower, not stuck
+    scale = time_scale()
+    limit *= scale  # a loaded machine (another test run beside this one) is slower, not stuck
+    # A gRPC call between the kubelet model and the agent is on its way in gRPC's own threads, which
+    # no counter sees: on a loaded machine it takes longer to arrive, so quiet must last longer there
+    # (rounds and pause grow with the load; on an idle machine, 2 rounds of 1 ms as always).
+    rounds += int(2 * (scale - 1))
+    pause = 0.001 * scale
     deadline = loop.time() + limit
     stable = 0
     last: Hashable = None
@@ -65,7 +71,7 @@ async def settle(
             raise NotSettled(f"the system did not settle within {limit:.0f} s: {describe()}")
         for _ in range(4):
             await asyncio.sleep(0)
-        await asyncio.sleep(0.001)
+        await asyncio.sleep(pause)
         if not quiet():
             stable = 0
             continue
