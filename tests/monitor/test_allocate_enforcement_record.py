@@ -20,6 +20,7 @@ from monitor.allocate_call import Allocator
 from monitor.config import NodeSettings
 from monitor.mps.control import MpsControl
 from monitor.mps.protocol import CardLimit, MpsState
+from tests.eventually import eventually
 from tests.monitor.agent_helpers import (
     EVENTS,
     POD,
@@ -129,8 +130,12 @@ async def assert_failed(apiserver: kmock.KubernetesEmulator, message: str, uuid:
     assert stored[POD_BIND_PHASE] == "failed"
     assert stored[POD_DEVICES_TO_ALLOCATE] == f"{uuid},NVIDIA,3000,30:;"  # nothing consumed
     assert await node_lock(apiserver) is None
-    reasons = [(r.data["reason"], r.data["message"]) for r in apiserver["post", EVENTS]]
-    assert any(reason == "AllocationFailed" and message in text for reason, text in reasons), reasons
+
+    def told() -> bool:  # the agent posts its Events in the background: wait for this one (bounded)
+        reasons = [(r.data["reason"], r.data["message"]) for r in apiserver["post", EVENTS]]
+        return any(reason == "AllocationFailed" and message in text for reason, text in reasons)
+
+    await eventually(told, f"an AllocationFailed Event saying {message!r}", within=60)
 
 
 # ----------------------------------------------------------------------------------------------- mps
