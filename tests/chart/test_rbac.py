@@ -56,10 +56,12 @@ SCHEDULER = {
     Grant("", "events", "create"),
     Grant("", "events", "patch"),  # a repeated FilteringFailed raises the Event's count
 }
-NODE_AGENT = {  # pods get is gone: Allocate pairs from the node's pod list (monitor.pairing)
+NODE_AGENT = {  # pods list + watch: the node-scoped pod cache; get: Allocate re-reads the pod it serves
     Grant("", "nodes", "get"),
     Grant("", "nodes", "patch"),
+    Grant("", "pods", "get"),
     Grant("", "pods", "list"),
+    Grant("", "pods", "watch"),
     Grant("", "pods", "patch"),
     Grant("", "events", "create"),
 }
