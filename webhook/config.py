@@ -39,7 +39,7 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MutationSettings:
-    """What the pure mutation needs (spec-scheduler §2, §4)."""
+    """What the pure mutation needs (docs/protocol.md, "Device config", "Admission")."""
 
     scheduler_name: str = "hami-scheduler"
     #: HAMi's ``--force-overwrite-default-scheduler``: pods naming ``default-scheduler`` are taken over.
