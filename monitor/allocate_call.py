@@ -1,8 +1,8 @@
 """Finish a pod's allocation when kubelet calls Allocate, then hand the node lock back.
 
 Owns the Allocate hand-off of docs/protocol.md, "Allocate", "Node lock" and its checks
-(docs/security.md, "The node agent's hand-out"): read this node's pods (``monitor.podcache``: the
-cache's snapshot, never acted on as it is — below), pair kubelet's call with the pod
+(docs/security.md, "The node agent's hand-out"): list this node's pods (one fresh list: below), pair
+kubelet's call with the pod
 it is admitting (``monitor.pairing``: the pod whose next waiting entry matches kubelet's card count;
 ambiguous = fail closed, no card, a Warning Event on every candidate), refuse a grant that breaks a
 hand-out rule (``monitor.handout``: our scheduler's pod, bound here, ``to-allocate`` equal to the
@@ -21,11 +21,8 @@ for our grant here; release is owner-checked: a lock held by another pod stays) 
 since kubelet rejects it. Either way an Event tells the pod's owner (``monitor.podevents``). Calls are
 serialised: kubelet's request names no pod, so only one pod may be in flight per node. Also answers
 GetPreferredAllocation's question, the paired pod's next cards (:meth:`Allocator.next_uuids`).
-A pairing made on the cache is served only when it is clean (one pod chosen, matching kubelet's counts,
-no broken rule) and stays so with that pod read again from the API server (one GET); anything else —
-no pod, ambiguous, a refusal, the cache not synced — is decided again on one fresh list, so a pod bound
-moments before kubelet's call is seen and nothing is refused or handed out on a stale view
-(docs/node-agent.md, "Pod cache").
+Pairing is always decided on one fresh list of the node's pods, never on the pod cache's view (a pod
+bound moments before kubelet's call may not be in it yet: docs/node-agent.md, "Pod cache").
 The rules are pure modules (``allocate_rules``, ``pairing``, ``handout``); this one does their I/O
 (``monitor.mig`` its own, for the instances). Imports the codec and ``hami.kube``; must not import
 grpc or pynvml.
@@ -59,9 +56,9 @@ from hami.annotations import (
 )
 from hami.core.enforcement import level_of
 from hami.core.model import Device, DeviceMode, Grant, PodDevices
-from hami.kube.client import KubeError, NotFound
+from hami.kube.client import KubeError
 from hami.kube.nodelock import release_node_lock
-from hami.kube.pods import get_pod, patch_pod
+from hami.kube.pods import patch_pod
 from hami.kube.protocol import KubeApi
 from hami.objects import pod_key
 from monitor.allocate_rules import (
@@ -190,37 +187,11 @@ class Allocator:
     async def pairing(self, counts: Sequence[int]) -> Pairing:
         """Which pod a call for ``counts`` cards per container is for (``monitor.pairing``); read-only.
 
-        On the cache's view the answer is kept only when :meth:`_confirmed` (the chosen pod read again);
-        otherwise it is made again on one fresh list of the node's pods."""
-        view = await self._pods.view()
-        found = await self._pair(view.pods, counts)
-        if view.fresh:
-            return found
-        confirmed = await self._confirmed(view.pods, found, counts)
-        if confirmed is not None:
-            return confirmed
+        Always decided on one fresh list of the node's pods, never on the cache: a pod bound moments
+        before kubelet's call, not yet delivered by the watch, could otherwise leave the cache showing
+        one pod cleanly waiting where the API server has two (the hand-out must fail closed, ambiguous)
+        or serve a pod out of bind order (docs/node-agent.md, "Pod cache")."""
         return await self._pair((await self._pods.listed()).pods, counts)
-
-    async def _confirmed(
-        self, pods: Sequence[Mapping[str, Any]], found: Pairing, counts: Sequence[int]
-    ) -> Pairing | None:
-        """A clean pairing made on the cache, with the chosen pod as the API server has it now (one GET)
-        in place of the cached copy; None when it is not clean on either, or the pod is gone."""
-        chosen = found.chosen
-        if chosen is None or chosen.problem is not None or not chosen.matches(counts):
-            return None
-        key = pod_key(chosen.pod)
-        try:
-            now = await get_pod(self._api, *key)
-        except NotFound:
-            return None
-        again = await self._pair([now if pod_key(p) == key else p for p in pods], counts)
-        pod = again.chosen
-        if pod is None or pod.problem is not None or not pod.matches(counts) or pod_key(pod.pod) != key:
-            return None
-        if objects.uid(pod.pod) != objects.uid(chosen.pod):
-            return None  # deleted and made again under the same name: decide on a fresh list
-        return again
 
     async def next_uuids(self, sizes: Sequence[int] = (1,)) -> tuple[str, ...]:
         """Cards of the next container Allocate will serve (GetPreferredAllocation's hint); () when the
