@@ -56,10 +56,9 @@ SCHEDULER = {
     Grant("", "events", "create"),
     Grant("", "events", "patch"),  # a repeated FilteringFailed raises the Event's count
 }
-NODE_AGENT = {  # pods list + watch: the node-scoped pod cache; get: Allocate re-reads the pod it serves
+NODE_AGENT = {  # pods list + watch: the node-scoped pod cache and Allocate's fresh list; no pods get
     Grant("", "nodes", "get"),
     Grant("", "nodes", "patch"),
-    Grant("", "pods", "get"),
     Grant("", "pods", "list"),
     Grant("", "pods", "watch"),
     Grant("", "pods", "patch"),
