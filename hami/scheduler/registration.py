@@ -84,29 +84,22 @@ class Registration:
 
     def report_malformed(self, node: Mapping[str, Any], message: str) -> None:
         """An ``InvalidNodeRegistration`` Warning Event on ``node``, in the background."""
-        event = record_event(
-            self._api,
-            involved=node,
-            reason=MALFORMED_REGISTRATION,
-            message=f"node excluded from GPU scheduling: {message}",
-            type="Warning",
-            component=self._component,
-        )
-        name = objects.name(node)
-        self._background.spawn(event, f"record the {MALFORMED_REGISTRATION} event on node {name}")
+        self._warn(node, MALFORMED_REGISTRATION, f"node excluded from GPU scheduling: {message}")
 
     def report_enforcement(self, node: Mapping[str, Any], message: str) -> None:
         """An ``InvalidNodeEnforcement`` Warning Event on ``node``, in the background."""
+        self._warn(node, MALFORMED_ENFORCEMENT, f"its cards count as enforcement none: {message}")
+
+    def _warn(self, node: Mapping[str, Any], reason: str, message: str) -> None:
         event = record_event(
             self._api,
             involved=node,
-            reason=MALFORMED_ENFORCEMENT,
-            message=f"its cards count as enforcement none: {message}",
+            reason=reason,
+            message=message,
             type="Warning",
             component=self._component,
         )
-        name = objects.name(node)
-        self._background.spawn(event, f"record the {MALFORMED_ENFORCEMENT} event on node {name}")
+        self._background.spawn(event, f"record the {reason} event on node {objects.name(node)}")
 
     def resync_once(self, nodes: Unanswered) -> list[str]:
         """Ask again for the handshake on every node still without one; the nodes asked."""
