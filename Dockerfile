@@ -3,7 +3,7 @@
 #   docker build -t REGISTRY/hami-py:0.1.0 .                  the product (the last stage, the default):
 #       hami scheduler            the scheduler extender (beside a stock kube-scheduler)
 #       hami-webhook              the mutating admission webhook (Kopf)
-#       hami-monitor              the node agent (device plugin, registration, metrics)
+#       hami-node-agent           the node agent (device plugin, registration, metrics)
 #       python -m webhook.certs   the chart's certificate job
 #       hami explain|cordon|uncordon|doctor, and `hami simulate|heldout|demo --help` (running them needs the
 #       'sim' or the 'demo' extra)
@@ -23,7 +23,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY hami ./hami
 COPY webhook ./webhook
-COPY monitor ./monitor
+COPY nodeagent ./nodeagent
 COPY testkit ./testkit
 # testkit/hami_testkit/annotation-policy.yaml links here: the demo's embedded cluster enforces the
 # chart's policy
@@ -59,7 +59,7 @@ RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     done \
  && hami --help >/dev/null \
  && hami-webhook --help >/dev/null \
- && hami-monitor --help >/dev/null \
+ && hami-node-agent --help >/dev/null \
  && python -m webhook.certs --help >/dev/null
 # Non-root by default (scheduler, webhook, certificate job); the node agent's pod runs as root because
 # it creates its socket in the kubelet's root-owned device-plugin directory.

@@ -23,12 +23,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 from benchmarks.table import Table, summary
 from hami.annotations import POD_DEVICES_ALLOCATED, POD_VGPU_NODE, encode_pod_devices
 from hami.core.model import Grant
-from monitor.backends.sim import SimBackend
-from monitor.cgroups import ProcessOwners
-from monitor.config import NodeSettings
-from monitor.exporter import NodeCollector
-from monitor.grants import PodGrants, read_pod_grants
-from monitor.inventory import Inventory
+from nodeagent.backends.simulated import SimBackend
+from nodeagent.cgroups import ProcessOwners
+from nodeagent.config import NodeSettings
+from nodeagent.exporter import NodeCollector
+from nodeagent.grants import PodGrants, read_pod_grants
+from nodeagent.inventory import Inventory
 
 NODE = "bench-node"
 CARDS = 8

@@ -1,5 +1,5 @@
 """hami: the allocation core, the annotation codec, the Kubernetes adapters and the scheduler extender.
 
 Owns everything the scheduler side needs and what the webhook and node agent share. Never imports
-``webhook`` or ``monitor``.
+``webhook`` or ``nodeagent``.
 """

@@ -4,7 +4,7 @@ Owns :class:`ResourceNames` (the extended-resource names), :class:`DeviceConfig`
 section of HAMi's device-config YAML with HAMi's defaults) and :func:`from_device_config`, which reads
 an already parsed document; frozen dataclasses built once at each entry point and passed down. Reading
 the file is :mod:`hami.devicefile`; each service's own knobs live beside it (``hami.scheduler.config``,
-``webhook.config``, ``monitor.config``), the flag plumbing they share in :mod:`hami.process.flags`.
+``webhook.config``, ``nodeagent.config``), the flag plumbing they share in :mod:`hami.process.flags`.
 Pure: stdlib only, no ``os``, no file reading.
 """
 

@@ -2,7 +2,7 @@
 
 A missing, malformed or absent kubeconfig, and an API server that refuses the connection, give one line
 on stderr that says what is wrong and what to do -- never a traceback, never ``Timeout:`` for a refused
-connection -- for each ``hami`` subcommand that reads a kubeconfig, ``hami-webhook`` and ``hami-monitor``
+connection -- for each ``hami`` subcommand that reads a kubeconfig, ``hami-webhook`` and ``hami-node-agent``
 (their start-up). Driven through each program's ``main(argv)``; the no-kubeconfig-at-all case runs the
 real console entry points as processes (the client reads ``KUBECONFIG`` and ``HOME`` when imported).
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from hami.cli import main as hami_main
-from monitor.__main__ import main as monitor_main
+from nodeagent.__main__ import main as agent_main
 from webhook.__main__ import main as webhook_main
 
 pytestmark = pytest.mark.timeout(60)
@@ -90,10 +90,10 @@ def commands(tmp: Path) -> dict[str, tuple[Program, list[str], str]]:
             ],
             "hami-webhook: ",
         ),
-        "hami-monitor": (
-            monitor_main,
+        "hami-node-agent": (
+            agent_main,
             MONITOR,
-            "hami-monitor: ",
+            "hami-node-agent: ",
         ),
     }
 
@@ -106,7 +106,7 @@ COMMANDS = [
     "uncordon",
     "simulate",
     "hami-webhook",
-    "hami-monitor",
+    "hami-node-agent",
 ]
 
 
@@ -181,9 +181,9 @@ CONSOLE = {
         "--metrics-listen",
         "127.0.0.1:0",
     ],
-    "hami-monitor": [
+    "hami-node-agent": [
         "-m",
-        "monitor",
+        "nodeagent",
         "--node-name",
         "n1",
         "--backend",

@@ -1,7 +1,7 @@
 """Every command line answers ``--help``, and a missing optional extra is one line naming it.
 
 In-process: ``--help`` of ``hami`` and of every subcommand in :data:`hami.cli.SUBCOMMANDS` through
-``hami.cli.main``, and of each console script's ``main`` (``hami-webhook``, ``hami-monitor``, ``python -m
+``hami.cli.main``, and of each console script's ``main`` (``hami-webhook``, ``hami-node-agent``, ``python -m
 webhook.certs`` and its subcommands) exits 0 with a usage text. As processes, with an extra's modules
 blocked (``sys.modules[name] = None``, which makes ``import name`` raise ModuleNotFoundError as a missing
 package does): help still works, and the commands that need the extra print one line naming it and exit
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from hami import cli
-from monitor.__main__ import main as monitor_main
+from nodeagent.__main__ import main as agent_main
 from webhook.__main__ import main as webhook_main
 from webhook.certgen import main as certs_main
 
@@ -51,13 +51,13 @@ def test_hami_help(command: str | None, capsys: pytest.CaptureFixture[str]) -> N
     ("main", "argv", "program"),
     [
         (webhook_main, ["--help"], "hami-webhook"),
-        (monitor_main, ["--help"], "hami-monitor"),
+        (agent_main, ["--help"], "hami-node-agent"),
         (certs_main, ["--help"], "python -m webhook.certs"),
         (certs_main, ["secret", "--help"], "python -m webhook.certs secret"),
         (certs_main, ["inject", "--help"], "python -m webhook.certs inject"),
         (certs_main, ["rotate", "--help"], "python -m webhook.certs rotate"),
     ],
-    ids=["hami-webhook", "hami-monitor", "certs", "certs-secret", "certs-inject", "certs-rotate"],
+    ids=["hami-webhook", "hami-node-agent", "certs", "certs-secret", "certs-inject", "certs-rotate"],
 )
 def test_console_script_help(
     main: Callable[[list[str]], object], argv: list[str], program: str, capsys: pytest.CaptureFixture[str]

@@ -3,7 +3,7 @@
 Exported names are collected from the source: every prometheus-client metric constructor
 (``Counter``, ``Gauge``, ``Histogram``, ``Summary``, ``Info``, ``Enum`` and the ``*MetricFamily``
 classes of custom collectors) called with a literal name anywhere in ``hami/``, ``webhook/`` and
-``monitor/``, expanded to the sample names Prometheus stores (``_total``, ``_bucket``, ...). The node
+``nodeagent/``, expanded to the sample names Prometheus stores (``_total``, ``_bucket``, ...). The node
 exporter's own registry cross-checks the scan, so a metric built some other way cannot slip by.
 """
 
@@ -19,16 +19,16 @@ from typing import Any
 import pytest
 
 from hami.settings import DeviceConfig
-from monitor.backends.base import Card, Link
-from monitor.config import NodeSettings
-from monitor.exporter import NodeCollector
-from monitor.grants import GrantBook
-from monitor.inventory import Inventory
+from nodeagent.backends.base import Card, Link
+from nodeagent.config import NodeSettings
+from nodeagent.exporter import NodeCollector
+from nodeagent.grants import GrantBook
+from nodeagent.inventory import Inventory
 from tests.builders import NO_API
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "charts" / "hami" / "dashboards" / "hami.json"
-SOURCES = ("hami", "webhook", "monitor")
+SOURCES = ("hami", "webhook", "nodeagent")
 
 #: constructor -> suffixes of the samples it exposes ("" = the name itself)
 SUFFIXES: dict[str, tuple[str, ...]] = {

@@ -4,7 +4,7 @@ Each service's flags table (docs/scheduler.md, docs/webhook.md, docs/node-agent.
 starts ``| flag |``) names every long option its argparse parser takes, and no other; each section of
 docs/metrics.md lists, in its tables, only metric families the service registers, and names every one it
 registers (the scheduler's HAMi per-card gauges are named in the prose under its table). The node agent's
-metrics are checked both ways in tests/monitor/test_exporter_parts.py.
+metrics are checked both ways in tests/nodeagent/test_exporter_parts.py.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from hami.scheduler import main as scheduler_main
 from hami.scheduler.metrics import Metrics
-from monitor.config import build_parser
+from nodeagent.config import build_parser
 from webhook import config as webhook_config
 from webhook.metrics import WebhookMetrics
 

@@ -9,7 +9,7 @@ import pytest
 from hami.doctor.findings import pod_key as doctor_key
 from hami.objects import pod_key
 from hami.scheduler import filter as scheduler_filter
-from monitor import allocate_call, mig, pairing
+from nodeagent import allocate_call, mig, pairing
 
 
 @pytest.mark.parametrize(

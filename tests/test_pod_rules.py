@@ -16,8 +16,8 @@ from hami.core.requests import card_count, parse_container
 from hami.scheduler.podrecords import pod_meta
 from hami.settings import DeviceConfig
 from hami_testkit.preemption_rules import victim
-from monitor.allocate_rules import container_names
-from monitor.handout import asked_count
+from nodeagent.allocate_rules import container_names
+from nodeagent.handout import asked_count
 
 
 def _pod(

@@ -25,12 +25,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 from hami.annotations import allocation_annotations
 from hami.core.model import Device, DeviceState, Grant, NodeState
 from hami.scheduler.metrics import Metrics
-from monitor.backends.sim import SimBackend
-from monitor.config import NodeSettings
-from monitor.exporter import NodeCollector
-from monitor.grants import PodGrants, read_pod_grants
-from monitor.inventory import Inventory
-from monitor.podcache import PodCache, PodCacheCollector
+from nodeagent.backends.simulated import SimBackend
+from nodeagent.config import NodeSettings
+from nodeagent.exporter import NodeCollector
+from nodeagent.grants import PodGrants, read_pod_grants
+from nodeagent.inventory import Inventory
+from nodeagent.podcache import PodCache, PodCacheCollector
 from webhook.metrics import WebhookMetrics
 
 #: The pod cache of the agent text is fed by hand: it never talks to an API server.

@@ -3,9 +3,9 @@
 Two variables, each read by something outside our control once the node agent has handed out a card:
 
 **``CUDA_DISABLE_CONTROL``**. With it true the node agent does not mount
-``/etc/ld.so.preload`` (docs/protocol.md, "Allocate", ``monitor.allocate_rules.hook_mounts``), so HAMi-core is
-never loaded and the container's memory and core limits are not enforced: on a card it shares, it could take
-the whole card from its neighbours. :func:`isolation_problems` names such containers; whether a
+``/etc/ld.so.preload`` (docs/protocol.md, "Allocate", ``nodeagent.allocate_rules.hook_mounts``), so HAMi-core
+is never loaded and the container's memory and core limits are not enforced: on a card it shares, it could
+take the whole card from its neighbours. :func:`isolation_problems` names such containers; whether a
 container's env disables control is the core's rule (:func:`hami.core.gocompat.disabling_value`, Go's
 ``ParseBool``), which the node agent applies too.
 

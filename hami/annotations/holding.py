@@ -4,7 +4,7 @@ Owns :func:`holding` (a raw pod -> :class:`Holding`: the node it holds cards on,
 holds none), :func:`init_containers_done` (when init containers give their cards back) and
 :func:`allocating_until` (how long an unbound pod's bind in flight keeps its cards). Three callers
 share it: the scheduler's live view (``hami.scheduler.podrecords``), the node agent's exporter
-(``monitor.grants``) and the agent's MIG reclaim (``monitor.mig``).
+(``nodeagent.grants``) and the agent's MIG reclaim (``nodeagent.mig``).
 
 The rule (docs/protocol.md, "Usage"):
 

@@ -10,9 +10,9 @@ text that HAMi's Go code makes: exactly ``1 t T TRUE true True`` and ``0 f F FAL
 nothing trimmed or case-folded; the codec reads ``nvidia.com/numa-bind`` and a card's health field with
 it) and :func:`disabling_value`: whether a container's env turns HAMi-core off. With
 ``CUDA_DISABLE_CONTROL`` true the node agent does not mount ``/etc/ld.so.preload``
-(docs/protocol.md, "Allocate"), so the container's memory and core limits are not enforced. The node agent
-(``monitor.allocate_rules``) decides the mount with it and the webhook (``webhook.isolation``) refuses such a
-container on a shared card with it, so the two can never disagree.
+(docs/protocol.md, "Allocate"), so the container's memory and core limits are not enforced. The node
+agent (``nodeagent.allocate_rules``) decides the mount with it and the webhook (``webhook.isolation``)
+refuses such a container on a shared card with it, so the two can never disagree.
 
 Pure: stdlib only; must not import a Kubernetes client, aiohttp, kopf, grpc, pynvml, ``logging``,
 ``os`` or ``time``.

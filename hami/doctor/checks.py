@@ -165,14 +165,14 @@ def _registration(name: str, annotations: Mapping[str, str]) -> Finding:
             action = f"check that the driver sees the cards on {name}, and the agent's card filter"
             return finding(WARN, "node", subject, "the node agent registers no card", action)
         message = f"registration unreadable, the scheduler excludes the node: {exc}"
-        action = f"check hami-monitor's log on {name}; it rewrites the registration every 30 s"
+        action = f"check hami-node-agent's log on {name}; it rewrites the registration every 30 s"
         return finding(FAIL, "node", subject, message, action)
     cards = [d.device for d in state.devices]
     sick = [c.uuid for c in cards if not c.health]
     if not sick:
         return finding(OK, "node", subject, f"{plural(len(cards), 'card')} registered, all healthy")
     message = f"{len(sick)} of {len(cards)} cards unhealthy: {', '.join(sick)}"
-    action = f"nothing is placed on them; check the cards (nvidia-smi) and hami-monitor on {name}"
+    action = f"nothing is placed on them; check the cards (nvidia-smi) and hami-node-agent on {name}"
     return finding(WARN, "node", subject, message, action)
 
 
@@ -200,7 +200,7 @@ def check_nodes(
                 f"labelled {label} but has no {NODE_REGISTER}: the node agent is not running there "
                 "or cannot write the Node"
             )
-            action = f"check the hami-monitor pod on {name} and its log"
+            action = f"check the hami-node-agent pod on {name} and its log"
             found.append(finding(FAIL, "node", f"node {name}", message, action))
         else:
             continue
@@ -214,7 +214,7 @@ def check_nodes(
                 "allocatable is 0: the scheduler excludes the node"
             )
             action = (
-                "the device plugin is not registered with the kubelet: check hami-monitor's log and "
+                "the device plugin is not registered with the kubelet: check hami-node-agent's log and "
                 f"/var/lib/kubelet/device-plugins on {name}"
             )
             found.append(finding(FAIL, "node", f"node {name}", message, action))
@@ -260,7 +260,7 @@ def check_locks(
                 f"held by {owner} for {seconds(now - lock.time)}, longer than the {seconds(timeout)} "
                 "lock timeout: the next bind on the node takes it over"
             )
-            action = f"the node agent did not release it: check hami-monitor's log on {name}"
+            action = f"the node agent did not release it: check hami-node-agent's log on {name}"
             found.append(finding(WARN, "lock", subject, message, action))
         elif not lock.legacy and owner not in pods:
             message = f"held by {owner}, which no longer exists (dangling): the next bind takes it over"

@@ -54,7 +54,7 @@ def check_enforcement(nodes: Iterable[Mapping[str, Any]]) -> list[Finding]:
             cards = decode_node_enforcement(text)
         except AnnotationError as exc:
             message = f"{NOT_ENFORCED} as far as anyone can tell: {exc}"
-            action = f"check hami-monitor's log on {name}; it rewrites the annotation every 30 s"
+            action = f"check hami-node-agent's log on {name}; it rewrites the annotation every 30 s"
             found.append(finding(Severity.WARN, "enforce", subject, message, action))
             continue
         bare = [uuid for uuid, kind in cards.items() if kind is Enforcement.NONE]

@@ -78,7 +78,7 @@ def _bind_state(pod: Mapping[str, Any], settings: DoctorSettings, now: datetime.
             f"{seconds(timeout)} lock timeout: the node agent never finished the hand-off"
         )
         action = (
-            f"check hami-monitor's log on {where} and the pod's events (UnexpectedAdmissionError); "
+            f"check hami-node-agent's log on {where} and the pod's events (UnexpectedAdmissionError); "
             "delete the pod so it is scheduled again"
         )
         return finding(FAIL, "pod", subject, message, action)

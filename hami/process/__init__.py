@@ -1,4 +1,4 @@
-"""Process plumbing shared by the three services (``hami scheduler``, ``hami-webhook``, ``hami-monitor``).
+"""Process plumbing shared by the three services (``hami scheduler``, ``hami-webhook``, ``hami-node-agent``).
 
 One of each: the ``HAMI_<FLAG>`` env fallback and the ``HOST:PORT`` parser (:mod:`hami.process.flags`,
 pure), the set of fire-and-forget background tasks (:mod:`hami.process.tasks`), the Prometheus

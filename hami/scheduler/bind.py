@@ -347,7 +347,7 @@ def _decide_on(
 #: What a person can do about each kind of failed bind (appended to the ``BindingFailed`` Event).
 ADVICE = {
     "lock_busy": "kube-scheduler retries the pod; the lock goes once that pod's GPUs are allocated by "
-    "the node agent, or after --node-lock-timeout if the agent never does (check hami-monitor there)",
+    "the node agent, or after --node-lock-timeout if the agent never does (check hami-node-agent there)",
     "no_fit": "the node changed since filtering; kube-scheduler retries the pod on the nodes that fit",
     "deadline": "kube-scheduler gave up waiting for this bind and retries the pod; if this repeats, "
     "check the API server's latency and --bind-timeout against the extender's httpTimeout",

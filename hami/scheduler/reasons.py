@@ -37,7 +37,7 @@ _HINTS: Mapping[str, str] = {
     "ask for fewer GPUs",
     "CardTypeMismatch": "no card has the type the pod's use-gputype/nouse-gputype annotations allow",
     "CardUuidMismatch": "no card has a UUID the pod's use-gpuuuid/nouse-gpuuuid annotations allow",
-    "CardNotHealth": "the cards are unhealthy: check the driver and the hami-monitor log on these nodes",
+    "CardNotHealth": "the cards are unhealthy: check the driver and the hami-node-agent log on these nodes",
     "CardCordoned": "the cards are cordoned (hami.io/device-cordon on the node)",
     "CardEnforcementInsufficient": "the cards' enforcement is below the level required (the scheduler's "
     "--require-enforcement or the pod's hami.io/require-enforcement): install HAMi-core on these nodes "
@@ -49,7 +49,7 @@ _HINTS: Mapping[str, str] = {
     "CardComputeUnitsExhausted": "the cards have no compute units left: wait for GPU pods to finish",
     "CardMigTopologyInfeasible": "no free MIG placement fits the asked profile: wait for MIG pods to "
     "finish or ask for a smaller slice",
-    "NodeUnregistered": "the node agent (hami-monitor) has not registered usable cards there: check that "
+    "NodeUnregistered": "the node agent (hami-node-agent) has not registered usable cards there: check that "
     "it runs on these nodes and its log",
     "NodeUsageUnavailable": "the scheduler cannot read the nodes' usage yet: retry shortly",
     "DeviceTypeNotFound": "the pod asks for a device type no node offers",

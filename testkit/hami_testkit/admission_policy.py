@@ -20,7 +20,7 @@ Differences from kube-apiserver, none of which our policies use: no ``paramKind`
 ``namespaceSelector``/``objectSelector`` (a policy or binding that sets one is treated as matching
 nothing and named in :data:`UNSUPPORTED`), no ``auditAnnotations``, and variables are evaluated eagerly
 (an error in any of them fails the policy per its ``failurePolicy``; Kubernetes evaluates them lazily).
-Must not import ``webhook``, ``monitor`` or the Kubernetes client.
+Must not import ``webhook``, ``nodeagent`` or the Kubernetes client.
 """
 
 from __future__ import annotations

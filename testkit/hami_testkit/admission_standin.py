@@ -13,7 +13,7 @@ kube-apiserver's built-in Priority plugin does (:func:`resolve_priority`). With 
 included: it uses :meth:`mutate`), :meth:`AdmissionStandIn.submit` only creates the pod and reads a
 refusal back from the apiserver's answer. The create itself passes the apiserver's ValidatingAdmissionPolicies
 (:class:`hami_testkit.apiserver.AdmittingEmulator`); their denial is reported the same way. Must not import
-``webhook``, ``monitor`` or the Kubernetes client.
+``webhook``, ``nodeagent`` or the Kubernetes client.
 """
 
 from __future__ import annotations

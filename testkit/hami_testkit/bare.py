@@ -11,7 +11,7 @@ the chart's certificate hooks run when Helm installs or upgrades it. No schedule
 agent, kubelet or workload stand-in runs: Deployments and DaemonSets installed here are stored, not
 run (``kubectl scale`` edits a stored Deployment's ``spec.replicas``, as the apiserver does). On exit
 the Job stand-in (and any Job it still runs) is stopped before the apiserver goes away.
-Must not import ``webhook``, ``monitor`` or the Kubernetes client.
+Must not import ``webhook``, ``nodeagent`` or the Kubernetes client.
 """
 
 from __future__ import annotations

@@ -2,12 +2,12 @@
 
 Owns the cluster file format (the default is ``hami_testkit/cluster.yaml``, shipped as package data; its
 header documents the format), its strict loader, and what the demo derives from it: the Node objects
-to create, each node's devices file for ``hami-monitor --backend sim`` and its per-node agent config.
+to create, each node's devices file for ``hami-node-agent --backend sim`` and its per-node agent config.
 Card entries are passed to the agent as written (the agent's parser validates their values in full);
 here we check what the cluster needs -- unique node names and card uuids -- and that every field of the
 file, the cards' included, is one the format knows: a typo (``memory_mb``) would otherwise be dropped
 silently and give a node without usable cards. Simulation only. Must not import ``webhook``,
-``monitor`` or the Kubernetes client.
+``nodeagent`` or the Kubernetes client.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import yaml
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 MODES = ("hami-core", "mig")
 #: The fields of each part of the file (cards, MIG profiles, processes and links: the agent's sim format,
-#: ``monitor/backends/sim.py``).
+#: ``nodeagent/backends/simulated.py``).
 TOP_FIELDS = ("device_config", "nodes")
 NODE_FIELDS = ("name", "labels", "mode", "cards", "links", "hami_core")
 CARD_FIELDS = (
@@ -224,7 +224,7 @@ class NodeFiles:
 
 
 #: What the stand-in library file holds: the agent checks only that it is a non-empty regular file that
-#: ``ld.so.preload`` names (monitor/registrar.py); no container runs in the embedded cluster.
+#: ``ld.so.preload`` names (nodeagent/registrar.py); no container runs in the embedded cluster.
 STAND_IN_LIBRARY = b"simulated HAMi-core (hami demo): not a library\n"
 
 

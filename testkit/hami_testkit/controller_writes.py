@@ -6,7 +6,7 @@ Owns :class:`ControllerWrites`: pods created from an owner's template through th
 path (so admission runs on each: the Priority plugin and the mutating webhooks) with kube's
 ``SuccessfulCreate`` / ``FailedCreate`` Events, pods deleted with ``SuccessfulDelete``, Events about an
 owner (the same Warning twice in a row written once), and an owner's status written only when it
-changed. Must not import ``hami.kube``, ``webhook`` or ``monitor``.
+changed. Must not import ``hami.kube``, ``webhook`` or ``nodeagent``.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ The options are read and checked, not acted on beyond that: ``dryRun: [All]`` de
 object is answered as it is), preconditions are enforced, and ``propagationPolicy`` /
 ``orphanDependents`` are the caller's to honour (the embedded cluster's garbage collection, where one
 runs, reads them through :func:`delete_options`); ``gracePeriodSeconds`` changes nothing (objects go at
-once). Simulation only; no I/O. Must not import ``hami.kube``, ``webhook`` or ``monitor``.
+once). Simulation only; no I/O. Must not import ``hami.kube``, ``webhook`` or ``nodeagent``.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ runs) and keep everything running until Ctrl-C / SIGTERM. Every child process is
 out, whatever happens. With ``--bare`` it starts only the embedded cluster
 (:class:`~hami_testkit.bare.BareCluster`: the Nodes and the Job stand-in, none of our components), prints
 its kubeconfig and the ``helm install`` of the chart, and keeps it running until Ctrl-C. Must not
-import ``webhook``, ``monitor`` or the Kubernetes client.
+import ``webhook``, ``nodeagent`` or the Kubernetes client.
 """
 
 from __future__ import annotations

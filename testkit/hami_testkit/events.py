@@ -4,7 +4,7 @@ Owns :func:`pod_event`: one core/v1 Event about a pod (``involvedObject``), with
 fields (``source.component`` and ``reportingComponent`` = the scheduler's name, ``count: 1``, first and
 last timestamps), and for a preemption the ``action`` and the ``related`` object (the preemptor). A
 failed write is dropped, as the recorder drops it. Must not import ``hami.scheduler``, ``webhook``,
-``monitor`` or the Kubernetes client.
+``nodeagent`` or the Kubernetes client.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ what deleting an owner asks for:
   finalizer.
 
 Who puts the finalizers there is the apiserver's part of a delete with ``propagationPolicy``
-Foreground or Orphan. Must not import ``hami.kube``, ``webhook`` or ``monitor``.
+Foreground or Orphan. Must not import ``hami.kube``, ``webhook`` or ``nodeagent``.
 """
 
 from __future__ import annotations

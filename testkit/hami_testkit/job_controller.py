@@ -19,7 +19,7 @@ never starts (no scheduler for it, no room) keeps the Job active.
 
 Its pods are created and deleted through :class:`hami_testkit.controller_writes.ControllerWrites` (the
 apiserver's create path: admission runs on each). Must not import ``hami.kube``, ``webhook`` or
-``monitor``.
+``nodeagent``.
 """
 
 from __future__ import annotations

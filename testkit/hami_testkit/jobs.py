@@ -9,7 +9,7 @@ runs each new one of its own as a child process of this interpreter, with the Jo
 kubeconfig for the embedded cluster (``HAMI_KUBECONFIG``), bounded by ``timeout`` seconds; its outcome
 is written to the Job's status the way the Job controller writes it (``succeeded``/``failed``, the
 ``Complete`` or ``Failed`` condition), which is what Helm waits for. Must not import ``webhook``,
-``monitor`` or the Kubernetes client.
+``nodeagent`` or the Kubernetes client.
 """
 
 from __future__ import annotations

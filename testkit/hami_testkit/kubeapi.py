@@ -3,7 +3,7 @@
 Owns the handful of calls the simulation needs (get, list, create, merge/JSON patch, delete, watch)
 as raw JSON dicts over aiohttp. The services use ``hami.kube`` (the official client); the stand-ins
 run on the same event loop as the embedded apiserver, where the sync client must not run, so they
-speak HTTP directly. Simulation only. Must not import the Kubernetes client, ``webhook`` or ``monitor``.
+speak HTTP directly. Simulation only. Must not import the Kubernetes client, ``webhook`` or ``nodeagent``.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ every request each reaction served, and every version of every object forever.
   kube-apiserver does for a content type it does not serve, instead of failing to decode it (a
   subclass's :meth:`LeanHandler._parse` may read some of them: the emulator reads protobuf).
 
-Simulation only. Must not import ``hami.kube``, ``webhook`` or ``monitor``.
+Simulation only. Must not import ``hami.kube``, ``webhook`` or ``nodeagent``.
 """
 
 from __future__ import annotations

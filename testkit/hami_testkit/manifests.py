@@ -10,8 +10,8 @@ the API server drops unknown fields). A comment line
 ``# outcome: Running|Pending|Refused|Failed|Preempted`` before a document declares what the demo
 should see become of that pod. PriorityClass documents (``scheduling.k8s.io/v1``: the classes the
 pods' ``priorityClassName`` names) are read too, as strictly, and created before any pod. The field
-lists are Kubernetes' (``tests/sim/test_manifests.py`` holds them equal to the pinned client's models).
-Must not import ``webhook``, ``monitor`` or the Kubernetes client.
+lists are Kubernetes' (``tests/testkit/test_manifests.py`` holds them equal to the pinned client's models).
+Must not import ``webhook``, ``nodeagent`` or the Kubernetes client.
 """
 
 from __future__ import annotations

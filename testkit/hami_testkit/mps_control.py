@@ -37,7 +37,7 @@ adds server create|list and namespace create|set|delete|list (options ``--key=va
 one item per line, name first, then ``key=value`` words; refusals are lines starting ``Error:``; memory
 values are ``<n>M`` / ``<n>G`` (docs/node-agent.md, "MPS mode", says which of this the documentation
 leaves open). The socket's own framing (a JSON object per line) is the simulation's, not NVIDIA's.
-Must not import ``monitor``: it is an independent implementation of the same language.
+Must not import ``nodeagent``: it is an independent implementation of the same language.
 """
 
 from __future__ import annotations

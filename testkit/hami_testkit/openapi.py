@@ -12,7 +12,7 @@ validation: the fields of an object its kind's schema does not declare.
 The schema is the one the ``kubernetes-validate`` package ships (the Kubernetes OpenAPI definitions as
 JSON schema, with ``type: [T, "null"]``, which is turned back into ``type: T``). Without that package
 :func:`available` is False and the apiserver answers 404 for the OpenAPI paths, as kmock does.
-Simulation only. Must not import ``hami.kube``, ``webhook`` or ``monitor``.
+Simulation only. Must not import ``hami.kube``, ``webhook`` or ``nodeagent``.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ a pod no node took, in kube-scheduler's order (``pkg/scheduler/framework/preempt
 
 The scheduler stand-in retries the preemptor when the victims' deletions reach its watch. The pure
 rules (eligibility, the messages, the node order) are :mod:`hami_testkit.preemption_rules`.
-Must not import ``hami.scheduler``, ``webhook``, ``monitor`` or the Kubernetes client.
+Must not import ``hami.scheduler``, ``webhook``, ``nodeagent`` or the Kubernetes client.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Owns :class:`Supervisor` (every child in its own process group with its output in a log file; stop =
 SIGTERM to the group, a bounded wait, then SIGKILL) and :func:`poll_until` (bounded polling that
-fails fast when a watched child dies). Simulation only. Must not import ``webhook``, ``monitor`` or
+fails fast when a watched child dies). Simulation only. Must not import ``webhook``, ``nodeagent`` or
 the Kubernetes client: those run as processes started from their command lines.
 """
 

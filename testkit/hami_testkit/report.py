@@ -11,7 +11,7 @@ expects), :func:`pending_details` (kube-scheduler's FailedScheduling text made r
 kube-scheduler puts before each reason become ``(N nodes)`` after it, the reasons the per-node lines
 already give are not repeated, and the preemption part loses its doubled full stop), :func:`legend` (the
 HAMi words the table shows, explained, wrapped to a width) and :func:`verdict` (the outcomes that
-differ). Must not import ``webhook``, ``monitor`` or the Kubernetes client.
+differ). Must not import ``webhook``, ``nodeagent`` or the Kubernetes client.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ injection at 5 and more) and the write-side helpers :class:`hami_testkit.apiserv
   ``resourceVersion``, and on create ``uid``, ``creationTimestamp``, ``generation``, the namespace, and a
   name from ``generateName``.
 
-Simulation only. Must not import ``hami.kube``, ``webhook`` or ``monitor``.
+Simulation only. Must not import ``hami.kube``, ``webhook`` or ``nodeagent``.
 """
 
 from __future__ import annotations

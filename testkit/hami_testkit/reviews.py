@@ -14,7 +14,7 @@ the rules review lists ``*``: the answer a kube-apiserver run with ``--authoriza
 gives. A body of the wrong shape is ``400 BadRequest``; an access review naming both or neither of
 ``resourceAttributes`` and ``nonResourceAttributes`` is ``422 Invalid``.
 
-Simulation only; no I/O. Must not import ``hami.kube``, ``webhook`` or ``monitor``.
+Simulation only; no I/O. Must not import ``hami.kube``, ``webhook`` or ``nodeagent``.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ selector as a string) instead of the whole object, and tells the apiserver's sub
 ``scale`` is served (where it has one). :func:`hami_testkit.apiserver.embedded_apiserver` installs it in
 every embedded apiserver (it is apiserver behaviour: the bare cluster, which runs no workload
 controller, scales the stored ``spec.replicas`` too). Must not import ``hami.kube``, ``webhook`` or
-``monitor``.
+``nodeagent``.
 """
 
 from __future__ import annotations

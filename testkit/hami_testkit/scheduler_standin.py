@@ -20,7 +20,7 @@ With ``warn_other_schedulers`` (the embedded cluster, where this is the only sch
 that names another scheduler (``default-scheduler`` for a pod HAMi's webhook left alone: one asking for
 no GPU) gets one Warning Event, reason :data:`NO_SCHEDULER`, saying that no such scheduler runs here
 and the pod stays Pending; nothing binds it.
-Must not import ``hami.scheduler``, ``webhook``, ``monitor`` or the Kubernetes client.
+Must not import ``hami.scheduler``, ``webhook``, ``nodeagent`` or the Kubernetes client.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ request, which answers the rest as kube-apiserver answers a route it does not ha
   no containers);
 * any other subresource: ``404 NotFound`` ("the server could not find the requested resource").
 
-Simulation only; no I/O. Must not import ``hami.kube``, ``webhook`` or ``monitor``.
+Simulation only; no I/O. Must not import ``hami.kube``, ``webhook`` or ``nodeagent``.
 """
 
 from __future__ import annotations

@@ -4,11 +4,11 @@ Owns :class:`EmbeddedSystem`, an async context manager used by ``hami demo`` and
 entry it starts the embedded apiserver (OS-chosen port on 127.0.0.1), writes a kubeconfig, creates the
 Nodes of a :class:`~hami_testkit.cluster.ClusterSpec`, then starts, each from its command line and waiting
 (bounded) until it is ready: the kubelet stand-in (``python -m hami_testkit.kubelet_standin``, one process
-for all nodes), one ``hami-monitor --backend sim`` per node, ``hami scheduler`` and ``hami-webhook
+for all nodes), one ``hami-node-agent --backend sim`` per node, ``hami scheduler`` and ``hami-webhook
 --manage-config``; finally the in-process admission, kube-scheduler and workload stand-ins (the last
 turns Deployments, ReplicaSets and Jobs into pods: :mod:`hami_testkit.workloads_standin`). On exit — normal,
 error or cancellation — every child process group is stopped (SIGTERM, bounded wait, SIGKILL) before
-the apiserver goes away. Must not import ``webhook``, ``monitor`` or the Kubernetes client.
+the apiserver goes away. Must not import ``webhook``, ``nodeagent`` or the Kubernetes client.
 
 Credentials: each component gets its own kubeconfig with its own bearer token, and the apiserver maps
 each token to the username the component has in a chart install (:data:`ACCOUNTS`: the scheduler's and
@@ -209,16 +209,16 @@ class EmbeddedSystem:
         await self._wait(sockets, "the kubelet stand-in's kubelet.sock on every node", KUBELET)
         for node in self.cluster.nodes:
             files = self.node_files[node.name]
-            await self.supervisor.start(f"monitor-{node.name}", self.monitor_argv(node.name, files))
-        names = [f"monitor-{n.name}" for n in self.cluster.nodes]
+            await self.supervisor.start(f"agent-{node.name}", self.monitor_argv(node.name, files))
+        names = [f"agent-{n.name}" for n in self.cluster.nodes]
         await self._wait(self._all_registered, "every node agent to register its cards", KUBELET, *names)
         self.progress(f"monitors    {len(names)} node agents registered, device plugins serving")
 
     def monitor_argv(self, node: str, files: NodeFiles) -> list[str]:
         metrics = free_port()
-        self.metrics_urls[f"monitor-{node}"] = f"http://127.0.0.1:{metrics}/metrics"
+        self.metrics_urls[f"agent-{node}"] = f"http://127.0.0.1:{metrics}/metrics"
         return python_argv(
-            "-m", "monitor",
+            "-m", "nodeagent",
             "--kubeconfig", str(self.kubeconfigs[NODE_AGENT]),
             "--node-name", node,
             "--backend", "sim",

@@ -5,7 +5,7 @@ server: over plain HTTP every request of theirs is ``system:anonymous``. Owns :c
 new CA and a certificate for one IP address signed by it (``cryptography``; ECDSA P-256, valid for a
 day), the server's ``ssl.SSLContext`` and the CA in PEM for the kubeconfig's
 ``certificate-authority-data``. Nothing is written to disk except through a private temporary file the
-``ssl`` module needs, removed at once. Simulation only. Must not import ``webhook``, ``monitor`` or the
+``ssl`` module needs, removed at once. Simulation only. Must not import ``webhook``, ``nodeagent`` or the
 Kubernetes client.
 """
 

@@ -6,7 +6,7 @@ bus, filtered by namespace, name and selector (an object that starts or stops ma
 or DELETED, an event that raced the initial state is not sent twice); each object as a one-row
 ``meta.k8s.io/v1`` Table when the client asked for Tables; the end after ``timeoutSeconds``; and with
 ``sendInitialEvents=true`` (client-go's streaming list) the BOOKMARK that ends the initial events.
-Simulation only. Must not import ``hami.kube``, ``webhook`` or ``monitor``.
+Simulation only. Must not import ``hami.kube``, ``webhook`` or ``nodeagent``.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ available), the pod a template makes (labels, ``generateName``, the controller `
 ``pod-template-hash`` of a Deployment's template, which pods a scale-down removes first, a rolling
 update's next replica counts (kube's ``maxSurge``/``maxUnavailable`` arithmetic), and the ``status``
 each kind shows in ``kubectl get``. No I/O: :mod:`hami_testkit.workloads_standin` reads and writes.
-Must not import ``hami.kube``, ``aiohttp``, ``webhook`` or ``monitor``.
+Must not import ``hami.kube``, ``aiohttp``, ``webhook`` or ``nodeagent``.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ reads the current objects back from the apiserver (so it never acts on a stale c
 Every pod is created through the apiserver's create path like kubectl's
 (:class:`hami_testkit.controller_writes.ControllerWrites`, shared with the Job controller), so admission runs
 on it (the Priority plugin and the mutating webhooks: a GPU pod gets ``schedulerName: hami-scheduler``
-from our webhook). Must not import ``hami.kube``, ``webhook`` or ``monitor``.
+from our webhook). Must not import ``hami.kube``, ``webhook`` or ``nodeagent``.
 """
 
 from __future__ import annotations

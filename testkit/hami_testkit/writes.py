@@ -23,7 +23,7 @@ ahead of kmock (kmock stores a write before any reaction runs), in kube-apiserve
 
 :func:`error_status` renders an exception as kube-apiserver's ``Status`` (``pods "x" not found``,
 ``AlreadyExists``, ``InternalError``), never kmock's hints or a traceback.
-Simulation only. Must not import ``hami.kube``, ``webhook`` or ``monitor``.
+Simulation only. Must not import ``hami.kube``, ``webhook`` or ``nodeagent``.
 """
 
 from __future__ import annotations

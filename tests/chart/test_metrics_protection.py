@@ -20,7 +20,7 @@ import kmock
 import pytest
 import yaml
 
-from monitor.config import parse_agent_config
+from nodeagent.config import parse_agent_config
 from webhook.config import parse_settings
 
 from .rendering import (

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from monitor.config import parse_agent_config
+from nodeagent.config import parse_agent_config
 
 from .rendering import container, flags, pod_spec, render, schema_errors
 

@@ -1,7 +1,7 @@
 """The node agent's host mounts: only what it writes is writable, and nothing above HAMi-core's directory.
 
 With ``nodeAgent.hookPath`` H the agent needs, on the host: ``H/vgpu/containers`` to make each
-container's HAMi-core cache directory (``monitor.allocate_call``), ``/tmp/vgpulock`` (the shared lock
+container's HAMi-core cache directory (``nodeagent.allocate_call``), ``/tmp/vgpulock`` (the shared lock
 directory it creates and hands to containers) and a look into ``H/vgpu`` (is there a ``license``?).
 Everything else under ``H/vgpu`` (``libvgpu.so``, ``ld.so.preload``) it only names in Allocate answers,
 for kubelet to mount into GPU containers; a writable mount of it would let a compromised agent
@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from monitor.allocate_rules import hook_mounts
+from nodeagent.allocate_rules import hook_mounts
 
 from .rendering import container, pod_spec, render
 

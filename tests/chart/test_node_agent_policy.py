@@ -18,7 +18,7 @@ import helm_python as helm
 import pytest
 
 from hami_testkit.admission_policy import Denial, review, service_account
-from monitor.config import parse_agent_config
+from nodeagent.config import parse_agent_config
 
 from .rendering import CHART, NAMESPACE, VALUE_SETS, argv, container, render
 

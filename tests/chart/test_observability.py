@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from monitor.config import parse_agent_config
+from nodeagent.config import parse_agent_config
 
 from .rendering import CHART, argv, container, pod_spec, render
 

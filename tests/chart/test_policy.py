@@ -3,7 +3,7 @@ with a real CEL engine (PyPI ``common-expression-language``) against AdmissionRe
 that was reproduced -- and for the writes HAMi itself must keep making.
 
 Evaluation goes through ``hami_testkit.admission_policy.review`` (the embedded cluster's policy step; its own
-mechanics are pinned in tests/sim/test_admission_standin.py) over the documents Helm's library rendered.
+mechanics are pinned in tests/testkit/test_admission_standin.py) over the documents Helm's library rendered.
 """
 
 from __future__ import annotations

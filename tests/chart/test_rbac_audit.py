@@ -70,7 +70,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 #: User-Agent product -> the chart component (app.kubernetes.io/component) whose roles it runs under
 COMPONENTS = {
     "hami-scheduler": "scheduler",
-    "hami-monitor": "node-agent",
+    "hami-node-agent": "node-agent",
     "hami-webhook": "webhook",
     "kopf": "webhook",  # Kopf's own requests: the webhook process is a Kopf operator
     "hami-certgen": "certgen",

@@ -27,7 +27,7 @@ from hami.scheduler import config as scheduler_config
 from hami.scheduler.app import create_app, create_probe_app
 from hami.scheduler.main import build_context
 from hami.settings import ResourceNames
-from monitor.config import load_node_settings, parse_agent_config
+from nodeagent.config import load_node_settings, parse_agent_config
 from tests.builders import NO_API
 from webhook.config import HANDLER_ID, WEBHOOK_NAME, parse_settings, service_hostnames
 from webhook.registration import desired_webhook
@@ -516,7 +516,7 @@ def test_node_agent_flags_are_accepted_and_match_its_mounts(value_set: str, tmp_
     rendered = render(values)
     agent = rendered.component("DaemonSet", "node-agent")
     ours = container(agent, "node-agent")
-    assert argv(ours)[0] == "hami-monitor"
+    assert argv(ours)[0] == "hami-node-agent"
     env = {e["name"]: e for e in ours["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
 

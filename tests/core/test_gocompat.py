@@ -5,7 +5,7 @@ Go's decoder matches a JSON key to a field exactly, else case-insensitively, and
 order, so of two keys naming one field the later one wins, whatever their case. The codec (node
 registration, tests/annotations) and the extender's wire JSON (tests/scheduler/test_filter.py) both read
 keys through :func:`fold_keys`. The webhook (``webhook.isolation``), the node agent
-(``monitor.allocate_rules``) and the codec (``nvidia.com/numa-bind``, the registration's health field)
+(``nodeagent.allocate_rules``) and the codec (``nvidia.com/numa-bind``, the registration's health field)
 read booleans through :func:`go_bool`.
 """
 

@@ -80,7 +80,7 @@ def codec_error(text: str) -> str:
                     "node gpu-1",
                     "slices are not enforced inside containers as far as anyone can tell: "
                     + codec_error("GPU-0:HAMI-CORE"),
-                    "check hami-monitor's log on gpu-1; it rewrites the annotation every 30 s",
+                    "check hami-node-agent's log on gpu-1; it rewrites the annotation every 30 s",
                 )
             ],
         ),

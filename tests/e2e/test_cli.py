@@ -98,7 +98,7 @@ def _the_printed_hints_work(output: str, workdir: Path) -> None:
     (kubeconfig,) = re.findall(r"^  kubeconfig  (\S+)$", output, re.MULTILINE)
     assert Path(kubeconfig) == workdir / "kubeconfig" and Path(kubeconfig).is_file()
     urls = re.findall(r"(http://127\.0\.0\.1:\d+/metrics)  \((\S+)\)", output)
-    assert {who for _, who in urls} >= {"scheduler", "webhook", "monitor-gpu-a100", "monitor-gpu-mig"}, urls
+    assert {who for _, who in urls} >= {"scheduler", "webhook", "agent-gpu-a100", "agent-gpu-mig"}, urls
     for url, who in urls:
         with urllib.request.urlopen(url, timeout=30) as response:
             assert response.status == 200 and b"# TYPE" in response.read(), who

@@ -150,7 +150,7 @@ class HamiEraSystem(EmbeddedSystem):
         """Card uuid -> what the node agents' exporters count on their cards (their /metrics)."""
         used: dict[str, Usage] = defaultdict(Usage)
         for node in NODES:
-            for family in text_string_to_metric_families(await self._scrape(f"monitor-{node.name}")):
+            for family in text_string_to_metric_families(await self._scrape(f"agent-{node.name}")):
                 for sample in family.samples:
                     uuid = sample.labels.get("device_uuid")
                     if uuid is None:

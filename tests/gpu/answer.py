@@ -1,14 +1,14 @@
 """The node agent's Allocate answer for one container of a fake pod, made by the agent's own rules.
 
 Owns :func:`agent_answer`: a grant of one card (``memory_mib``, ``cores``) to container ``container`` of
-pod uid ``uid``, answered through ``monitor.allocate_rules`` (:func:`container_envs`,
-:func:`hook_mounts`) with the host directories laid out as ``monitor.allocate_call.Allocator`` lays
+pod uid ``uid``, answered through ``nodeagent.allocate_rules`` (:func:`container_envs`,
+:func:`hook_mounts`) with the host directories laid out as ``nodeagent.allocate_call.Allocator`` lays
 them out (``<hook>/vgpu/containers/<uid>_<container>``, world-writable; the shared cache file
 ``<hook>/vgpu/<random>.cache``; the lock directory). The Allocator itself needs a Kubernetes API, which
-the GPU machine does not have; ``tests/monitor/test_enforcement_modes.py`` holds this answer equal to
+the GPU machine does not have; ``tests/nodeagent/test_enforcement_modes.py`` holds this answer equal to
 the one the running agent gives kubelet over gRPC for the same grant. :func:`mps_agent_answer` is the
-same for an MPS-mode node (``monitor.mps.rules``, the namespace opened through
-``monitor.mps.control.MpsControl``). Imports no Kubernetes client and no gRPC.
+same for an MPS-mode node (``nodeagent.mps.rules``, the namespace opened through
+``nodeagent.mps.control.MpsControl``). Imports no Kubernetes client and no gRPC.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from hami.core.model import Grant
-from monitor.allocate_rules import ContainerAnswer, container_envs, hook_mounts
-from monitor.config import NodeSettings
-from monitor.mps.control import MpsControl
-from monitor.mps.protocol import MpsState
-from monitor.mps.rules import card_limits, mps_answer, namespace_name
+from nodeagent.allocate_rules import ContainerAnswer, container_envs, hook_mounts
+from nodeagent.config import NodeSettings
+from nodeagent.mps.control import MpsControl
+from nodeagent.mps.protocol import MpsState
+from nodeagent.mps.rules import card_limits, mps_answer, namespace_name
 
 
 def agent_answer(
@@ -71,7 +71,7 @@ async def mps_agent_answer(
     """What the agent answers on an MPS-mode node for container number ``index`` (``container``) of pod
     ``uid`` granted ``memory_mib`` MiB and ``cores`` % of ``card``, with the daemon ``control`` in
     ``state``: as ``Allocator`` does it, the namespace opened on the daemon with the grant's limits
-    first when the daemon has namespaces, else the limits in the environment (``monitor.mps.rules``)."""
+    first when the daemon has namespaces, else the limits in the environment (``nodeagent.mps.rules``)."""
     grants = (Grant(uuid=card, memory_mib=memory_mib, cores=cores),)
     pipe = PurePosixPath(control.pipe_dir)
     if state.namespaces:

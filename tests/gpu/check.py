@@ -63,8 +63,8 @@ def driver_facts(timeout: float = 30.0) -> dict[str, str]:
 
 def first_card() -> str:
     """The UUID of the first card our agent's NVML backend lists (what it registers)."""
-    from monitor.backends import open_backend  # pynvml: only where the check runs
-    from monitor.backends.base import BackendError, BackendUnavailable
+    from nodeagent.backends import open_backend  # pynvml: only where the check runs
+    from nodeagent.backends.base import BackendError, BackendUnavailable
 
     try:
         backend = open_backend("auto")

@@ -1,5 +1,5 @@
 """The ``gpu`` marker for tests/gpu: a marked test runs only where NVIDIA's NVML library loads (the
-rule of tests/monitor/conftest.py, kept here without its imports: on the GPU machine this folder runs
+rule of tests/nodeagent/conftest.py, kept here without its imports: on the GPU machine this folder runs
 alone, ``--confcutdir=tests/gpu``, with no Kubernetes test kit)."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Part (b) of the GPU check: the MPS control daemon started the agent's way, and its limits held.
 
-Owns :func:`mps_scenarios`: ``monitor.mps.control.MpsControl`` starts (or adopts) the daemon under a
+Owns :func:`mps_scenarios`: ``nodeagent.mps.control.MpsControl`` starts (or adopts) the daemon under a
 scratch root, the way the agent does; what it found is recorded (running, protocol, namespaces: what
 MPS offered on this driver). Two containers on the card get the agent's answer
 (``tests.gpu.answer.mps_agent_answer``: each 3,000 MiB and 50 % of the card; a namespace each where
@@ -27,8 +27,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from monitor.mps.control import MpsControl
-from monitor.mps.protocol import MpsError
+from nodeagent.mps.control import MpsControl
+from nodeagent.mps.protocol import MpsError
 from tests.gpu.answer import mps_agent_answer
 from tests.gpu.runtime import Held, Outcome, launch, namespace_available, probe_argv, run_in_container
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from monitor.allocate_rules import ContainerAnswer
+from nodeagent.allocate_rules import ContainerAnswer
 
 NAMESPACE = "mount-namespace"
 PRELOAD_PATH = "/etc/ld.so.preload"

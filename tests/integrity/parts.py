@@ -28,11 +28,11 @@ from hami.kubeletapi import api_pb2
 from hami.scheduler.app import create_app
 from hami.scheduler.config import SchedulerSettings
 from hami.scheduler.main import build_context
-from monitor.allocate_call import Allocator
-from monitor.backends.sim import SimBackend
-from monitor.config import NodeSettings
-from monitor.deviceplugin.server import DevicePluginService, kubelet_devices
-from monitor.inventory import Inventory
+from nodeagent.allocate_call import Allocator
+from nodeagent.backends.simulated import SimBackend
+from nodeagent.config import NodeSettings
+from nodeagent.deviceplugin.server import DevicePluginService, kubelet_devices
+from nodeagent.inventory import Inventory
 
 from .checker import Served, bound_to, key_of, meta, phase_of
 

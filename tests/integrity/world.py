@@ -41,7 +41,7 @@ import yaml
 from hami.kube.client import load_api_client
 from hami.scheduler.config import SchedulerSettings
 from hami_testkit.apiserver import write_kubeconfig
-from monitor.config import NodeSettings
+from nodeagent.config import NodeSettings
 from tests.eventually import time_scale
 
 from . import checker

@@ -41,7 +41,7 @@ HELP = [
     ["hami"],
     *(["hami", command] for command in ("scheduler", "explain", "cordon", "uncordon", "doctor", "simulate")),
     ["hami-webhook"],
-    ["hami-monitor"],
+    ["hami-node-agent"],
     ["python", "-m", "webhook.certs"],
     ["python", "-m", "webhook.certs", "secret"],
     ["python", "-m", "hami.cli"],
@@ -111,7 +111,7 @@ def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Wheelhouse:
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(REPO / name, context / name)
     skip = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for package in ("hami", "webhook", "monitor", "testkit"):
+    for package in ("hami", "webhook", "nodeagent", "testkit"):
         shutil.copytree(REPO / package, context / package, symlinks=True, ignore=skip)
     policy = Path("charts") / "hami" / "files" / "annotation-policy.yaml"
     (context / policy).parent.mkdir(parents=True)
@@ -204,10 +204,10 @@ def test_commands_needing_an_extra_name_it(install: Callable[[str], Install]) ->
 def test_every_product_module_imports_without_extras(install: Callable[[str], Install]) -> None:
     """What the chart's pods run never reaches for an extra, whichever code path imports it."""
     probe = (
-        "import importlib, pkgutil, hami, monitor, webhook\n"
+        "import importlib, pkgutil, hami, nodeagent, webhook\n"
         "demo_or_sim = ('hami_testkit', 'hami.simulate', 'hami_testkit.demo_session',\n"
         "               'hami.commands.simulate')\n"
-        "names = [m.name for p in (hami, monitor, webhook)\n"
+        "names = [m.name for p in (hami, nodeagent, webhook)\n"
         "         for m in pkgutil.walk_packages(p.__path__, p.__name__ + '.')]\n"
         "product = [n for n in names if not n.startswith(demo_or_sim)]\n"
         "for name in product:\n"

@@ -95,7 +95,7 @@ async def test_a_lock_held_by_a_live_pod_blocks(start_extender: StartExtender) -
         "node n1 has been locked within 5m0s by default/p: node lock contention. kube-scheduler retries "
         "the pod; the lock goes "
         "once that pod's GPUs are allocated by the node agent, or after --node-lock-timeout if the agent "
-        "never does (check hami-monitor there)"
+        "never does (check hami-node-agent there)"
     )
 
 

@@ -12,7 +12,7 @@ import pytest
 from hami.annotations import INTERNAL_POD_ANNOTATIONS
 from hami.core.quota import QuotaAsk
 from hami.settings import DeviceConfig, ResourceNames
-from monitor.allocate_rules import hook_mounts
+from nodeagent.allocate_rules import hook_mounts
 from webhook.config import MutationSettings
 from webhook.mutation import REFUSAL_REASONS, Admit, Refuse, apply, plan
 

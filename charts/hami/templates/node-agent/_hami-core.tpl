@@ -27,7 +27,7 @@ flushed, then renamed over its target. rename(2) swaps the name in one step, so 
 file or the new one, never a part; containers already running keep the inode kubelet bind-mounted into
 them, untouched. Temporary files left by a run that was killed are removed first (one agent pod per
 node, so no other run is writing them). The library goes first, so ld.so.preload never names a missing file; ld.so.preload
-names the library at its path inside GPU containers, which is its host path (monitor/allocate_rules.py).
+names the library at its path inside GPU containers, which is its host path (nodeagent/allocate_rules.py).
 */ -}}
 {{- define "hami.hamiCore.script" -}}
 set -eu
