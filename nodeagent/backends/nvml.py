@@ -193,10 +193,10 @@ class NvmlBackend:
         for profile in range(int(getattr(nvml, "NVML_GPU_INSTANCE_PROFILE_COUNT", 0))):
             try:
                 info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, profile)
-                places = nvml.nvmlDeviceGetGpuInstancePossiblePlacements(handle, info.id)
+                places = self._placements(handle, int(info.id))
             except pynvml.NVMLError:
                 continue  # profile not offered by this card, or the card has no MIG at all
-            infos.append((info, tuple((int(p.start), int(p.size)) for p in places)))
+            infos.append((info, places))
         total_sm = max((int(i.multiprocessorCount) for i, _ in infos), default=0)
         profiles = tuple(
             MigProfileInfo(
@@ -211,6 +211,18 @@ class NvmlBackend:
         )
         self._mig_cache[uuid] = profiles
         return profiles
+
+    def _placements(self, handle: Any, profile_id: int) -> tuple[tuple[int, int], ...]:
+        """Where a GPU instance of the profile may start, as ``(start, size)`` slices. NVML's call takes
+        C out-parameters: asked first with no array for the count (a profile may have more placements
+        than instances, e.g. ``1g.10gb+me``), then with an array of that size."""
+        count = ctypes.c_uint(0)
+        self._nvml.nvmlDeviceGetGpuInstancePossiblePlacements(handle, profile_id, None, ctypes.byref(count))
+        if count.value == 0:
+            return ()
+        places = (pynvml.c_nvmlGpuInstancePlacement_t * count.value)()
+        self._nvml.nvmlDeviceGetGpuInstancePossiblePlacements(handle, profile_id, places, ctypes.byref(count))
+        return tuple((int(places[k].start), int(places[k].size)) for k in range(count.value))
 
     # ---------------------------------------------------------------------------------------- health
     def _create_event_set(self) -> Any:

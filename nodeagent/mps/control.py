@@ -49,6 +49,7 @@ from nodeagent.mps.protocol import (
     namespace_list,
     namespace_name,
     namespace_set,
+    not_understood,
     parse_listing,
     parse_namespace_limits,
     parse_server_list,
@@ -361,9 +362,11 @@ class MpsControl:
             try:
                 self._protocol = await self._probe_protocol()
                 if self._protocol >= NAMESPACE_PROTOCOL and self._wanted >= NAMESPACE_PROTOCOL:
-                    await self._ensure_server()
-                    await self._sync_namespaces()
-                    self._server_ready = True
+                    if await self._ensure_server():
+                        await self._sync_namespaces()
+                        self._server_ready = True
+                    else:  # an older driver's client: its empty "listing" was no answer at all
+                        self._protocol = 2
             except MpsError as exc:
                 self._known_pid = None  # read it again at the next check
                 return MpsState(running=True, protocol=self._protocol, detail=f"pid {pid}: {exc}")
@@ -379,19 +382,27 @@ class MpsControl:
 
     async def _probe_protocol(self) -> int:
         status, reply = await self._run(protocol_query())
-        if status != 0 or refusal(reply) is not None:
+        if status != 0 or refusal(reply) is not None or not_understood(reply):
             return 2
         parse_listing(protocol_query(), reply)  # answered, so it must be a listing
         return NAMESPACE_PROTOCOL
 
-    async def _ensure_server(self) -> None:
+    async def _ensure_server(self) -> bool:
+        """Our named server exists (created here when missing); False when the client does not know
+        ``server create``, i.e. the daemon speaks protocol 2 after all."""
         servers = parse_listing(protocol_query(), await self._send(protocol_query()))
         if SERVER_NAME in servers:
-            return
+            return True
         create = server_create()
-        expect_empty(create, await self._send(create))
+        status, reply = await self._run(create)
+        if not_understood(reply):
+            return False
+        if status != 0:
+            raise MpsReplyError(create, reply, refusal(reply) or f"client exited with status {status}")
+        expect_empty(create, reply)
         if SERVER_NAME not in parse_listing(protocol_query(), await self._send(protocol_query())):
             raise MpsReplyError(create, "", f"server {SERVER_NAME!r} is not listed after its creation")
+        return True
 
     async def _sync_namespaces(self) -> None:
         """Adopt the daemon's namespaces named as ours (``<pod uid>-<index>``; any other is left alone,

@@ -11,7 +11,9 @@ documented command names (NVIDIA's "Legacy MPS v2 Interface" and "MPS v3 Interfa
 
 Where the documentation is silent we chose, and docs/node-agent.md ("MPS mode") says so: the
 protocol-version query is the v3 verb ``server list`` (a daemon that answers it with a server listing
-speaks protocol 3; one that refuses it speaks protocol 2); the namespace options are
+speaks protocol 3; one that refuses it speaks protocol 2; an older driver's client ignores the words and
+answers nothing, so that first verdict stands only once ``server create`` is understood:
+:func:`not_understood`); the namespace options are
 ``--server=``, ``--name=``, ``--pinned-memory-limit=<card>=<value>,...`` (the client variable
 ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``'s ``<dev>=<value>`` list, keyed by card UUID) and
 ``--active-thread-percentage=``; listings are one item per line, its name first and then
@@ -253,6 +255,13 @@ def refusal(reply: str) -> str | None:
         if line.strip().lower().startswith("error"):
             return line.strip()
     return None
+
+
+def not_understood(reply: str) -> bool:
+    """The client did not know a protocol 3 word: an older driver's client (r580 on an H200) prints
+    ``Unrecognized option`` and its usage text for ``--key=value`` and exits 0, and ignores plain words
+    (reading its commands from stdin instead), so only such a reply tells it from a protocol 3 one."""
+    return any(line.startswith("Unrecognized option") for line in reply.splitlines())
 
 
 def expect_empty(command: Command, reply: str) -> None:

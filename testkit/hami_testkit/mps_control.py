@@ -11,7 +11,8 @@ Run as a drop-in binary (``python -m hami_testkit.mps_control``, or the executab
   simulated cards (or ``HAMI_SIM_MPS_CARDS=GPU-a=8192,...``); ``--mute`` (or
   ``HAMI_SIM_MPS_BEHAVIOUR=mute``) a daemon that accepts connections and never answers;
   ``--garbage`` (``=garbage``) one that answers every command with text no MPS daemon writes;
-  ``HAMI_SIM_MPS_DRIVER_PROTOCOL=2`` an older driver (a request for protocol 3 is ignored).
+  ``HAMI_SIM_MPS_DRIVER_PROTOCOL=2`` an older driver (a request for protocol 3 is ignored, and its
+  client answers protocol 3 words as driver r580's did: see :func:`_older_client`).
 - without arguments it is the client: one command per stdin line (the protocol 2 shell); with
   arguments (``server list``, ``namespace create --server=...``) one protocol 3 command; ``-q`` quits.
   The exit status is 1 when the daemon refused a command or cannot be reached.
@@ -647,7 +648,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args[0] in ("-p", "--protocol"):  # a client follows the running daemon's protocol
         args = args[2:]
+    if (os.environ.get(DRIVER_PROTOCOL_ENV) or "3") == "2":
+        return _older_client(args)
     return _send_commands([" ".join(args)])
+
+
+#: What an older driver's client prints for an option it does not know (its usage text follows).
+USAGE = (
+    "CUDA MPS Control for Linux/Unix/QNX.\n\n"
+    "  This program allows multiple CUDA processes to share a single GPU context.\n"
+)
+
+
+def _older_client(args: Sequence[str]) -> int:
+    """An older driver's client given protocol 3 words, as driver r580 (580.159.04) answered on an H200:
+    an ``--option`` it does not know prints ``Unrecognized option`` and its usage text, exit 0; other
+    words are ignored and the commands are read from stdin as ever (none: an empty reply, exit 0)."""
+    for word in args:
+        if word.startswith("-"):
+            sys.stdout.write(f"Unrecognized option {word}\n{USAGE}")
+            return 0
+    return _send_commands(sys.stdin.read().splitlines())
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -82,7 +82,9 @@ def hold(mib: int) -> int:
     print(json.dumps({"held": True, "mib": mib, "mapped": mapped_libraries()}), flush=True)
     sys.stdin.read()
     try:
-        whole = bool((block == 0x5A).all())
+        # reductions to one value each: a full-size comparison would need another MIB MiB, beyond a
+        # grant the held block already nearly fills (the first real-GPU run hit exactly that)
+        whole = int(block.min()) == 0x5A == int(block.max())
     except Exception as exc:
         print(json.dumps({"held": True, "stands": False, "error": str(exc)}), flush=True)
         return 0

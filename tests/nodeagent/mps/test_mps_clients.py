@@ -28,7 +28,7 @@ async def test_per_client_limits_stop_a_client_beyond_them_and_the_neighbour_sta
     greedy = await cuda_client(mps_kit, control.pipe_dir, 3000, env=_envs("GPU-a", 2048))
     assert not greedy.ok and "client limit 2048M" in greedy.reply, greedy.reply
     assert await greedy.release() == 1
-    _, ps = await mps_kit.client("ps")
+    _, ps = await mps_kit.client(stdin="ps\n")  # the protocol 2 shell: commands on stdin
     assert "memory=GPU-a=1500M threads=50" in ps, ps  # the neighbour's allocation is untouched
     within = await cuda_client(mps_kit, control.pipe_dir, 2000, env=_envs("GPU-a", 2048))
     assert within.ok, within.reply
