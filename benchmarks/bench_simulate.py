@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from benchmarks.table import Table
-from hami.simulate.policies import POLICIES
+from hami.simulate.registry import POLICIES
 from hami.simulate.replay import replay
 from hami.simulate.trace import read_nodes, read_pods
 from hami.simulate.workload import target_workload

@@ -54,7 +54,7 @@ def parse_seeds(text: str) -> tuple[int, ...]:
 
 
 def parse_policies(text: str) -> tuple[str, ...]:
-    from hami.simulate.policies import POLICIES  # numpy: a missing 'sim' extra is reported by hami.cli
+    from hami.simulate.registry import POLICIES  # numpy: a missing 'sim' extra is reported by hami.cli
 
     names = tuple(POLICIES) if text.strip() == "all" else tuple(p.strip() for p in text.split(","))
     for name in names:
@@ -90,7 +90,7 @@ def _count(low: int, high: int) -> Callable[[str], int]:
 
 def _policy_names() -> str:
     try:
-        from hami.simulate.policies import POLICIES
+        from hami.simulate.registry import POLICIES
     except ImportError:
         return "listed here once the 'sim' extra is installed"
     return ", ".join(POLICIES)

@@ -1,6 +1,8 @@
-"""Every placement rule ``hami simulate`` knows: the paper's six, HAMi's two, and ``fragmentation``.
+"""The placement rules ``hami simulate`` knows: the paper's six and HAMi's two (our ``fragmentation``
+builds on ``fgd`` in :mod:`hami.simulate.fragmentation`; :mod:`hami.simulate.registry` names them all).
 
-Owns :data:`POLICIES` and :func:`make_policy`. A policy sees one pod, the nodes that can take it (the
+Owns the rules (:class:`Policy` and its subclasses) and what a rule sees (:class:`Context`); imports
+neither the registry nor ``fragmentation``. A policy sees one pod, the nodes that can take it (the
 cluster's mask) and the per-card fit, and answers the node and, for the paper's policies, the cards
 (pinned through the core); HAMi's policies leave the cards to the core's own card order. Node scores
 are the paper's integers 0..100 (the float truncated); among the best nodes the lowest per-seed random
@@ -28,12 +30,11 @@ Pure numpy, no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from hami.core.score import BINPACK, SPREAD
+from hami.core.score import BINPACK
 from hami.simulate.cluster import Cluster
 from hami.simulate.frag import FragMeasure
 from hami.simulate.trace import MILLI, TracePod
@@ -207,32 +208,3 @@ class Hami(Policy):
             return best_node(rows, (cpu + mem) // 2, self.ctx.rank), None
         scores = c.node_score[rows] * self.sign
         return best_node(rows, scores, self.ctx.rank), None
-
-
-POLICIES: dict[str, Callable[[Context], Policy]] = {
-    "random": RandomPolicy,
-    "dotprod": DotProd,
-    "clustering": Clustering,
-    "packing": Packing,
-    "bestfit": BestFit,
-    "fgd": FGD,
-    "hami-binpack": lambda ctx: Hami(ctx, BINPACK),
-    "hami-spread": lambda ctx: Hami(ctx, SPREAD),
-}
-
-
-def _fragmentation(ctx: Context) -> Policy:
-    from hami.simulate.fragmentation import Fragmentation  # it builds on this module
-
-    return Fragmentation(ctx)
-
-
-POLICIES["fragmentation"] = _fragmentation
-PAPER = ("random", "dotprod", "clustering", "packing", "bestfit", "fgd")
-
-
-def make_policy(name: str, ctx: Context) -> Policy:
-    build = POLICIES.get(name)
-    if build is None:
-        raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
-    return build(ctx)

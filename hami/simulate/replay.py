@@ -25,7 +25,8 @@ import numpy as np
 
 from hami.simulate.cluster import DEFAULT_SPLIT_COUNT, Cluster
 from hami.simulate.frag import FragMeasure
-from hami.simulate.policies import Context, make_policy
+from hami.simulate.policies import Context
+from hami.simulate.registry import make_policy
 from hami.simulate.trace import KINDS, TraceNode, TracePod
 from hami.simulate.workload import RequestClass, arrivals
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from hami.simulate.plot import plot_curves
-from hami.simulate.policies import POLICIES
+from hami.simulate.registry import POLICIES
 from hami.simulate.report import Summary
 
 pytest.importorskip("matplotlib")

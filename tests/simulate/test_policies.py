@@ -14,7 +14,8 @@ from hami.core.allocate import allocate, priorities
 from hami.core.model import Allocation
 from hami.simulate.cluster import Cluster
 from hami.simulate.frag import FragMeasure
-from hami.simulate.policies import Context, make_policy
+from hami.simulate.policies import Context
+from hami.simulate.registry import make_policy
 from hami.simulate.trace import TraceNode, TracePod
 from hami.simulate.workload import RequestClass
 
