@@ -3,9 +3,9 @@ the default openb trace (1,213 nodes, about 10,800 arrivals
 at 130 % of GPU capacity), one seed, per policy. Target: every policy <= 30 s per run on one core.
 
 Baseline, measured in the same run: ``random`` (the node mask and the booking through the core with no
-scoring), so the ratio column shows what each policy's scoring costs on top. The trace is read from
-``../shared/data/openb`` (or ``HAMI_BENCH_OPENB``); ``HAMI_BENCH_SIMULATE_POLICIES`` (comma list) limits
-the policies.
+scoring), so the ratio column shows what each policy's scoring costs on top. The trace is the one shipped
+in ``tests/data/openb`` (or the openb folder ``HAMI_BENCH_OPENB`` names); ``HAMI_BENCH_SIMULATE_POLICIES``
+(comma list) limits the policies.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 from benchmarks.table import Table
 from hami.simulate.registry import POLICIES
 from hami.simulate.replay import replay
-from hami.simulate.trace import read_nodes, read_pods
+from hami.simulate.trace import openb_folder, read_nodes, read_pods
 from hami.simulate.workload import target_workload
 
 TARGET_SECONDS = 30.0
@@ -25,20 +25,17 @@ BASELINE = "random"
 
 
 def _openb() -> Path:
-    default = Path(__file__).resolve().parents[2] / "shared" / "data" / "openb"
+    default = Path(__file__).resolve().parents[1] / "tests" / "data" / "openb"
     return Path(os.environ.get("HAMI_BENCH_OPENB", default))
 
 
 def run() -> list[Table]:
-    folder = _openb()
+    node_file, pod_files = openb_folder(_openb())
     title = "hami simulate: seconds per run, default openb trace, seed 42"
     columns = ("policy", "pods", "CPU s/run", "wall s/run", "us/pod (CPU)", "x random", "<= 30 s")
     table = Table(title=title, columns=columns)
-    if not (folder / "openb_pod_list_default.csv").is_file():
-        table.rows.append(("(openb trace not found at " + str(folder) + ")", *("-",) * 6))
-        return [table]
-    nodes = read_nodes(folder / "openb_node_list_gpu_node.csv")
-    pods = read_pods(folder / "openb_pod_list_default.csv")
+    nodes = read_nodes(node_file)
+    pods = read_pods(pod_files["default"])
     classes = target_workload(pods)
     wanted = os.environ.get("HAMI_BENCH_SIMULATE_POLICIES")
     names = [n for n in POLICIES if n != BASELINE and (not wanted or n in wanted.split(","))]

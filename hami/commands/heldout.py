@@ -12,8 +12,9 @@ Owns the command line (``add_arguments`` / ``run``) of three actions:
   paired t test's p and verdict; the worst case and the mean difference).
 
 The published variants are read from ``--openb DIR`` (``openb_pod_list_*.csv`` and
-``openb_node_list_gpu_node.csv``). Exit codes: 0 done, 2 bad input (the message names the file and
-field). The replay needs numpy (the ``sim`` extra), imported when an action starts.
+``openb_node_list_gpu_node.csv``, each maybe gzipped: ``tests/data/openb`` holds them). Exit codes: 0
+done, 2 bad input (the message names the file and field). The replay needs numpy (the ``sim`` extra),
+imported when an action starts.
 """
 
 from __future__ import annotations
@@ -27,14 +28,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from hami.commands.simulate import parse_policies, parse_seeds
-from hami.simulate.trace import TraceError, read_nodes, read_pods, trace_name
+from hami.simulate.trace import TraceError, openb_folder, read_nodes, read_pods
 
 if TYPE_CHECKING:
     from hami.simulate.generate import Generated
     from hami.simulate.protocol import Run
 
 MAX_TRACES = 10_000
-NODE_FILE = "openb_node_list_gpu_node.csv"
 
 
 def _positive(high: int) -> Any:
@@ -82,12 +82,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _variants(folder: str | None) -> tuple[dict[str, Any], Any]:
     if folder is None:
-        raise TraceError("--openb DIR is required: the folder with openb_pod_list_*.csv and " + NODE_FILE)
-    root = Path(folder)
-    files = sorted(root.glob("openb_pod_list_*.csv"))
-    if not files:
-        raise TraceError(f"{root}: no openb_pod_list_*.csv")
-    return {trace_name(f): read_pods(f) for f in files}, read_nodes(root / NODE_FILE)
+        raise TraceError("--openb DIR is required: the folder with openb_pod_list_*.csv and the node list")
+    nodes, files = openb_folder(folder)
+    return {name: read_pods(f) for name, f in files.items()}, read_nodes(nodes)
 
 
 def _traces(args: argparse.Namespace) -> list[Generated]:
@@ -119,7 +116,9 @@ def _generate(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
-def _read_results(path: Path) -> list[Run]:
+def read_results(path: Path) -> list[Run]:
+    """The runs of a results file, one JSON object per line (``trace``, ``policy``, ``seed``, ``at_100``,
+    ``seconds``); none when it does not exist yet. Shared with ``hami published``."""
     from hami.simulate.protocol import Run
 
     if not path.exists():
@@ -150,7 +149,7 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
     if args.results is None:
         raise TraceError("--results FILE.jsonl is required")
     path = Path(args.results)
-    done = {(r.trace, r.policy, r.seed) for r in _read_results(path)}
+    done = {(r.trace, r.policy, r.seed) for r in read_results(path)}
     for trace in _traces(args):
         seeds = [s for s in args.seeds if any((trace.recipe.name, p, s) not in done for p in args.policy)]
         if not seeds:
@@ -184,7 +183,7 @@ def _table(args: argparse.Namespace, out: TextIO) -> int:
         raise TraceError("--results FILE.jsonl is required")
     if len(args.policy) != 2:
         raise TraceError("--policy needs exactly two policies, BASE,OTHER")
-    runs = _read_results(Path(args.results))
+    runs = read_results(Path(args.results))
     recipes: dict[str, str] = {}
     for line in Path(args.results).read_text().splitlines():
         row = json.loads(line) if line.strip() else {}

@@ -1,18 +1,23 @@
 """The trace files ``hami simulate`` reads: a node list and a pod list (Alibaba's openb CSV format).
 
 Owns :func:`read_nodes` / :func:`read_pods` (and the text forms :func:`parse_nodes` / :func:`parse_pods`),
-the :class:`TraceNode` / :class:`TracePod` values and :class:`TraceError`, which names the file, the line
-and the offending value. Every field is checked before use: plain decimal integers within bounds, a
-known ``num_gpu``/``gpu_milli`` combination (a share of one card, or whole cards), unique node names,
-model names from a small alphabet. Columns the simulator does not use (times, qos, phase) are ignored.
+:func:`openb_folder` (the node list and pod lists of a folder of openb files), the :class:`TraceNode` /
+:class:`TracePod` values and :class:`TraceError`, which names the file, the line and the offending value.
+A file whose name ends in ``.gz`` is read through gzip (the trace shipped in ``tests/data/openb/`` is),
+its unpacked text held to the same size bound. Every field is checked before use: plain decimal integers
+within bounds, a known ``num_gpu``/``gpu_milli`` combination (a share of one card, or whole cards), unique
+node names, model names from a small alphabet. Columns the simulator does not use (times, qos, phase) are
+ignored.
 Must not import a Kubernetes client; pure apart from reading the named file.
 """
 
 from __future__ import annotations
 
 import csv
+import gzip
 import io
 import re
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -193,12 +198,16 @@ def parse_pods(text: str, where: str = "<pods>") -> tuple[TracePod, ...]:
 
 def _text(path: Path) -> str:
     try:
-        with path.open("rb") as handle:
+        with gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb") as handle:
             data = handle.read(MAX_BYTES + 1)
+    except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
+        raise TraceError(f"{path}: not a whole gzip file: {exc}") from None
     except OSError as exc:
         raise TraceError(f"{path}: cannot read: {exc.strerror or exc}") from None
     if len(data) > MAX_BYTES:
-        raise TraceError(f"{path}: larger than {MAX_BYTES // 2**20} MiB")
+        raise TraceError(
+            f"{path}: larger than {MAX_BYTES // 2**20} MiB" + (" unpacked" if path.suffix == ".gz" else "")
+        )
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -214,6 +223,31 @@ def read_pods(path: str | Path) -> tuple[TracePod, ...]:
 
 
 def trace_name(path: str | Path) -> str:
-    """``openb_pod_list_gpushare40.csv`` -> ``gpushare40``; other files -> their stem."""
-    stem = Path(path).stem
-    return stem.removeprefix("openb_pod_list_")
+    """``openb_pod_list_gpushare40.csv`` (or ``.csv.gz``) -> ``gpushare40``; other files -> their stem
+    (without ``.gz``)."""
+    name = Path(path).name.removesuffix(".gz")
+    return Path(name).stem.removeprefix("openb_pod_list_")
+
+
+OPENB_NODES = "openb_node_list_gpu_node"
+OPENB_PODS = "openb_pod_list_"
+
+
+def _csv(folder: Path, stem: str) -> Path:
+    found = [p for p in (folder / f"{stem}.csv", folder / f"{stem}.csv.gz") if p.is_file()]
+    if len(found) != 1:
+        raise TraceError(f"{folder}: {'no' if not found else 'both'} {stem}.csv or {stem}.csv.gz")
+    return found[0]
+
+
+def openb_folder(folder: str | Path) -> tuple[Path, dict[str, Path]]:
+    """The node list and the pod lists (by :func:`trace_name`) of a folder of openb files, each ``.csv``
+    or ``.csv.gz`` (``tests/data/openb/``); a folder without them, or with a file in both forms, is
+    refused."""
+    root = Path(folder)
+    names = sorted(
+        {trace_name(f) for f in root.glob(OPENB_PODS + "*") if f.name.endswith((".csv", ".csv.gz"))}
+    )
+    if not names:
+        raise TraceError(f"{root}: no {OPENB_PODS}*.csv or {OPENB_PODS}*.csv.gz")
+    return _csv(root, OPENB_NODES), {name: _csv(root, OPENB_PODS + name) for name in names}

@@ -11,15 +11,13 @@ per-seed sd (same process, other random numbers), so a single seed is held to
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from hami.simulate.replay import replay
 from hami.simulate.trace import TraceNode, TracePod, read_nodes, read_pods
 from hami.simulate.workload import RequestClass, target_workload
+from tests.simulate import shipped
 
-OPENB = Path(__file__).resolve().parents[3] / "shared" / "data" / "openb"
 PAPER_DEFAULT = {  # unallocated GPU % at x = 100, mean, sd over seeds 42..51 (docs/policies.md, "Measured")
     "dotprod": (9.38, 0.19),
     "packing": (8.22, 0.53),
@@ -31,15 +29,14 @@ Trace = tuple[tuple[TraceNode, ...], tuple[TracePod, ...], tuple[RequestClass, .
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not OPENB.is_dir(), reason="shared/data/openb not beside the checkout"),
     pytest.mark.timeout(300),
 ]
 
 
 @pytest.fixture(scope="module")
 def default_trace() -> Trace:
-    pods = read_pods(OPENB / "openb_pod_list_default.csv")
-    return read_nodes(OPENB / "openb_node_list_gpu_node.csv"), pods, target_workload(pods)
+    pods = read_pods(shipped.pods("default"))
+    return read_nodes(shipped.NODES), pods, target_workload(pods)
 
 
 @pytest.mark.parametrize("policy", sorted(PAPER_DEFAULT))
@@ -53,8 +50,8 @@ def test_replay_matches_the_paper_on_one_seed(policy: str, default_trace: Trace)
 def test_fragmentation_beats_fgd_where_cpu_is_contended() -> None:
     """gpuspec20 (a fifth of the GPU demand model-constrained): over seeds 42..44 FGD leaves 5.48 %,
     ``fragmentation`` 4.89 % (docs/policies.md); on one seed the gap is still several of its sds."""
-    pods = read_pods(OPENB / "openb_pod_list_gpuspec20.csv")
-    nodes, classes = read_nodes(OPENB / "openb_node_list_gpu_node.csv"), target_workload(pods)
+    pods = read_pods(shipped.pods("gpuspec20"))
+    nodes, classes = read_nodes(shipped.NODES), target_workload(pods)
     fgd = replay(nodes, pods, "fgd", 42, classes=classes).unallocated[100]
     ours = replay(nodes, pods, "fragmentation", 42, classes=classes).unallocated[100]
     assert ours < fgd - 0.1, f"fragmentation {ours:.2f} vs fgd {fgd:.2f}"

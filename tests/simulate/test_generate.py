@@ -1,6 +1,6 @@
 """The held-out trace generator (hami.simulate.generate): regenerable from family and index alone, every
 knob does what its recipe says, and the CSV texts read back as the same trace. The variants are a small
-openb-shaped subset written here (the repository does not depend on ../shared)."""
+openb-shaped subset written here, so each knob's effect can be counted by hand."""
 
 from __future__ import annotations
 

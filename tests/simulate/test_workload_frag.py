@@ -5,8 +5,6 @@ predicted "after placing here" figure equal to recomputing the node after the co
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -17,8 +15,7 @@ from hami.simulate.cluster import Cluster
 from hami.simulate.frag import FragMeasure
 from hami.simulate.trace import TraceNode, TracePod, read_pods
 from hami.simulate.workload import RequestClass, arrivals, target_workload
-
-OPENB = Path(__file__).resolve().parents[3] / "shared" / "data" / "openb"
+from tests.simulate import shipped
 
 
 def pod(name: str, k: int, milli: int, cpu: int = 1000, spec: tuple[str, ...] = ()) -> TracePod:
@@ -51,9 +48,8 @@ def test_target_workload_keeps_the_classes_covering_95_percent() -> None:
     assert [(c.cpu_milli, c.gpu_milli, c.num_gpu) for c in tied[2:4]] == [(1000, 1000, 2), (1000, 300, 1)]
 
 
-@pytest.mark.skipif(not OPENB.is_dir(), reason="shared/data/openb not beside the checkout")
 def test_default_trace_target_workload_is_the_papers() -> None:
-    classes = target_workload(read_pods(OPENB / "openb_pod_list_default.csv"))
+    classes = target_workload(read_pods(shipped.pods("default")))
     assert len(classes) == 35
     assert sum(c.probability for c in classes if c.num_gpu == 0) == pytest.approx(0.136, abs=0.0005)
 
