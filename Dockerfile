@@ -54,7 +54,7 @@ FROM runtime AS product
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     pip install --no-cache-dir --no-index --find-links=/wheels /wheels/hami_py-*.whl \
- && for command in scheduler explain cordon uncordon doctor simulate heldout demo; do \
+ && for command in scheduler explain cordon uncordon doctor simulate heldout published demo; do \
         hami "$command" --help >/dev/null || exit 1; \
     done \
  && hami --help >/dev/null \

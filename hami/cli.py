@@ -23,6 +23,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("hami.commands.doctor", "check an installation: webhook, nodes, locks, GPU pods, card usage"),
     "simulate": ("hami.commands.simulate", "replay a pod trace per placement policy: GPU left unallocated"),
     "heldout": ("hami.commands.heldout", "compare two placement policies on generated trace families"),
+    "published": ("hami.commands.published", "replay the published openb variants: docs/policies.md's table"),
     "demo": ("hami.commands.demo", "run the whole system on an embedded cluster and place the example pods"),
 }
 

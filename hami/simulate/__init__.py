@@ -4,8 +4,11 @@
 Modules: ``trace`` (CSV input, checked), ``manifests`` (a folder of pod manifests), ``workload`` (arrival
 order, inflation, target workload), ``cluster`` (cards as :class:`~hami.core.model.NodeState` plus a
 numpy mirror for the per-pod node mask), ``frag`` (per-node fragmentation, incremental), ``policies``
-(every node/card rule), ``fragmentation`` (our rule), ``replay`` (the loop and its metrics), ``report``
-(table and JSON), ``plot`` (matplotlib), ``command`` (the CLI), ``live`` (``--kubeconfig``: the only
-module that talks to a cluster, through ``hami.kube`` and the scheduler's snapshot).
+(the paper's and HAMi's node/card rules), ``fragmentation`` (our rule, built on ``policies``),
+``registry`` (every rule by name), ``replay`` (the loop and its metrics), ``report`` (table and JSON),
+``plot`` (matplotlib), ``generate`` and ``protocol`` (held-out traces, ``hami heldout``), ``published``
+(the measured table of docs/policies.md, ``hami published``), ``live`` (``--kubeconfig``: the only
+module that talks to a cluster, through ``hami.kube`` and the scheduler's snapshot). The command lines
+are :mod:`hami.commands.simulate`, :mod:`hami.commands.heldout` and :mod:`hami.commands.published`.
 Layer: the replay modules import ``hami.core``, ``hami.annotations``, ``hami.settings`` and numpy only.
 """

@@ -9,8 +9,8 @@ typical host memory). ``frag[i]`` is ``F`` of node ``i`` against the target work
 memory), refreshed after every booking there; ``total`` is their sum.
 :meth:`FragMeasure.scores` answers the FGD score (0..99) of the pod's best placement on each candidate
 node with :func:`hami.core.fragplacement.place`, remembered per (node, node version, request shape): a
-node is evaluated again only after something was booked on it, which keeps a run of the default trace at
-about 100,000 evaluations for 5 million candidate nodes. Imports ``hami.core`` and numpy only, no I/O.
+node is evaluated again only after something was booked on it (what that saves: docs/simulate.md,
+"Speed"). Imports ``hami.core`` and numpy only, no I/O.
 """
 
 from __future__ import annotations

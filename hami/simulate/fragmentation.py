@@ -7,16 +7,16 @@ scored as FGD does (``int(100 σ((F(n) - F(n'))/1000))`` against the target work
 card that fits; whole cards are the lowest-index free ones), with three changes:
 
 - **Host memory.** FGD's measure counts a node's free GPU as lost to a class when the class's CPU no
-  longer fits there, but not when its memory no longer does — and on openb as many GPU pods are turned
-  away for the host memory left beside free cards as for the CPU (default trace under FGD, x ≤ 100:
-  1.7 % of the capacity in 1-GPU pods dropped for memory, 1.2 % for CPU). Here a class also needs
-  :data:`MEMORY_SHARE` of its typical pod's memory (the median of its pods in the trace) free on the
-  node, so a placement that strands cards behind spent memory scores as the fragmentation it causes.
+  longer fits there, but not when its memory no longer does — and on openb GPU pods are turned away for
+  the host memory left beside free cards at least as often as for the CPU (measured in
+  docs/policies.md, "fragmentation", change 1). Here a class also needs :data:`MEMORY_SHARE` of its
+  typical pod's memory (the median of its pods in the trace) free on the node, so a placement that
+  strands cards behind spent memory scores as the fragmentation it causes.
 - **Card-type reserves.** FGD counts a card that a model-restricted class may not use as lost to that
   class already, so an unrestricted pod is drawn to the models that fewer classes accept — whatever
-  their supply — and the pods restricted to a scarce model find its cards taken (gpuspec25: FGD turns
-  away 1.5 % of the capacity in G3-only pods, for want of G3 cards). Here the measure knows the
-  cluster's cards per type (:func:`hami.core.fragmentation.reserves`): a free card counts only for the
+  their supply — and the pods restricted to a scarce model find its cards taken (measured in
+  docs/policies.md, "fragmentation", change 2). Here the measure knows the cluster's cards per type
+  (:func:`hami.core.fragmentation.reserves`): a free card counts only for the
   share its type's restricted demand does not hold, so taking a card of a model that restricted pods
   wait for costs what it is worth to them. Only where some type's restricted demand per card reaches half
   the average (else FGD's own balance serves the few restricted pods), and a reserve moves a score by the
