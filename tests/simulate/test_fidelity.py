@@ -1,11 +1,11 @@
-"""Faithful replay (slow): on Alibaba's default openb trace our replay of the paper's BestFit, Packing,
-DotProd and FGD lands where the paper's simulator did, and ``fragmentation`` leaves less unallocated than
-FGD on the same seed where CPU is contended.
+"""Faithful replay (slow): on Alibaba's default openb trace (shipped in tests/data/openb) our replay of the
+paper's BestFit, Packing, DotProd and FGD lands where the paper's simulator did, and ``fragmentation``
+leaves less unallocated than FGD on the same seed where CPU is contended.
 
 The full claim (seeds 42..51, every trace, within ±1.0 point of the paper's mean) is measured by the
-closing table in docs/policies.md (``make bench`` / ``hami simulate --seeds 42..51``); CI runs one seed
-per policy to stay within its time. One run's value scatters around our mean with about the paper's
-per-seed sd (same process, other random numbers), so a single seed is held to
+table in docs/policies.md, "Measured" (``hami published``, held to the page by test_published.py); CI
+runs one seed per policy to stay within its time. One run's value scatters around our mean with about
+the paper's per-seed sd (same process, other random numbers), so a single seed is held to
 ``|ours - paper mean| <= 1.0 + 3 sd``: the ±1.0 claim plus three standard deviations of one draw.
 """
 
