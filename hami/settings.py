@@ -1,11 +1,14 @@
-"""HAMi's NVIDIA device config, the one configuration every component shares: nothing else lives here.
+"""HAMi's NVIDIA device config, the one configuration every component shares, and the one error for a
+bad setting: nothing else lives here.
 
 Owns :class:`ResourceNames` (the extended-resource names), :class:`DeviceConfig` (the ``nvidia:``
 section of HAMi's device-config YAML with HAMi's defaults) and :func:`from_device_config`, which reads
-an already parsed document; frozen dataclasses built once at each entry point and passed down. Reading
-the file is :mod:`hami.devicefile`; each service's own knobs live beside it (``hami.scheduler.config``,
-``webhook.config``, ``nodeagent.config``), the flag plumbing they share in :mod:`hami.process.flags`.
-Pure: stdlib only, no ``os``, no file reading.
+an already parsed document; frozen dataclasses built once at each entry point and passed down. Owns
+:class:`ConfigError`, which every service raises for bad configuration (a flag, an env variable, a file
+or a key in one); it lives at the bottom layer so the device config, the file reader and every service's
+settings share it. Reading the file is :mod:`hami.devicefile`; each service's own settings schema lives
+beside it (``hami.scheduler.config``, ``webhook.config``, ``nodeagent.config``), declared with the flag
+schema they share, :mod:`hami.process.flags`. Pure: stdlib only, no ``os``, no file reading.
 """
 
 from __future__ import annotations
@@ -81,7 +84,9 @@ _RESOURCE_KEYS: dict[str, str] = {
 
 
 class ConfigError(ValueError):
-    """A device config value has the wrong type; the message names the key."""
+    """A setting is wrong: a flag, an env variable, a config file or a key in one. The message names it
+    (``--listen``, ``HAMI_MANAGE_CONFIG``, ``--device-config FILE``, ``nvidia.defaultMemory``) and the
+    offending text; the services print it as their one-line refusal (exit 2)."""
 
 
 def from_device_config(document: Mapping[str, Any] | None) -> DeviceConfig:

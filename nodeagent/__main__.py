@@ -33,9 +33,10 @@ from hami.kube.client import KubeError
 from hami.kube.protocol import KubeApi
 from hami.process.entry import configure_logging, reachable_api, refuse, until_signalled
 from hami.process.http import alive, metrics_app, serve_retrying
+from hami.settings import ConfigError
 from nodeagent.allocate_call import Allocator
 from nodeagent.backends import Backend, BackendUnavailable, open_backend
-from nodeagent.config import AgentConfig, ConfigError, NodeSettings, load_node_settings, parse_agent_config
+from nodeagent.config import AgentConfig, NodeSettings, load_node_settings, parse_agent_config
 from nodeagent.deviceplugin.kubelet import KubeletRunner
 from nodeagent.deviceplugin.server import DevicePluginService
 from nodeagent.exporter import NodeCollector

@@ -1,7 +1,10 @@
-"""The node agent's settings: command-line flags (each with an ``HAMI_<FLAG>`` env fallback), HAMi's
-device-config YAML and the per-node JSON overrides, folded into one frozen :class:`NodeSettings`.
+"""The node agent's settings: its flag schema, HAMi's device-config YAML and the per-node JSON overrides,
+folded into one frozen :class:`AgentConfig` (the process) and :class:`NodeSettings` (the node's cards).
 
-Owns flag parsing and the per-node config format (HAMi device-plugin ``config.json``)::
+Owns :data:`FLAGS`, every flag of the agent declared once (type, default, ``HAMI_<FLAG>`` env variable
+and help, as a :class:`~hami.process.flags.Flag`; ``--node-name`` also reads the downward API's
+``NODE_NAME``), :class:`AgentConfig` whose defaults are those flags' own, and the per-node config format
+(HAMi device-plugin ``config.json``)::
 
     {"nodeconfig": [{"name": "gpu-node-1", "operatingmode": "hami-core", "devicesplitcount": 4,
                      "devicememoryscaling": 1.5, "devicecorescaling": 1, "preconfigureddevicememory": 0,
@@ -9,28 +12,38 @@ Owns flag parsing and the per-node config format (HAMi device-plugin ``config.js
                      "filterdevices": {"uuid": ["GPU-..."], "index": [3]},
                      "enablegetpreferredallocation": false}]}
 
-Only the entry whose ``name`` equals the node's name applies; its keys override the YAML. Errors name the
-file, the key and the offending value. Must not import grpc, pynvml or the Kubernetes client.
+Only the entry whose ``name`` equals the node's name applies; its keys override the YAML. Reading the YAML
+is :mod:`hami.devicefile`'s. Errors are :class:`hami.settings.ConfigError` naming the flag (or variable),
+the file, the key and the offending value. Must not import grpc, pynvml or the Kubernetes client.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from hami import devicefile
 from hami.core.model import DeviceMode
-from hami.process.flags import Address, env_default, env_name, parse_address, parse_bool, parse_number
-from hami.settings import DeviceConfig, from_device_config
+from hami.process.flags import (
+    KUBECONFIG,
+    Address,
+    Flag,
+    Flags,
+    add_flags,
+    address,
+    boolean,
+    env_name,
+    number,
+    optional_path,
+    path,
+)
+from hami.settings import ConfigError, DeviceConfig, from_device_config
 
-
-class ConfigError(ValueError):
-    """A flag, env value or config file is wrong; the message names it and the offending text."""
+BACKENDS = ("auto", "nvml", "sim")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,179 +67,310 @@ class NodeSettings:
         return self.device.resources.count
 
 
+def _node_name(flag: str, text: str) -> str:
+    if not text:
+        raise ConfigError(f"--{flag} is required (or env NODE_NAME / {env_name(flag)})")
+    return text
+
+
+def _backend(flag: str, text: str) -> str:
+    """Only a value from the environment gets here unchecked: argparse's choices refuse a bad flag."""
+    if text not in BACKENDS:
+        raise ConfigError(f"{env_name(flag)} must be auto, nvml or sim, got {text!r}")
+    return text
+
+
+def _recovery(flag: str, text: str) -> float:
+    seconds = number()(flag, text)
+    if seconds < 0:
+        raise ConfigError(f"--{flag} must be 0 (never) or positive seconds, got {seconds!r}")
+    return seconds
+
+
+def _not_empty(what: str) -> Callable[[str, str], str]:
+    def parse(flag: str, text: str) -> str:
+        value = text.strip()
+        if not value:
+            raise ConfigError(f"--{flag} {what}")
+        return value
+
+    return parse
+
+
+def _mps_root(flag: str, text: str) -> Path:
+    root = Path(text)
+    if not root.is_absolute():
+        raise ConfigError(f"--{flag} must be an absolute directory, got {text!r}")
+    return root
+
+
+def _mps_protocol(flag: str, text: str) -> int:
+    value = text.strip()
+    if value not in ("2", "3"):
+        raise ConfigError(f"--{flag} must be 2 or 3, got {value!r}")
+    return int(value)
+
+
+def _upper(flag: str, text: str) -> str:
+    return text.upper()
+
+
+_INTERVAL = number(positive=True)
+
+NODE_NAME = Flag(
+    name="node-name",
+    parse=_node_name,
+    metavar="NAME",
+    help="this node's name (required)",
+    also_env=("NODE_NAME",),
+)
+BACKEND = Flag(
+    name="backend",
+    parse=_backend,
+    default="auto",
+    choices=BACKENDS,
+    help="card discovery: auto (NVML), nvml, or sim",
+)
+SIM_DEVICES = Flag(
+    name="sim-devices",
+    parse=optional_path,
+    metavar="FILE",
+    help="YAML file of simulated cards (with --backend sim)",
+)
+REGISTER_INTERVAL = Flag(
+    name="register-interval",
+    parse=_INTERVAL,
+    default="30",
+    metavar="SECONDS",
+    help="seconds between registration cycles",
+)
+RETRY_INTERVAL = Flag(
+    name="retry-interval",
+    parse=_INTERVAL,
+    default="5",
+    metavar="SECONDS",
+    help="seconds before retrying a failed registration",
+)
+REFRESH_INTERVAL = Flag(
+    name="refresh-interval",
+    parse=_INTERVAL,
+    default="300",
+    metavar="SECONDS",
+    help="re-patch the registration at least this often (seconds)",
+)
+HEALTH_INTERVAL = Flag(
+    name="health-interval",
+    parse=_INTERVAL,
+    default="5",
+    metavar="SECONDS",
+    help="seconds between card health polls",
+)
+HEALTH_RECOVERY = Flag(
+    name="health-recovery",
+    parse=_recovery,
+    default="300",  # 0 = an unhealthy card never comes back (HAMi)
+    metavar="SECONDS",
+    help="seconds without a critical XID before an unhealthy card is probed and may come back (0 = never)",
+)
+KUBELET_DIR = Flag(
+    name="kubelet-dir",
+    parse=path,
+    default="/var/lib/kubelet/device-plugins",
+    metavar="DIR",
+    help="kubelet device-plugin directory",
+)
+CONFIG = Flag(
+    name="config",
+    parse=optional_path,
+    metavar="FILE",
+    help="per-node overrides (HAMi device-plugin config.json)",
+)
+DEVICE_CONFIG = Flag(
+    name="device-config",
+    parse=optional_path,
+    metavar="FILE",
+    help="HAMi device-config YAML (top key nvidia:)",
+)
+HOOK_PATH = Flag(
+    name="hook-path",
+    parse=optional_path,
+    metavar="DIR",
+    help="HAMi HOOK_PATH on the host (e.g. /usr/local; HAMi-core in HOOK/vgpu); unset = no mounts",
+)
+LOCK_DIR = Flag(
+    name="lock-dir",
+    parse=path,
+    default="/tmp/vgpulock",  # HAMi-core's lock directory on the host (with --hook-path)
+    metavar="DIR",
+    help="host dir HAMi-core containers share for locks, mounted at /tmp/vgpulock (with --hook-path)",
+)
+TOPOLOGY_SCORE = Flag(
+    name="topology-score",
+    metavar="true|false",
+    parse=boolean,
+    default="false",
+    help="register NVLink/PCIe pair scores (true/false)",
+)
+METRICS_LISTEN = Flag(
+    name="metrics-listen",
+    parse=address,
+    default="0.0.0.0:9394",
+    metavar="HOST:PORT",
+    help="where /metrics and /healthz are served",
+)
+LEGACY_METRICS = Flag(
+    name="legacy-metrics",
+    metavar="true|false",
+    parse=boolean,
+    default="false",
+    help="also export HAMi's legacy camel-case metric names (true/false)",
+)
+SCHEDULER_NAME = Flag(
+    name="scheduler-name",
+    metavar="NAME",
+    parse=_not_empty("must not be empty"),
+    default="hami-scheduler",  # Allocate serves only pods this scheduler placed
+    help="Allocate serves only pods with this spec.schedulerName",
+)
+MPS_CONTROL = Flag(
+    name="mps-control",
+    parse=_not_empty("must name the MPS control daemon binary"),
+    default="nvidia-cuda-mps-control",
+    metavar="PATH",
+    help="MPS control daemon binary from the host driver (operatingmode mps only)",
+)
+MPS_ROOT = Flag(
+    name="mps-root",
+    parse=_mps_root,
+    default="/run/hami/mps",  # pipe/, log/, shm/ of the MPS daemon, same path on the host
+    metavar="DIR",
+    help="host directory of the MPS daemon's pipe/, log/ and shm/ (mounted at the same path)",
+)
+MPS_PROTOCOL = Flag(
+    name="mps-protocol",
+    metavar="2|3",
+    parse=_mps_protocol,
+    default="3",
+    help="MPS protocol to ask for: 3 (namespaces where the driver has them) or 2",
+)
+MPS_QUIT_ON_STOP = Flag(
+    name="mps-quit-on-stop",
+    metavar="true|false",
+    parse=boolean,
+    default="false",
+    help="quit the MPS daemon this agent started when the agent stops",
+)
+LOG_LEVEL = Flag(
+    name="log-level", metavar="LEVEL", parse=_upper, default="INFO", help="DEBUG, INFO, WARNING or ERROR"
+)
+
+#: The agent's schema, in ``--help`` order.
+FLAGS: Flags = (
+    KUBECONFIG,
+    NODE_NAME,
+    BACKEND,
+    SIM_DEVICES,
+    REGISTER_INTERVAL,
+    RETRY_INTERVAL,
+    REFRESH_INTERVAL,
+    HEALTH_INTERVAL,
+    HEALTH_RECOVERY,
+    KUBELET_DIR,
+    CONFIG,
+    DEVICE_CONFIG,
+    HOOK_PATH,
+    LOCK_DIR,
+    TOPOLOGY_SCORE,
+    METRICS_LISTEN,
+    LEGACY_METRICS,
+    SCHEDULER_NAME,
+    MPS_CONTROL,
+    MPS_ROOT,
+    MPS_PROTOCOL,
+    MPS_QUIT_ON_STOP,
+    LOG_LEVEL,
+)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AgentConfig:
-    """Process-level knobs from flags/env (see ``docs/node-agent.md``)."""
+    """Process-level knobs; each default is its flag's (:data:`FLAGS`, ``docs/node-agent.md``)."""
 
-    kubeconfig: str | None = None
+    kubeconfig: str | None = KUBECONFIG.default_value
     node_name: str
-    backend: str = "auto"
-    sim_devices: Path | None = None
-    register_interval: float = 30.0
-    retry_interval: float = 5.0
-    refresh_interval: float = 300.0
-    health_interval: float = 5.0
-    health_recovery: float = 300.0  # 0 = an unhealthy card never comes back (HAMi)
-    kubelet_dir: Path = Path("/var/lib/kubelet/device-plugins")
-    config: Path | None = None
-    device_config: Path | None = None
-    hook_path: Path | None = None
-    lock_dir: Path = Path("/tmp/vgpulock")  # HAMi-core's lock directory on the host (with --hook-path)
-    topology_score: bool = False
-    metrics_listen: Address = field(default_factory=lambda: Address(host="0.0.0.0", port=9394))
-    legacy_metrics: bool = False
-    scheduler_name: str = "hami-scheduler"  # Allocate serves only pods this scheduler placed
-    mps_control: str = "nvidia-cuda-mps-control"  # the MPS control daemon binary (operatingmode mps)
-    mps_root: Path = Path("/run/hami/mps")  # pipe/, log/, shm/ of the MPS daemon, same path on the host
-    mps_protocol: int = 3  # ask for MPS protocol 3 (namespaces) where the driver has it
-    mps_quit_on_stop: bool = False  # quit the daemon this agent started when it stops
-    log_level: str = "INFO"
-
-
-# flag -> (type, default, help); env fallback HAMI_<FLAG_IN_UPPER_SNAKE>
-_FLAGS: dict[str, tuple[type, Any, str]] = {
-    "kubeconfig": (str, None, "kubeconfig file (default: in-cluster, then ~/.kube/config)"),
-    "node-name": (str, None, "this node's name (default: env NODE_NAME)"),
-    "backend": (str, "auto", "card discovery: auto (NVML), nvml, or sim"),
-    "sim-devices": (Path, None, "YAML file of simulated cards (with --backend sim)"),
-    "register-interval": (str, "30.0", "seconds between registration cycles"),
-    "retry-interval": (str, "5.0", "seconds before retrying a failed registration"),
-    "refresh-interval": (str, "300.0", "re-patch the registration at least this often (seconds)"),
-    "health-interval": (str, "5.0", "seconds between card health polls"),
-    "health-recovery": (
-        str,
-        "300",
-        "seconds without a critical XID before an unhealthy card is probed and may come back (0 = never)",
-    ),
-    "kubelet-dir": (Path, Path("/var/lib/kubelet/device-plugins"), "kubelet device-plugin directory"),
-    "config": (Path, None, "per-node overrides (HAMi device-plugin config.json)"),
-    "device-config": (Path, None, "HAMi device-config YAML (top key nvidia:)"),
-    "hook-path": (
-        Path,
-        None,
-        "HAMi HOOK_PATH on the host (e.g. /usr/local; HAMi-core in HOOK/vgpu); unset = no mounts",
-    ),
-    "lock-dir": (
-        Path,
-        Path("/tmp/vgpulock"),
-        "host dir HAMi-core containers share for locks, mounted at /tmp/vgpulock (with --hook-path)",
-    ),
-    "topology-score": (str, "false", "register NVLink/PCIe pair scores (true/false)"),
-    "metrics-listen": (str, "0.0.0.0:9394", "HOST:PORT for /metrics and /healthz"),
-    "legacy-metrics": (str, "false", "also export HAMi's legacy camel-case metric names (true/false)"),
-    "scheduler-name": (str, "hami-scheduler", "Allocate serves only pods with this spec.schedulerName"),
-    "mps-control": (
-        str,
-        "nvidia-cuda-mps-control",
-        "MPS control daemon binary from the host driver (operatingmode mps only)",
-    ),
-    "mps-root": (
-        Path,
-        Path("/run/hami/mps"),
-        "host directory of the MPS daemon's pipe/, log/ and shm/ (mounted at the same path)",
-    ),
-    "mps-protocol": (str, "3", "MPS protocol to ask for: 3 (namespaces where the driver has them) or 2"),
-    "mps-quit-on-stop": (str, "false", "quit the MPS daemon this agent started when the agent stops"),
-    "log-level": (str, "INFO", "DEBUG, INFO, WARNING or ERROR"),
-}
+    backend: str = BACKEND.default_value
+    sim_devices: Path | None = SIM_DEVICES.default_value
+    register_interval: float = REGISTER_INTERVAL.default_value
+    retry_interval: float = RETRY_INTERVAL.default_value
+    refresh_interval: float = REFRESH_INTERVAL.default_value
+    health_interval: float = HEALTH_INTERVAL.default_value
+    health_recovery: float = HEALTH_RECOVERY.default_value
+    kubelet_dir: Path = KUBELET_DIR.default_value
+    config: Path | None = CONFIG.default_value
+    device_config: Path | None = DEVICE_CONFIG.default_value
+    hook_path: Path | None = HOOK_PATH.default_value
+    lock_dir: Path = LOCK_DIR.default_value
+    topology_score: bool = TOPOLOGY_SCORE.default_value
+    metrics_listen: Address = METRICS_LISTEN.default_value
+    legacy_metrics: bool = LEGACY_METRICS.default_value
+    scheduler_name: str = SCHEDULER_NAME.default_value
+    mps_control: str = MPS_CONTROL.default_value
+    mps_root: Path = MPS_ROOT.default_value
+    mps_protocol: int = MPS_PROTOCOL.default_value  # ask for protocol 3 (namespaces) where the driver has it
+    mps_quit_on_stop: bool = MPS_QUIT_ON_STOP.default_value  # quit the daemon this agent started at stop
+    log_level: str = LOG_LEVEL.default_value
 
 
 def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
+    """The agent's parser: :data:`FLAGS`, each defaulting to its env variable when that is set."""
     parser = argparse.ArgumentParser(prog="hami-node-agent", description="HAMi-compatible node agent.")
-    for flag, (kind, default, help_text) in _FLAGS.items():
-        env = env_name(flag)
-        value = env_default(flag, default, environ)
-        if flag == "node-name" and value is None:
-            value = environ.get("NODE_NAME")
-        choices = ("auto", "nvml", "sim") if flag == "backend" else None
-        parser.add_argument(
-            f"--{flag}", type=kind, default=value, choices=choices, help=f"{help_text} [{env}]"
-        )
+    add_flags(parser, FLAGS, environ)
     return parser
 
 
 def parse_agent_config(argv: Sequence[str] | None, environ: Mapping[str, str]) -> AgentConfig:
     """Flags over env over defaults; raises :class:`ConfigError` naming the bad flag or variable."""
     args = build_parser(environ).parse_args(argv)
-    if not args.node_name:
-        raise ConfigError("--node-name is required (or env NODE_NAME / HAMI_NODE_NAME)")
-    if args.backend not in ("auto", "nvml", "sim"):  # an env value bypasses argparse choices
-        raise ConfigError(f"HAMI_BACKEND must be auto, nvml or sim, got {args.backend!r}")
-    numbers = {
-        name: parse_number(name.replace("_", "-"), getattr(args, name), positive=True, error=ConfigError)
-        for name in ("register_interval", "retry_interval", "refresh_interval", "health_interval")
-    }
-    recovery = parse_number("health-recovery", args.health_recovery, error=ConfigError)
-    if recovery < 0:
-        raise ConfigError(f"--health-recovery must be 0 (never) or positive seconds, got {recovery!r}")
     return AgentConfig(
-        kubeconfig=args.kubeconfig,
-        node_name=args.node_name,
-        backend=args.backend,
-        sim_devices=_path(args.sim_devices),
-        kubelet_dir=Path(args.kubelet_dir),
-        config=_path(args.config),
-        device_config=_path(args.device_config),
-        hook_path=_path(args.hook_path),
-        lock_dir=Path(args.lock_dir),
-        topology_score=parse_bool("--topology-score", str(args.topology_score), ConfigError),
-        metrics_listen=parse_address("metrics-listen", args.metrics_listen, ConfigError),
-        legacy_metrics=parse_bool("--legacy-metrics", str(args.legacy_metrics), ConfigError),
-        scheduler_name=_scheduler_name(args.scheduler_name),
-        mps_control=_mps_control(args.mps_control),
-        mps_root=_mps_root(args.mps_root),
-        mps_protocol=_mps_protocol(args.mps_protocol),
-        mps_quit_on_stop=parse_bool("--mps-quit-on-stop", str(args.mps_quit_on_stop), ConfigError),
-        log_level=str(args.log_level).upper(),
-        health_recovery=recovery,
-        **numbers,
+        kubeconfig=KUBECONFIG.read(args),
+        node_name=NODE_NAME.read(args),
+        backend=BACKEND.read(args),
+        sim_devices=SIM_DEVICES.read(args),
+        register_interval=REGISTER_INTERVAL.read(args),
+        retry_interval=RETRY_INTERVAL.read(args),
+        refresh_interval=REFRESH_INTERVAL.read(args),
+        health_interval=HEALTH_INTERVAL.read(args),
+        health_recovery=HEALTH_RECOVERY.read(args),
+        kubelet_dir=KUBELET_DIR.read(args),
+        config=CONFIG.read(args),
+        device_config=DEVICE_CONFIG.read(args),
+        hook_path=HOOK_PATH.read(args),
+        lock_dir=LOCK_DIR.read(args),
+        topology_score=TOPOLOGY_SCORE.read(args),
+        metrics_listen=METRICS_LISTEN.read(args),
+        legacy_metrics=LEGACY_METRICS.read(args),
+        scheduler_name=SCHEDULER_NAME.read(args),
+        mps_control=MPS_CONTROL.read(args),
+        mps_root=MPS_ROOT.read(args),
+        mps_protocol=MPS_PROTOCOL.read(args),
+        mps_quit_on_stop=MPS_QUIT_ON_STOP.read(args),
+        log_level=LOG_LEVEL.read(args),
     )
-
-
-def _scheduler_name(value: Any) -> str:
-    name = str(value or "").strip()
-    if not name:
-        raise ConfigError("--scheduler-name must not be empty")
-    return name
-
-
-def _mps_control(value: Any) -> str:
-    binary = str(value or "").strip()
-    if not binary:
-        raise ConfigError("--mps-control must name the MPS control daemon binary")
-    return binary
-
-
-def _mps_root(value: Any) -> Path:
-    root = Path(str(value or ""))
-    if not root.is_absolute():
-        raise ConfigError(f"--mps-root must be an absolute directory, got {str(value)!r}")
-    return root
-
-
-def _mps_protocol(value: Any) -> int:
-    text = str(value).strip()
-    if text not in ("2", "3"):
-        raise ConfigError(f"--mps-protocol must be 2 or 3, got {text!r}")
-    return int(text)
-
-
-def _path(value: Any) -> Path | None:
-    return Path(value) if value not in (None, "") else None
 
 
 # ------------------------------------------------------------------------------------- config files
 def load_node_settings(config: AgentConfig) -> NodeSettings:
-    """Read ``--device-config`` and ``--config`` and fold them for ``config.node_name``."""
-    device_doc = _read(config.device_config, yaml.safe_load) if config.device_config else None
-    overrides = _read(config.config, json.loads) if config.config else None
+    """Read ``--device-config`` (:mod:`hami.devicefile`) and ``--config`` and fold them for
+    ``config.node_name``."""
+    device_doc = devicefile.read_device_document(config.device_config)
+    overrides = _read_json(config.config) if config.config else None
     return node_settings(device_doc, overrides, config.node_name, source=str(config.config))
 
 
-def _read(path: Path, parse: Any) -> Any:
+def _read_json(path: Path) -> Any:
     try:
-        return parse(path.read_text())
-    except (OSError, ValueError, yaml.YAMLError) as exc:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot read config file {str(path)!r}: {exc}") from exc
 
 
@@ -238,10 +382,7 @@ def node_settings(
     source: str = "config.json",
 ) -> NodeSettings:
     """Device-config YAML (HAMi chart defaults where absent) with this node's ``nodeconfig`` entry on top."""
-    try:
-        device = from_device_config(device_doc)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from exc
+    device = from_device_config(device_doc)
     nvidia: Mapping[str, Any] = (device_doc or {}).get("nvidia") or {}
     settings = NodeSettings(
         device=device,

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from hami.devicefile import DeviceConfigFileError, load_device_config
-from hami.settings import DeviceConfig
+from hami.devicefile import load_device_config
+from hami.settings import ConfigError, DeviceConfig
 
 
 def test_no_path_means_hami_defaults() -> None:
@@ -31,11 +31,11 @@ def test_reads_the_nvidia_section(tmp_path: Path) -> None:
 def test_errors_name_the_file_and_the_problem(tmp_path: Path, text: str, problem: str) -> None:
     path = tmp_path / "device-config.yaml"
     path.write_text(text)
-    with pytest.raises(DeviceConfigFileError, match=problem) as caught:
+    with pytest.raises(ConfigError, match=problem) as caught:
         load_device_config(path)
     assert str(caught.value).startswith(f"--device-config {path}:")
 
 
 def test_missing_file_is_named(tmp_path: Path) -> None:
-    with pytest.raises(DeviceConfigFileError, match=r"--device-config .*absent\.yaml"):
+    with pytest.raises(ConfigError, match=r"--device-config .*absent\.yaml"):
         load_device_config(tmp_path / "absent.yaml")

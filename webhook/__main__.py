@@ -17,7 +17,8 @@ from prometheus_client import CollectorRegistry
 
 from hami.kube.client import KubeError
 from hami.process.entry import FAILED, configure_logging, reachable_api, refuse
-from webhook.config import ConfigError, parse_settings
+from hami.settings import ConfigError
+from webhook.config import parse_settings
 from webhook.tlsbundle import CertificateError
 
 PROGRAM = "hami-webhook"

@@ -16,6 +16,7 @@ import sys
 from collections import Counter
 from typing import TextIO
 
+from hami.devicefile import load_device_config
 from hami.doctor.checks import run_checks
 from hami.doctor.findings import DoctorSettings, Finding, exit_code
 from hami.kube import nodes as kube_nodes
@@ -23,7 +24,6 @@ from hami.kube import pods as kube_pods
 from hami.kube.client import KubeError, load_api_client
 from hami.kube.protocol import KubeApi
 from hami.kube.webhookconfigs import list_mutating_webhook_configurations
-from hami.scheduler.config import load_device_config
 from hami.scheduler.quotas import QuotaBook
 from hami.scheduler.snapshot import Snapshot, local_time
 

@@ -37,12 +37,12 @@ from hami.core.enforcement import LEVEL_WORDS, Enforcement, Level, parse_level
 from hami.core.explain import NodeExplanation, cheapest_preemption, explain_node
 from hami.core.model import PERCENT_NOT_GIVEN, PodRequest
 from hami.core.rejection import Rejection
+from hami.devicefile import load_device_config
 from hami.kube import nodes as kube_nodes
 from hami.kube import pods as kube_pods
 from hami.kube import quotas as kube_quotas
 from hami.kube.client import KubeError, NotFound, load_api_client
 from hami.kube.protocol import KubeApi
-from hami.scheduler.config import load_device_config
 from hami.scheduler.nominations import DEFAULT_SCHEDULER, NominationBook, Nominations
 from hami.scheduler.quotas import QuotaBook
 from hami.scheduler.snapshot import Snapshot

@@ -39,6 +39,7 @@ from hami.scheduler.registration import Registration
 from hami.scheduler.snapshot import Snapshot, local_time
 from hami.scheduler.watches import start_sync
 from hami.scheduler.workload import Workload
+from hami.settings import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +50,7 @@ BACKGROUND_LIMIT = 1024
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The service's flags (:data:`hami.scheduler.config.FLAGS`), env fallbacks from ``os.environ``."""
     config.add_arguments(parser)
 
 
@@ -157,7 +159,7 @@ async def serve(
 def run(args: argparse.Namespace) -> int:
     try:
         settings = config.from_args(args)
-    except config.SettingsError as exc:
+    except ConfigError as exc:
         return refuse(PROGRAM, exc)
     configure_logging(settings.log_level)
     try:

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from hami.settings import ConfigError
 from nodeagent.__main__ import main
-from nodeagent.config import ConfigError, node_settings, parse_agent_config
+from nodeagent.config import node_settings, parse_agent_config
 
 
 def test_flags_env_and_defaults() -> None:

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from hami.scheduler.config import SettingsError, add_arguments, from_args
+from hami.scheduler.config import add_arguments, from_args
 from hami.scheduler.main import run
+from hami.settings import ConfigError
 
 
 def _parse(argv: list[str], environ: dict[str, str] | None = None) -> argparse.Namespace:
@@ -111,7 +112,7 @@ def test_device_config_and_resource_overrides(tmp_path: Path) -> None:
     ],
 )
 def test_bad_values_are_named(argv: list[str], message: str) -> None:
-    with pytest.raises(SettingsError, match=message.replace("[", r"\[")):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[")):
         from_args(_parse(argv))
 
 
@@ -162,9 +163,9 @@ def test_bind_timeout_sets_the_deadline_and_the_allocating_horizon() -> None:
     longer = from_args(_parse(["--bind-timeout", "45"], {"HAMI_BIND_TIMEOUT": "10"}))
     assert (longer.bind_timeout, longer.allocating_horizon) == (45.0, datetime.timedelta(seconds=90))
     assert from_args(_parse([], {"HAMI_BIND_TIMEOUT": "10"})).bind_timeout == 10.0
-    with pytest.raises(SettingsError, match="--bind-timeout must be positive, got '0'"):
+    with pytest.raises(ConfigError, match="--bind-timeout must be positive, got '0'"):
         from_args(_parse(["--bind-timeout", "0"]))
     # the chart passes kube-scheduler's httpTimeout as written there: a Go duration
     assert from_args(_parse(["--bind-timeout", "1m30s"])).bind_timeout == 90.0
-    with pytest.raises(SettingsError, match="--bind-timeout must be a number of seconds, got '30 s'"):
+    with pytest.raises(ConfigError, match="--bind-timeout must be a number of seconds, got '30 s'"):
         from_args(_parse(["--bind-timeout", "30 s"]))

@@ -9,7 +9,8 @@ import datetime
 
 import pytest
 
-from hami.scheduler.config import SettingsError, add_arguments, from_args
+from hami.scheduler.config import add_arguments, from_args
+from hami.settings import ConfigError
 
 MINUTE = datetime.timedelta(minutes=1)
 
@@ -53,5 +54,5 @@ def test_a_bad_expiry_names_where_it_came_from(
     argv: list[str], environ: dict[str, str], message: str
 ) -> None:
     # HAMi logs a bad HAMI_NODELOCK_EXPIRE and goes on with 5 minutes; here it stops the start-up
-    with pytest.raises(SettingsError, match=message):
+    with pytest.raises(ConfigError, match=message):
         _expiry(argv, environ)

@@ -22,8 +22,9 @@ from hami.annotations import (
 )
 from hami.core.enforcement import Level
 from hami.scheduler.bind import NO_ENFORCEMENT
-from hami.scheduler.config import SchedulerSettings, SettingsError, add_arguments, from_args
+from hami.scheduler.config import SchedulerSettings, add_arguments, from_args
 from hami.scheduler.registration import MALFORMED_ENFORCEMENT
+from hami.settings import ConfigError
 from tests.builders import device, make_node, make_pod
 from tests.eventually import eventually
 
@@ -187,7 +188,7 @@ def test_the_floor_flag_defaults_to_none_and_falls_back_to_the_env() -> None:
 
 @pytest.mark.parametrize("value", ["strict", "Cooperative", "", "hami-core"])
 def test_a_bad_floor_is_refused_naming_the_flag(value: str) -> None:
-    with pytest.raises(SettingsError) as caught:
+    with pytest.raises(ConfigError) as caught:
         settings_of([f"--require-enforcement={value}"])
     assert str(caught.value) == (
         f"--require-enforcement must be one of none, cooperative, isolated, got {value!r}"

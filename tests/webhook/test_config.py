@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from hami.process.flags import Address
+from hami.settings import ConfigError
 from webhook.__main__ import main
-from webhook.config import ConfigError, WebhookSettings, parse_settings
+from webhook.config import WebhookSettings, parse_settings
 
 
 def test_defaults() -> None:

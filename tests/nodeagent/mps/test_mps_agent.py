@@ -26,10 +26,11 @@ from hami.annotations import (
     encode_pod_devices,
 )
 from hami.core.model import Device, Grant
+from hami.settings import ConfigError
 from nodeagent.__main__ import mps_control
 from nodeagent.backends.base import EXCLUSIVE_PROCESS
 from nodeagent.backends.simulated import SimBackend
-from nodeagent.config import AgentConfig, ConfigError, NodeSettings, parse_agent_config
+from nodeagent.config import AgentConfig, NodeSettings, parse_agent_config
 from nodeagent.exporter import NodeCollector
 from nodeagent.grants import GrantBook
 from nodeagent.inventory import Inventory
