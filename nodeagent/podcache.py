@@ -12,14 +12,16 @@ Readers call :meth:`view`: the cache's snapshot while synced (no API request), e
 (Allocate's fallback, the MPS sweep before closing a namespace, MIG's claims; docs/node-agent.md, "Pod
 cache"). A pod that is not bound to the node (an API server that ignores the field selector) is never
 kept. Pod objects are replaced whole on each event and never changed in place, so a snapshot stays as
-it was when read. Imports ``hami.kube``, :mod:`hami.objects` and prometheus-client; must not import
-grpc, pynvml or the Kubernetes client.
+it was when read. :class:`PodFanout` feeds many nodes' caches from one list + watch of every pod, split
+by ``spec.nodeName`` (the fleet of simulated nodes in one process: one watch, not one per node; each
+cache reads as if it ran its own). Imports ``hami.kube``, :mod:`hami.objects` and prometheus-client;
+must not import grpc, pynvml or the Kubernetes client.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
@@ -174,6 +176,58 @@ class PodCache:
             await asyncio.Event().wait()
         finally:
             await self.stop()
+
+
+class PodFanout:
+    """One list + watch of every pod feeding the :class:`PodCache` of each node in ``caches`` (by node
+    name; never started themselves): a complete list gives each cache its node's pods, an event goes to
+    the cache of the pod's ``spec.nodeName`` (a pod bound elsewhere, or not yet, is dropped), a restart
+    to every cache. Start with :meth:`start` / :meth:`stop` on the loop, as a cache."""
+
+    def __init__(
+        self, api: KubeApi, caches: Mapping[str, PodCache], *, watch_seconds: int = 300, backoff: float = 1.0
+    ) -> None:
+        self._api, self._caches = api, dict(caches)
+        self._watch_seconds, self._backoff = watch_seconds, backoff
+        self._watcher: ListWatcher | None = None
+
+    def on_list(self, applied: list[dict[str, Any]]) -> None:
+        by_node: dict[str, list[dict[str, Any]]] = {}
+        for pod in applied:
+            by_node.setdefault(objects.node_name(pod), []).append(pod)
+        for name, cache in self._caches.items():
+            cache.on_list(by_node.get(name, []))
+
+    def on_event(self, kind: str, obj: dict[str, Any]) -> None:
+        cache = self._caches.get(objects.node_name(obj))
+        if cache is not None:
+            cache.on_event(kind, obj)
+
+    def on_restart(self, cause: str) -> None:
+        for cache in self._caches.values():
+            cache.on_restart(cause)
+
+    def start(self) -> None:
+        """Start the one watch thread (on the running loop)."""
+        self._watcher = ListWatcher(
+            self._api,
+            "pods",
+            loop=asyncio.get_running_loop(),
+            on_list=self.on_list,
+            on_event=self.on_event,
+            on_restart=self.on_restart,
+            watch_seconds=self._watch_seconds,
+            backoff=self._backoff,
+        )
+        self._watcher.start()
+
+    async def stop(self) -> None:
+        """Stop the watch thread and wait for it; every cache then lists on every read."""
+        watcher, self._watcher = self._watcher, None
+        for cache in self._caches.values():
+            cache.synced = False
+        if watcher is not None:
+            await asyncio.to_thread(watcher.stop)
 
 
 class PodCacheCollector:
