@@ -19,6 +19,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--nodes", type=Path, default=None, help="cluster file (default: the packaged 4-node one)"
     )
     parser.add_argument(
+        "--generate",
+        type=int,
+        default=None,
+        metavar="N",
+        help="a generated cluster of N simulated nodes instead of a cluster file (its agents run as one fleet"
+        " process; the example pods run only with --examples)",
+    )
+    parser.add_argument(
+        "--card-mix",
+        default="openb",
+        metavar="MIX",
+        help="with --generate: openb (the openb node list's mix, the default) or MODEL[xCARDS][:WEIGHT],..."
+        " (e.g. T4x4:2,V100M32x8; models P100 T4 V100M16 V100M32 A10 G2 G3 A100)",
+    )
+    parser.add_argument(
+        "--node-list",
+        type=Path,
+        default=None,
+        metavar="CSV",
+        help="with --generate: draw the card mix from this node list (openb CSV, as hami simulate reads)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="with --generate: the seed of the node order and UUIDs"
+    )
+    parser.add_argument(
+        "--agents",
+        choices=("process", "fleet"),
+        default=None,
+        help="one node-agent process per node, or one fleet process for all (default: fleet with --generate)",
+    )
+    parser.add_argument(
         "--examples",
         type=Path,
         default=None,

@@ -3,7 +3,9 @@ became of them (the flags are :mod:`hami.commands.demo`'s, which imports this mo
 that its ``--help`` needs no ``demo`` extra).
 
 :func:`run`: start an :class:`~hami_testkit.system.EmbeddedSystem`
-from the cluster file (``--nodes``, default the packaged 4-node cluster), submit every pod manifest
+from the cluster file (``--nodes``, default the packaged 4-node cluster) or a generated cluster
+(``--generate N`` nodes of ``--card-mix`` or of ``--node-list``'s mix, :mod:`hami_testkit.clustergen`;
+their agents one fleet process, and the example pods only with ``--examples``), submit every pod manifest
 of ``--examples`` (default: the packaged examples, :mod:`hami_testkit.manifests`; their PriorityClasses
 first) through the admission stand-in, wait (bounded by ``--timeout``) until every pod is decided, print
 the table (with whether each pod became what its example declares, who was preempted by whom, and a
@@ -32,9 +34,11 @@ from typing import Any
 
 from hami import objects
 from hami.annotations import read_vgpu_node
+from hami.simulate.trace import TraceError, read_nodes
 from hami_testkit.admission_standin import PRIORITY_CLASSES_PATH, Admitted, Refused
 from hami_testkit.bare import BareCluster
-from hami_testkit.cluster import ClusterFileError, load_cluster
+from hami_testkit.cluster import ClusterFileError, ClusterSpec, load_cluster
+from hami_testkit.clustergen import describe_mix, generate_cluster, mix_from_nodes, parse_mix
 from hami_testkit.kubeapi import JsonDict, pods_path
 from hami_testkit.manifests import Example, read_examples
 from hami_testkit.manifests import default_examples_dir as default_examples_dir
@@ -60,19 +64,37 @@ async def _main(args: argparse.Namespace) -> int:
     if args.bare:
         return await _bare(args)
     try:
-        cluster = load_cluster(args.nodes)
-        examples = read_examples(args.examples or default_examples_dir())
-    except ClusterFileError as exc:
+        cluster = demo_cluster(args)
+        generated = getattr(args, "generate", None) is not None
+        if generated and args.examples is None:
+            examples = []  # the examples are written for the packaged cluster's nodes
+        else:
+            examples = read_examples(args.examples or default_examples_dir())
+    except (ClusterFileError, TraceError) as exc:
         print(f"hami demo: {exc}", file=sys.stderr)
         return 2
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="hami-demo-"))
+    agents = getattr(args, "agents", None) or ("fleet" if generated else "process")
     options = SystemOptions(
-        register_interval=args.register_interval, log_level=args.log_level, request_log=DEMO_REQUEST_LOG
+        register_interval=args.register_interval,
+        log_level=args.log_level,
+        request_log=DEMO_REQUEST_LOG,
+        fleet=agents == "fleet",
+        ready_limit=max(60.0, 0.1 * len(cluster.nodes)),  # a thousand nodes register in well under that
     )
     ok = False
     try:
+        started = time.monotonic()
         async with EmbeddedSystem(cluster, workdir, options, progress=_say) as system:
-            code, placed, pending = await _show(system, examples, args.timeout, keep=args.keep)
+            if generated:
+                _say(
+                    f"cluster     {len(cluster.nodes)} nodes ({describe_mix(cluster)}), up in "
+                    f"{time.monotonic() - started:.1f}s"
+                )
+            if examples:
+                code, placed, pending = await _show(system, examples, args.timeout, keep=args.keep)
+            else:
+                code, placed, pending = 0, [], []
             ok = code == 0
             if args.keep:
                 print(keep_hints(system, placed, pending), flush=True)
@@ -97,8 +119,8 @@ async def _bare(args: argparse.Namespace) -> int:
         print("hami demo: --bare runs no example pods (drop --examples)", file=sys.stderr)
         return 2
     try:
-        cluster = load_cluster(args.nodes)
-    except ClusterFileError as exc:
+        cluster = demo_cluster(args)
+    except (ClusterFileError, TraceError) as exc:
         print(f"hami demo: {exc}", file=sys.stderr)
         return 2
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="hami-bare-"))
@@ -112,6 +134,21 @@ async def _bare(args: argparse.Namespace) -> int:
         print("\nhami demo: interrupted", file=sys.stderr)
         return 130
     return 0
+
+
+def demo_cluster(args: argparse.Namespace) -> ClusterSpec:
+    """The cluster file (``--nodes``, default the packaged one), or with ``--generate N`` N nodes of the
+    ``--card-mix`` (or the mix of ``--node-list``); raises :class:`ClusterFileError` / ``TraceError``."""
+    size = getattr(args, "generate", None)
+    if size is None:
+        return load_cluster(args.nodes)
+    if args.nodes is not None:
+        raise ClusterFileError("--nodes and --generate are two ways to say the nodes: give one")
+    if args.node_list is not None:
+        shapes = mix_from_nodes(read_nodes(args.node_list), source=str(args.node_list))
+    else:
+        shapes = parse_mix(args.card_mix)
+    return generate_cluster(size, shapes, seed=args.seed)
 
 
 def bare_hints(kubeconfig: Path, user: str) -> str:

@@ -4,7 +4,9 @@ Owns :class:`EmbeddedSystem`, an async context manager used by ``hami demo`` and
 entry it starts the embedded apiserver (OS-chosen port on 127.0.0.1), writes a kubeconfig, creates the
 Nodes of a :class:`~hami_testkit.cluster.ClusterSpec`, then starts, each from its command line and waiting
 (bounded) until it is ready: the kubelet stand-in (``python -m hami_testkit.kubelet_standin``, one process
-for all nodes), one ``hami-node-agent --backend sim`` per node, ``hami scheduler`` and ``hami-webhook
+for all nodes), one ``hami-node-agent --backend sim`` per node (or, with ``SystemOptions.fleet``, one
+``python -m nodeagent.fleet`` for every node: the same agent code, for clusters of a thousand nodes),
+``hami scheduler`` and ``hami-webhook
 --manage-config``; finally the in-process admission, kube-scheduler and workload stand-ins (the last
 turns Deployments, ReplicaSets and Jobs into pods: :mod:`hami_testkit.workloads_standin`). On exit — normal,
 error or cancellation — every child process group is stopped (SIGTERM, bounded wait, SIGKILL) before
@@ -52,6 +54,8 @@ SCHEDULER = "scheduler"
 WEBHOOK = "webhook"
 KUBELET = "kubelet-standin"
 NODE_AGENT = "node-agent"
+#: The child running every node's agent with ``SystemOptions(fleet=True)``.
+FLEET = "agent-fleet"
 USER = "user"
 #: The release namespace of the chart install the embedded cluster plays (release "hami").
 NAMESPACE = "hami-system"
@@ -76,6 +80,9 @@ class SystemOptions:
     #: How many latest requests the embedded apiserver keeps (None: all). The RBAC audit reads them;
     #: the demo keeps :data:`DEMO_REQUEST_LOG`: each logged request holds some 10 KiB.
     request_log: int | None = REQUEST_LOG
+    #: Run every node's agent in one process (``python -m nodeagent.fleet``) instead of one
+    #: ``hami-node-agent`` per node: the agents' own code, one API client and one pod watch for all.
+    fleet: bool = False
 
 
 class EmbeddedSystem:
@@ -169,7 +176,9 @@ class EmbeddedSystem:
         for node in self.cluster.nodes:
             self.node_files[node.name] = write_node_files(node, self.workdir / "nodes")
             await self.api.create(nodes_path(), _with_node_info(node_object(node)))
-        self.progress(f"nodes       {', '.join(n.name for n in self.cluster.nodes)}")
+        names = [n.name for n in self.cluster.nodes]
+        shown = ", ".join(names) if len(names) <= 10 else f"{len(names)}: {names[0]} ... {names[-1]}"
+        self.progress(f"nodes       {shown}")
         await self.stack.enter_async_context(self.supervisor)
         await self._start_node_side()
         await self.start_scheduler()
@@ -207,12 +216,47 @@ class EmbeddedSystem:
             return True if ready else None
 
         await self._wait(sockets, "the kubelet stand-in's kubelet.sock on every node", KUBELET)
+        if self.options.fleet:
+            names = [FLEET]
+            await self.supervisor.start(FLEET, self.fleet_argv())
+        else:
+            for node in self.cluster.nodes:
+                files = self.node_files[node.name]
+                await self.supervisor.start(f"agent-{node.name}", self.monitor_argv(node.name, files))
+            names = [f"agent-{n.name}" for n in self.cluster.nodes]
+        await self._wait(self._all_registered, "every node agent to register its cards", KUBELET, *names)
+        how = f"in one process ({FLEET})" if self.options.fleet else "one process each"
+        self.progress(
+            f"monitors    {len(self.cluster.nodes)} node agents {how} registered, device plugins serving"
+        )
+
+    def fleet_argv(self) -> list[str]:
+        """``python -m nodeagent.fleet`` for every node, its fleet file written beside the node files."""
+        entries = []
         for node in self.cluster.nodes:
             files = self.node_files[node.name]
-            await self.supervisor.start(f"agent-{node.name}", self.monitor_argv(node.name, files))
-        names = [f"agent-{n.name}" for n in self.cluster.nodes]
-        await self._wait(self._all_registered, "every node agent to register its cards", KUBELET, *names)
-        self.progress(f"monitors    {len(names)} node agents registered, device plugins serving")
+            entry: dict[str, str] = {
+                "name": node.name,
+                "sim_devices": str(files.devices),
+                "kubelet_dir": str(files.kubelet_dir),
+                "config": str(files.config),
+            }
+            if files.hook is not None:
+                entry |= {"hook_path": str(files.hook), "lock_dir": str(files.hook / "vgpulock")}
+            entries.append(entry)
+        fleet_file = self.workdir / "fleet.yaml"
+        fleet_file.write_text(yaml.safe_dump({"nodes": entries}, sort_keys=False), encoding="utf-8")
+        metrics = free_port()
+        self.metrics_urls[FLEET] = f"http://127.0.0.1:{metrics}/metrics"
+        return python_argv(
+            "-m", "nodeagent.fleet",
+            "--fleet", str(fleet_file),
+            "--kubeconfig", str(self.kubeconfigs[NODE_AGENT]),
+            "--device-config", str(self.device_config),
+            "--register-interval", str(self.options.register_interval),
+            "--metrics-listen", f"127.0.0.1:{metrics}",
+            "--log-level", self.options.log_level,
+        )  # fmt: skip
 
     def monitor_argv(self, node: str, files: NodeFiles) -> list[str]:
         metrics = free_port()
