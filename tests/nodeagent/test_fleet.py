@@ -130,7 +130,7 @@ async def test_fifty_nodes_register_every_30s_and_each_serves_allocate_and_relea
         await take_lock(api, "bystander", node_name(5))  # a bind in flight elsewhere: never touched
         for i in chosen:
             await placed(
-                apiserver, api, f"p{i}", [[g(cards_of(i)[1])]], grant_node=node_name(i), node=node_name(i)
+                apiserver, api, f"p{i}", ((g(cards_of(i)[1]),),), grant_node=node_name(i), node=node_name(i)
             )
             pod = await (await apiserver.get(POD + f"p{i}")).json()
             kubelets[i].observe("ADDED", pod)  # the stand-in's pod watch, as it dispatches by spec.nodeName
