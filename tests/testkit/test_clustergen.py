@@ -23,8 +23,7 @@ from hami_testkit.clustergen import (
     parse_mix,
 )
 from hami_testkit.demo_session import demo_cluster
-
-OPENB = Path(__file__).resolve().parents[3] / "shared" / "data" / "openb"
+from tests.simulate.shipped import OPENB
 
 
 def test_a_mix_reads_models_card_counts_and_weights() -> None:
@@ -78,9 +77,8 @@ def test_a_node_lists_mix_counts_its_nodes_per_model_and_card_count() -> None:
     assert set(MODELS) >= {s.model for s in OPENB_MIX}
 
 
-@pytest.mark.skipif(not OPENB.is_dir(), reason="shared/data/openb not beside the checkout")
 def test_the_built_in_openb_mix_is_the_published_node_lists() -> None:
-    found = mix_from_nodes(read_nodes(OPENB / "openb_node_list_gpu_node.csv"), source="openb")
+    found = mix_from_nodes(read_nodes(OPENB / "openb_node_list_gpu_node.csv.gz"), source="openb")
     assert sorted(found, key=lambda s: (s.model, s.cards)) == sorted(
         OPENB_MIX, key=lambda s: (s.model, s.cards)
     )
