@@ -206,7 +206,7 @@ def test_the_fleet_takes_the_agents_flags_refuses_per_node_ones_and_nvml(
         parse_fleet_config(["--fleet", str(fleet_file), "--backend", "nvml"], {})
     with pytest.raises(ConfigError, match="HAMI_BACKEND='auto'"):
         parse_fleet_config(["--fleet", str(fleet_file)], {"HAMI_BACKEND": "auto"})
-    with pytest.raises(ConfigError, match="--start-spread must be at least 0, got .-1."):
+    with pytest.raises(ConfigError, match=re.escape("--start-spread must be at least 0, got '-1'")):
         parse_fleet_config(["--fleet", str(fleet_file), "--start-spread", "-1"], {})
     with pytest.raises(SystemExit) as exited:  # argparse's usage error, as for the agent's own flags
         main(["--fleet", str(fleet_file), "--sim-devices", "x.yaml"])
