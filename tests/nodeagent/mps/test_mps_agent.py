@@ -27,7 +27,6 @@ from hami.annotations import (
 )
 from hami.core.model import Device, Grant
 from hami.settings import ConfigError
-from nodeagent.__main__ import mps_control
 from nodeagent.backends.base import EXCLUSIVE_PROCESS
 from nodeagent.backends.simulated import SimBackend
 from nodeagent.config import AgentConfig, NodeSettings, parse_agent_config
@@ -38,6 +37,7 @@ from nodeagent.mps.control import MpsControl, pid_alive
 from nodeagent.mps.keeper import close_gone, restore
 from nodeagent.mps.protocol import CardLimit, MpsState, namespace_create
 from nodeagent.registrar import Registrar, card_enforcement
+from nodeagent.wiring import mps_control
 from tests.builders import create, make_pod
 from tests.eventually import eventually
 
