@@ -17,6 +17,7 @@ the way kube-apiserver answers it (a ``Status`` with the policy's reason and cod
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import contextvars
@@ -45,6 +46,7 @@ from hami_testkit.restapi import (
     install,
     install_openapi,
     is_namespace_path,
+    not_found,
     now_utc,
     stamp_create,
     status,
@@ -63,6 +65,7 @@ _POLICY_GROUP = "admissionregistration.k8s.io"
 _CURRENT: contextvars.ContextVar[kmock.Request] = contextvars.ContextVar("request")
 #: The namespaces of a new cluster.
 NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+PODS = kmock.resource("v1/pods")
 #: How many latest requests the embedded apiserver keeps for the DSL's views (kmock keeps all).
 REQUEST_LOG = 2000
 
@@ -230,9 +233,50 @@ def _merge(target: Any, patch: Mapping[str, Any]) -> dict[str, Any]:
     return result
 
 
+async def assign_pod(
+    k: kmock.KubernetesEmulator, namespace: str, name: str, node: str, uid: str = ""
+) -> tuple[int, dict[str, Any]]:
+    """``POST pods/<name>/binding`` as kube-apiserver answers it: ``(status, body)``.
+
+    A missing pod is 404; a pod being deleted, one that already has a node (the same one included) or
+    one whose uid is not the Binding's ``metadata.uid`` is 409 Conflict with kube-apiserver's message,
+    and nothing changes; else ``spec.nodeName`` is set through the emulator's own merge PATCH (watchers
+    see a ``MODIFIED`` event). The caller serialises Bindings (:func:`add_reactions` holds a lock), so
+    of concurrent Bindings of one pod exactly one lands."""
+    key = (PODS, namespace, name)
+    if key not in k.objects or k.objects[key].deleted:
+        return 404, not_found("pods", name)
+    pod = dict(k.objects[key].raw)
+    meta = objects.meta(pod)
+    current_uid = str(meta.get("uid") or "")
+    if uid and current_uid and uid != current_uid:  # (kmock's plain emulator stores pods without a uid)
+        why = f"Precondition failed: UID in precondition: {uid}, UID in object meta: {current_uid}"
+        return 409, _conflict("pods", name, why)
+    if meta.get("deletionTimestamp"):
+        return 409, _conflict(
+            "pods/binding", name, f"pod {name} is being deleted, cannot be assigned to a host"
+        )
+    assigned = objects.spec(pod).get("nodeName")
+    if assigned:
+        return 409, _conflict("pods/binding", name, f'pod {name} is already assigned to node "{assigned}"')
+    path = f"/api/v1/namespaces/{namespace}/pods/{name}"
+    response = await k.patch(path, json={"spec": {"nodeName": node}})
+    if response.status != 200:  # e.g. the pod is gone: answer with the patch's own status
+        answer: dict[str, Any] = await response.json()
+        return response.status, answer
+    return 201, {"apiVersion": "v1", "kind": "Status", "status": "Success", "code": 201}
+
+
+def _conflict(resource: str, name: str, why: str) -> dict[str, Any]:
+    """kube-apiserver's ``errors.NewConflict``: 409 Conflict naming the resource and the object."""
+    message = f'Operation cannot be fulfilled on {resource} "{name}": {why}'
+    return status(409, "Conflict", message, {"name": name, "kind": resource})
+
+
 async def add_reactions(k: kmock.KubernetesEmulator) -> None:
     """Load the bundled discovery data and install the binding, discovery and list-kind reactions."""
     k.resources.load_bundled()
+    binding = asyncio.Lock()
 
     async def bind(request: kmock.Request) -> Any:
         data = request.data
@@ -241,14 +285,12 @@ async def add_reactions(k: kmock.KubernetesEmulator) -> None:
         if not isinstance(target, str) or not target:
             message = "a Binding must name its target node in target.name"
             return kmock.Response(status=400, payload=status(400, "BadRequest", message))  # type: ignore[attr-defined]
-        path = f"/api/v1/namespaces/{request.namespace}/pods/{request.name}"
-        response = await k.patch(path, json={"spec": {"nodeName": target}})
-        if response.status != 200:  # e.g. the pod is gone: answer with the patch's own status
-            return kmock.Response(status=response.status, payload=await response.json())  # type: ignore[attr-defined]
-        success = {"apiVersion": "v1", "kind": "Status", "status": "Success", "code": 201}
+        uid = objects.uid(data) if isinstance(data, dict) else ""
         # always a Response with its status: kmock keeps the status of the last one returned for the
         # reaction's later answers (a 404 once made every later Binding a 404 with a Success body)
-        return kmock.Response(status=201, payload=success)  # type: ignore[attr-defined]
+        async with binding:  # one Binding at a time: the check and the write are one step
+            code, body = await assign_pod(k, str(request.namespace), str(request.name), target, uid)
+        return kmock.Response(status=code, payload=body)  # type: ignore[attr-defined]
 
     k["post", kmock.resource("v1/pods"), kmock.subresource("binding")] << bind
 

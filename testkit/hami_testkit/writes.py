@@ -15,14 +15,16 @@ ahead of kmock (kmock stores a write before any reaction runs), in kube-apiserve
    does, having read the OpenAPI); then the create stamps (:func:`hami_testkit.restapi.stamp_create`);
 3. ``PUT`` (which kmock lacks) replaces the object whole, refusing a stale ``resourceVersion`` (409) and
    pods (405: the admission policies guard pod patches);
-4. on update: the new ``resourceVersion``; a strategic merge patch is turned into the merge patch with
-   the same effect (:mod:`hami_testkit.smp`: lists merged by the schema's merge keys); on delete, the
-   DeleteOptions of the body (JSON or protobuf) or the query are checked (:mod:`hami_testkit.deletion`:
-   a dry run deletes nothing, a failed precondition is 409) and the object's last version gets the new
-   ``resourceVersion``.
+4. on update: a merge patch that names a stale ``resourceVersion`` is 409 Conflict, as kube-apiserver's
+   optimistic concurrency answers it; else the new ``resourceVersion``; a strategic merge patch is
+   turned into the merge patch with the same effect (:mod:`hami_testkit.smp`: lists merged by the
+   schema's merge keys); on delete, the DeleteOptions of the body (JSON or protobuf) or the query are
+   checked (:mod:`hami_testkit.deletion`: a dry run deletes nothing, a failed precondition is 409) and
+   the object's last version gets the new ``resourceVersion``.
 
 :func:`error_status` renders an exception as kube-apiserver's ``Status`` (``pods "x" not found``,
-``AlreadyExists``, ``InternalError``), never kmock's hints or a traceback.
+``AlreadyExists``, a JSON patch that does not apply (a failed ``test``) as 422 ``Invalid``,
+``InternalError``), never kmock's hints or a traceback.
 Simulation only. Must not import ``hami.kube``, ``webhook`` or ``nodeagent``.
 """
 
@@ -34,6 +36,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 import aiohttp.web
+import jsonpatch
 import kmock
 import yaml
 
@@ -114,6 +117,9 @@ async def before_store(k: Writable, request: kmock.Request) -> aiohttp.web.Strea
     if request.action == kmock.action.CREATE and not request.subresource and isinstance(request.data, dict):
         return await _create(k, request, request.data)
     if request.action == kmock.action.UPDATE and request.data is not None:
+        stale = _stale_version(k, request)
+        if stale is not None:
+            return stale
         if STRATEGIC in content_type and isinstance(request.data, dict):
             converted = _as_merge_patch(k, request, request.data)
             request.data.clear()
@@ -123,6 +129,26 @@ async def before_store(k: Writable, request: kmock.Request) -> aiohttp.web.Strea
     elif request.action == kmock.action.DELETE and request.name is not None:
         return _delete(k, request)
     return None
+
+
+def _stale_version(k: Writable, request: kmock.Request) -> aiohttp.web.StreamResponse | None:
+    """kube-apiserver's optimistic concurrency on a merge patch: one that names a ``resourceVersion``
+    other than the stored one is 409 Conflict and changes nothing."""
+    wanted = objects.meta(request.data).get("resourceVersion") if isinstance(request.data, dict) else None
+    key = _key(request)
+    if not wanted or key not in k.objects or k.objects[key].deleted:
+        return None
+    if str(wanted) == str(objects.meta(k.objects[key].raw).get("resourceVersion") or ""):
+        return None
+    assert request.resource is not None and request.name is not None
+    return _json(409, _modified(str(request.resource.plural), request.name))
+
+
+def _modified(plural: str, name: str) -> JsonDict:
+    """409 Conflict for a write based on an older version of the object."""
+    message = f'Operation cannot be fulfilled on {plural} "{name}": the object has been modified; '
+    message += "please apply your changes to the latest version and try again"
+    return status(409, "Conflict", message, {"name": name, "kind": plural})
 
 
 def _delete(k: Writable, request: kmock.Request) -> aiohttp.web.StreamResponse | None:
@@ -210,11 +236,7 @@ async def _replace(k: Writable, request: kmock.Request) -> aiohttp.web.StreamRes
     body = request.data
     meta = body.setdefault("metadata", {})
     if meta.get("resourceVersion") and meta["resourceVersion"] != old_meta.get("resourceVersion"):
-        message = (
-            f'Operation cannot be fulfilled on {plural} "{request.name}": the object has been modified; '
-        )
-        message += "please apply your changes to the latest version and try again"
-        return _json(409, status(409, "Conflict", message, {"name": request.name, "kind": plural}))
+        return _json(409, _modified(plural, request.name))
     for field in ("uid", "creationTimestamp", "namespace", "generation"):
         if old_meta.get(field) is not None:
             meta[field] = old_meta[field]
@@ -274,4 +296,9 @@ def error_status(exc: Exception, request: kmock.Request | None) -> tuple[int, Js
             details = exc.details
         reason = exc.reason or "InternalError"
         return exc.status, status(exc.status, reason, exc.message or reason, details)
+    if isinstance(exc, jsonpatch.JsonPatchException | jsonpatch.JsonPointerException):
+        # a JSON patch that does not apply (a failed ``test`` included): kmock applies it whole or not
+        # at all, and kube-apiserver answers 422
+        message = f"the server rejected our request due to an error in our request: {exc}"
+        return 422, status(422, "Invalid", message)
     return 500, status(500, "InternalError", f"Internal error occurred: {exc}")
