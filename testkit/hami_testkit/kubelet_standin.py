@@ -7,10 +7,9 @@ of one or more nodes, as far as the device plugin can see it:
   registers, dials ``<kubelet-dir>/<endpoint>``, follows ``ListAndWatch`` and publishes the healthy
   device count as the node's ``status.capacity/allocatable[<resource>]``;
 * for every pod bound to its node (``spec.nodeName``) that is still ``Pending``, admits it as kubelet
-  does: for each container (init containers first) asking for a plugin's resource, picks that many
-  free replica IDs (asking ``GetPreferredAllocation`` when the plugin offers it), calls ``Allocate``
-  with them (and ``PreStartContainer`` when required), then patches ``status.phase=Running``; an
-  ``Allocate`` error fails the pod with ``UnexpectedAdmissionError`` as kubelet does;
+  does, through the test kit's one kubelet model (:class:`hami_testkit.device_manager.DeviceManager`:
+  replica IDs per container, ``GetPreferredAllocation``, ``Allocate``, ``PreStartContainer``, then
+  ``status.phase=Running``, or ``UnexpectedAdmissionError``), calling the plugin over gRPC;
 * keeps what it handed out in ``<kubelet-dir>/kubelet_internal_checkpoint`` (JSON, readable: pod,
   container, resource, device IDs and the plugin's answer) and frees the IDs when the pod goes away
   or finishes (Succeeded or Failed), as kubelet's device manager does.
@@ -25,12 +24,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import datetime
 import json
 import logging
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +40,7 @@ from hami.kube.client import KubeError, NotFound, call_json, core_api, load_api_
 from hami.kube.protocol import KubeApi
 from hami.kube.watch import ListWatcher
 from hami.kubeletapi import api_pb2, api_pb2_grpc
+from hami_testkit.device_manager import AdmissionError, Assigned, DeviceManager, PluginRefused
 
 logger = logging.getLogger("kubelet-standin")
 MERGE_PATCH = "application/merge-patch+json"
@@ -61,16 +60,22 @@ class Plugin:
     devices: dict[str, bool] = field(default_factory=dict)  # replica ID -> healthy, in plugin order
     task: asyncio.Task[None] | None = None
 
+    # the calls of :class:`hami_testkit.device_manager.PluginCalls`, over gRPC
+    async def preferred(self, request: Any) -> Any:
+        return await _rpc(self.stub.GetPreferredAllocation, request)
 
-@dataclass
-class Assigned:
-    """What one admitted pod holds: replica IDs per (container, resource) and the plugin answers."""
+    async def allocate(self, request: Any) -> Any:
+        return await _rpc(self.stub.Allocate, request)
 
-    uid: str
-    entries: list[dict[str, Any]] = field(default_factory=list)
+    async def pre_start(self, request: Any) -> Any:
+        return await _rpc(self.stub.PreStartContainer, request)
 
-    def ids(self) -> set[str]:
-        return {i for entry in self.entries for i in entry["deviceIDs"]}
+
+async def _rpc(method: Any, request: Any) -> Any:
+    try:
+        return await method(request, timeout=RPC_TIMEOUT)
+    except grpc.aio.AioRpcError as exc:
+        raise PluginRefused(exc.code().name, str(exc.details())) from exc
 
 
 class NodeKubelet:
@@ -82,7 +87,7 @@ class NodeKubelet:
         self.dir = kubelet_dir
         self.plugin_wait = plugin_wait
         self.plugins: dict[str, Plugin] = {}
-        self.assigned: dict[tuple[str, str], Assigned] = {}
+        self.manager = DeviceManager(node, lambda: self.plugins, self._plugin_for)
         self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self.queued: set[tuple[str, str, str]] = set()
         self.plugin_changed = asyncio.Event()
@@ -163,6 +168,11 @@ class NodeKubelet:
             self.api, core_api(self.api).patch_node_status, self.node, body, _content_type=MERGE_PATCH
         )
 
+    @property
+    def assigned(self) -> dict[tuple[str, str], Assigned]:
+        """What each admitted pod holds (the device manager's)."""
+        return self.manager.assigned
+
     # ---------------------------------------------------------------------------------- pods
 
     def observe(self, kind: str, pod: dict[str, Any]) -> None:
@@ -184,7 +194,7 @@ class NodeKubelet:
         self.queue.put_nowait(pod)
 
     def release(self, key: tuple[str, str]) -> None:
-        if self.assigned.pop(key, None) is not None:
+        if self.manager.release(key):
             self._write_checkpoint()
 
     async def _admit_loop(self) -> None:
@@ -200,90 +210,17 @@ class NodeKubelet:
                 self.queued.discard((*key, str(meta.get("uid") or "")))
 
     async def admit(self, pod: dict[str, Any]) -> None:
-        meta = pod["metadata"]
-        key = (str(meta.get("namespace") or ""), str(meta["name"]))
-        spec = pod.get("spec") or {}
-        held = Assigned(uid=str(meta.get("uid") or ""))
-        self.assigned[key] = held
-        containers = [(c, True) for c in spec.get("initContainers") or []]
-        containers += [(c, False) for c in spec.get("containers") or []]
-        try:
-            for container, _ in containers:
-                for resource, count in _device_requests(container).items():
-                    if resource not in self.plugins:
-                        continue  # not a device-plugin resource (e.g. nvidia.com/gpumem): kubelet ignores it
-                    entry = await self._allocate(key, container["name"], resource, count, held)
-                    held.entries.append(entry)
-        except _AdmissionError as exc:
-            self.release(key)
-            logger.warning("%s: %s/%s: %s", self.node, *key, exc)
-            await self._set_status(key, _failed_status(str(exc)))
-            return
-        self._write_checkpoint()
-        logger.info("%s: %s/%s admitted (%d allocations)", self.node, *key, len(held.entries))
-        await self._set_status(key, _running_status(pod, [c for c, init in containers if init]))
+        key = (objects.namespace(pod), objects.name(pod))
 
-    async def _allocate(
-        self, key: tuple[str, str], container: str, resource: str, count: int, held: Assigned
-    ) -> dict[str, Any]:
-        plugin = await self._plugin_for(resource)
-        in_use = {i for other in self.assigned.values() for i in other.ids()} | held.ids()
-        free = [i for i, healthy in plugin.devices.items() if healthy and i not in in_use]
-        if len(free) < count:
-            raise _AdmissionError(
-                f"Allocate failed due to requested number of devices unavailable for {resource}. "
-                f"Requested: {count}, Available: {len(free)}, which is unexpected"
-            )
-        chosen = free[:count]
-        try:
-            if plugin.options.get_preferred_allocation_available:
-                chosen = await self._preferred(plugin, free, count) or chosen
-            request = api_pb2.AllocateRequest(
-                container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=chosen)]
-            )
-            answer = await plugin.stub.Allocate(request, timeout=RPC_TIMEOUT)
-            if plugin.options.pre_start_required:
-                await plugin.stub.PreStartContainer(
-                    api_pb2.PreStartContainerRequest(devices_ids=chosen), timeout=RPC_TIMEOUT
-                )
-        except grpc.aio.AioRpcError as exc:
-            raise _AdmissionError(
-                f"Allocate failed due to rpc error: code = {exc.code().name} desc = {exc.details()}, "
-                "which is unexpected"
-            ) from exc
-        response = (
-            answer.container_responses[0]
-            if answer.container_responses
-            else api_pb2.ContainerAllocateResponse()
-        )
-        return {
-            "podUID": held.uid,
-            "namespace": key[0],
-            "pod": key[1],
-            "containerName": container,
-            "resourceName": resource,
-            "deviceIDs": list(chosen),
-            "envs": dict(response.envs),
-            "annotations": dict(response.annotations),
-            "mounts": [
-                {"containerPath": m.container_path, "hostPath": m.host_path, "readOnly": m.read_only}
-                for m in response.mounts
-            ],
-            "devices": [
-                {"containerPath": d.container_path, "hostPath": d.host_path} for d in response.devices
-            ],
-        }
+        async def report(key: tuple[str, str], status: dict[str, Any]) -> None:
+            self._write_checkpoint()  # what was handed out is on disk before the pod shows Running
+            await self._set_status(key, status)
 
-    async def _preferred(self, plugin: Plugin, free: list[str], count: int) -> list[str] | None:
-        request = api_pb2.PreferredAllocationRequest(
-            container_requests=[
-                api_pb2.ContainerPreferredAllocationRequest(available_deviceIDs=free, allocation_size=count)
-            ]
-        )
-        answer = await plugin.stub.GetPreferredAllocation(request, timeout=RPC_TIMEOUT)
-        ids = list(answer.container_responses[0].deviceIDs) if answer.container_responses else []
-        # kubelet ignores a preference that is not a valid pick
-        return ids if len(ids) == count and set(ids) <= set(free) else None
+        done = await self.manager.admit(pod, report)
+        if done.admitted:
+            logger.info("%s: %s/%s admitted (%d allocations)", self.node, *key, len(done.entries))
+        else:
+            logger.warning("%s: %s/%s: %s", self.node, *key, done.message)
 
     async def _plugin_for(self, resource: str) -> Plugin:
         """The registered plugin with devices for ``resource``; waits (bounded) for it to (re)appear."""
@@ -295,7 +232,7 @@ class NodeKubelet:
                 return plugin
             remaining = deadline - loop.time()
             if remaining <= 0:
-                raise _AdmissionError(f"no device plugin serves {resource} on node {self.node}")
+                raise AdmissionError(f"no device plugin serves {resource} on node {self.node}")
             self.plugin_changed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.plugin_changed.wait(), remaining)
@@ -316,10 +253,6 @@ class NodeKubelet:
         tmp.replace(self.dir / CHECKPOINT)
 
 
-class _AdmissionError(Exception):
-    """The pod cannot be admitted on this node; the text is kubelet's status message."""
-
-
 class _Registration(api_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
     def __init__(self, kubelet: NodeKubelet) -> None:
         self._kubelet = kubelet
@@ -330,67 +263,6 @@ class _Registration(api_pb2_grpc.RegistrationServicer):  # type: ignore[misc]
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         return api_pb2.Empty()
-
-
-def _device_requests(container: Mapping[str, Any]) -> dict[str, int]:
-    """Extended resources (``vendor/name`` with an integer count > 0) a container asks for; only those a
-    device plugin registered are allocated (kubelet treats the others as plain node resources)."""
-    resources = container.get("resources") or {}
-    merged = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
-    wanted: dict[str, int] = {}
-    for name, value in merged.items():
-        if "/" not in name or name.startswith(("kubernetes.io/", "hugepages-")):
-            continue
-        try:
-            count = int(str(value))
-        except ValueError:
-            continue
-        if count > 0:
-            wanted[name] = count
-    return wanted
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _running_status(pod: Mapping[str, Any], init: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    now = _now()
-    containers = (pod.get("spec") or {}).get("containers") or []
-    return {
-        "phase": "Running",
-        "hostIP": "127.0.0.1",
-        "startTime": now,
-        "conditions": [
-            {"type": kind, "status": "True", "lastTransitionTime": now}
-            for kind in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
-        ],
-        "initContainerStatuses": [
-            {
-                "name": c["name"],
-                "ready": True,
-                "restartCount": 0,
-                "image": c.get("image", ""),
-                "state": {"terminated": {"exitCode": 0, "reason": "Completed", "finishedAt": now}},
-            }
-            for c in init
-        ],
-        "containerStatuses": [
-            {
-                "name": c["name"],
-                "ready": True,
-                "started": True,
-                "restartCount": 0,
-                "image": c.get("image", ""),
-                "state": {"running": {"startedAt": now}},
-            }
-            for c in containers
-        ],
-    }
-
-
-def _failed_status(message: str) -> dict[str, Any]:
-    return {"phase": "Failed", "reason": "UnexpectedAdmissionError", "message": message}
 
 
 # ------------------------------------------------------------------------------------------ process

@@ -1,7 +1,8 @@
 """The API server the components under test talk to, with faults as data.
 
-The scheduler and the node agent reach the store (:class:`~.store.Store`: kmock's objects served with
-kube-apiserver's rules) over HTTP through :class:`FaultProxy`, on 127.0.0.1 with an OS-chosen port. Each
+The scheduler and the node agent reach the API server (the test kit's embedded apiserver, started by
+:func:`~.apiserver.running`) over HTTP through :class:`FaultProxy`, a reverse proxy on 127.0.0.1 with an
+OS-chosen port that forwards each request to it unchanged and returns its answer unchanged. Each
 request is classified (``pod-get``, ``pod-patch``, ``binding``, ``node-get``, ``node-patch``,
 ``pod-list``, ``event``, ``other``), attributed to a caller by its User-Agent (``integrity-scheduler``
 or ``integrity-agent``, see :data:`WHO`) and checked against the armed one-shot :class:`Rule` list.
@@ -19,7 +20,8 @@ out: released after it, a held or late request is never applied and a held answe
 
 Nothing here sleeps: parked requests wait on an ``asyncio.Event`` that the program sets (``release``).
 The proxy keeps the counters the settle loop needs (``received``, ``inflight``, ``waiting``,
-``released``). Events are never faulted. Test code only; imports aiohttp.
+``released``). Events are never faulted. The faults live here, in front of the API server, not in
+it: the test kit's emulator stays the one every test uses. Test code only; imports aiohttp.
 """
 
 from __future__ import annotations
@@ -32,9 +34,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+import aiohttp
 from aiohttp import web
-
-from .store import Store, serve
 
 #: User-Agent prefix -> caller name used in rules (``load_api_client(component=...)``).
 WHO = {"integrity-scheduler": "scheduler", "integrity-agent": "agent"}
@@ -121,16 +122,18 @@ def _status(code: int, reason: str, message: str) -> web.Response:
 
 
 class FaultProxy:
-    """Serves ``store`` on 127.0.0.1 with an OS-chosen port, applying the armed faults."""
+    """Serves the API server at ``upstream`` on 127.0.0.1 with an OS-chosen port, applying the armed
+    faults."""
 
     def __init__(
         self,
-        store: Store,
+        upstream: str,
         *,
         clock: Callable[[], datetime.datetime] | None = None,
         limit: datetime.timedelta = datetime.timedelta(seconds=30),
     ) -> None:
-        self.store = store
+        self.upstream = upstream.rstrip("/")
+        self._session: aiohttp.ClientSession | None = None
         self._clock, self._limit = clock, limit
         self._rules: list[Rule] = []
         self.parked: list[Parked] = []  # not yet released, in arrival order
@@ -144,6 +147,7 @@ class FaultProxy:
 
     # ------------------------------------------------------------------------------------ lifecycle
     async def start(self) -> str:
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=1.0)
@@ -162,6 +166,8 @@ class FaultProxy:
             await asyncio.wait(set(self._late), timeout=10)
         if self._runner is not None:
             await self._runner.cleanup()
+        if self._session is not None:
+            await self._session.close()
 
     # ---------------------------------------------------------------------------------------- rules
     def arm(self, rule: Rule) -> None:
@@ -198,14 +204,21 @@ class FaultProxy:
 
     # -------------------------------------------------------------------------------------- serving
     async def _forward(self, call: Call) -> web.Response:
-        """Apply the call to the store (the observer sees writes first) and answer it."""
+        """Send the call to the API server (the observer sees writes first) and answer with its answer."""
         after = None
         if self.observer is not None and call.method != "GET" and call.kind != "event":
             after = await self.observer(call)
-        status, payload = serve(self.store, call.method, call.target.partition("?")[0], call.body)
+        assert self._session is not None, "start() the proxy first"
+        headers = {"Accept": "application/json"}
+        if call.content_type:
+            headers["Content-Type"] = call.content_type
+        async with self._session.request(
+            call.method, self.upstream + call.target, data=call.body or None, headers=headers
+        ) as answer:
+            status, payload = answer.status, await answer.read()
         if after is not None:
             after(status)
-        return web.Response(status=status, body=json.dumps(payload).encode(), content_type="application/json")
+        return web.Response(status=status, body=payload, content_type="application/json")
 
     def _park(self, summary: str, mode: Mode, *, waiting: bool) -> Parked:
         self._numbers += 1

@@ -5,15 +5,16 @@ without its watches) under a loopback ``TestServer`` whose handlers are cancelle
 disconnects (so :meth:`Extender.kill` stops a bind where it stands, like SIGKILL), an API client going
 through the fault proxy, and a snapshot fed by :meth:`Extender.sync` from the API server's current
 objects (the program decides when the "watch" delivers: after every step). :class:`NodeSide` is one
-node: the real agent (``Allocator`` behind ``DevicePluginService``) and a kubelet device-manager model
-that admits a bound pod container by container (``GetPreferredAllocation``, then ``Allocate`` with
-replica IDs it holds free), records what each container was served, and sets the pod Running, or
-Failed with ``UnexpectedAdmissionError`` when Allocate refuses. Test code only.
+node: the real agent (``Allocator`` behind ``DevicePluginService``) and the test kit's kubelet model
+(:class:`hami_testkit.device_manager.DeviceManager`, the one the embedded cluster's kubelet stand-in
+runs), calling the plugin's servicer in-process, that admits a bound pod container by container
+(``GetPreferredAllocation``, then ``Allocate`` with replica IDs it holds free) and sets the pod
+Running, or Failed with ``UnexpectedAdmissionError`` when Allocate refuses; :class:`NodeSide` records
+what each container was served. Test code only.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import datetime
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -22,19 +23,21 @@ from typing import Any
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from hami import objects
 from hami.core.model import Grant
 from hami.kube.client import load_api_client
 from hami.kubeletapi import api_pb2
 from hami.scheduler.app import create_app
 from hami.scheduler.config import SchedulerSettings
 from hami.scheduler.main import build_context
+from hami_testkit.device_manager import DeviceManager, PluginRefused
 from nodeagent.allocate_call import Allocator
 from nodeagent.backends.simulated import SimBackend
 from nodeagent.config import NodeSettings
 from nodeagent.deviceplugin.server import DevicePluginService, kubelet_devices
 from nodeagent.inventory import Inventory
 
-from .checker import Served, bound_to, key_of, meta, phase_of
+from .checker import TERMINAL, Served, bound_to, key_of, meta, phase_of
 
 GPU = "nvidia.com/gpu"
 
@@ -130,24 +133,39 @@ class Extender:
         self.api.close()
 
 
-class Rejected(Exception):
-    """``context.abort`` of the device plugin: kubelet sees an RPC error."""
-
-
 class _Context:
-    """The part of a gRPC servicer context the device plugin uses."""
+    """The part of a gRPC servicer context the device plugin uses: ``abort`` is the RPC error kubelet
+    sees."""
 
     async def abort(self, code: Any, details: str) -> None:
-        raise Rejected(f"{code.name}: {details}")
+        raise PluginRefused(code.name, details)
 
 
-def _gpus(container: Mapping[str, Any]) -> int:
-    resources = container.get("resources") or {}
-    merged = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
-    try:
-        return int(str(merged.get(GPU, "0")))
-    except ValueError:
-        return 0
+class InProcessPlugin:
+    """The agent's device-plugin servicer, called in-process as kubelet calls it over gRPC
+    (:class:`hami_testkit.device_manager.PluginCalls`; any other exception is gRPC's ``UNKNOWN``)."""
+
+    def __init__(self, service: DevicePluginService, ids: Sequence[str], options: Any) -> None:
+        self.service = service
+        self.devices = dict.fromkeys(ids, True)
+        self.options = options
+
+    async def _call(self, method: Callable[[Any, Any], Awaitable[Any]], request: Any) -> Any:
+        try:
+            return await method(request, _Context())
+        except PluginRefused:
+            raise
+        except Exception as exc:  # gRPC answers UNKNOWN for an exception the servicer did not handle
+            raise PluginRefused("UNKNOWN", f"{type(exc).__name__}: {exc}") from exc
+
+    async def preferred(self, request: Any) -> Any:
+        return await self._call(self.service.GetPreferredAllocation, request)
+
+    async def allocate(self, request: Any) -> Any:
+        return await self._call(self.service.Allocate, request)
+
+    async def pre_start(self, request: Any) -> Any:
+        return await self._call(self.service.PreStartContainer, request)
 
 
 def served_grants(envs: Mapping[str, str]) -> tuple[Grant, ...]:
@@ -172,25 +190,22 @@ class NodeSide:
         self.plugin = DevicePluginService(
             inventory=self.inventory, settings=settings, allocator=self.allocator
         )
-        self.ids: list[str] = []
-        self.held: dict[tuple[str, str, str], list[str]] = {}  # (namespace, name, uid) -> replica ids
-        self.admitting = asyncio.Lock()  # kubelet admits one pod at a time
+        self.calls: InProcessPlugin | None = None
+        self.kubelet = DeviceManager(name, lambda: [GPU], self._plugin_for)
 
     async def start(self) -> None:
         await self.inventory.refresh()
-        self.ids = [d.ID for d in kubelet_devices(self.inventory.cards, self.settings)]
+        ids = [d.ID for d in kubelet_devices(self.inventory.cards, self.settings)]
+        options = await self.plugin.GetDevicePluginOptions(api_pb2.Empty(), _Context())
+        self.calls = InProcessPlugin(self.plugin, ids, options)
 
-    def _free(self, pods: Mapping[tuple[str, str], Mapping[str, Any]]) -> list[str]:
-        live = set()
-        for (namespace, name, uid), ids in self.held.items():
-            pod = pods.get((namespace, name))
-            if (
-                pod is not None
-                and str(meta(pod).get("uid")) == uid
-                and phase_of(pod) not in ("Succeeded", "Failed")
-            ):
-                live.update(ids)
-        return [i for i in self.ids if i not in live]
+    async def _plugin_for(self, resource: str) -> InProcessPlugin:
+        assert self.calls is not None, "start() the node first"
+        return self.calls
+
+    def admitted(self, pod: Mapping[str, Any]) -> bool:
+        """Kubelet admits a pod (uid) once."""
+        return (*key_of(pod), str(meta(pod).get("uid"))) in self.kubelet.admitted
 
     async def admit(
         self,
@@ -199,80 +214,38 @@ class NodeSide:
         set_status: Callable[[Mapping[str, Any], dict[str, Any]], Awaitable[None]],
         record: Callable[[Served], None],
     ) -> str:
-        """Admit ``pod`` as kubelet does; returns what happened (for the log)."""
-        async with self.admitting:
-            namespace, name = key_of(pod)
-            uid = str(meta(pod).get("uid"))
-            spec = pod.get("spec") or {}
-            inits = list(spec.get("initContainers") or [])
-            containers = [*inits, *(spec.get("containers") or [])]
-            held = self.held.setdefault((namespace, name, uid), [])
-            for index, container in enumerate(containers):
-                count = _gpus(container)
-                if count <= 0:
-                    continue
-                free = self._free(await pods())
-                if len(free) < count:
-                    return await self._reject(pod, set_status, f"{count} {GPU} requested, {len(free)} free")
-                chosen = free[:count]
-                try:
-                    preferred = await self.plugin.GetPreferredAllocation(
-                        api_pb2.PreferredAllocationRequest(
-                            container_requests=[
-                                api_pb2.ContainerPreferredAllocationRequest(
-                                    available_deviceIDs=free, allocation_size=count
-                                )
-                            ]
-                        ),
-                        _Context(),
-                    )
-                    ids = list(preferred.container_responses[0].deviceIDs)
-                    if len(ids) == count and set(ids) <= set(free):
-                        chosen = ids
-                    answer = await self.plugin.Allocate(
-                        api_pb2.AllocateRequest(
-                            container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=chosen)]
-                        ),
-                        _Context(),
-                    )
-                except Exception as exc:  # any RPC error fails admission (gRPC answers UNKNOWN for the rest)
-                    return await self._reject(pod, set_status, f"{type(exc).__name__}: {exc}")
-                held.extend(chosen)
-                envs = dict(answer.container_responses[0].envs) if answer.container_responses else {}
-                record(
-                    Served(
-                        namespace=namespace,
-                        name=name,
-                        uid=uid,
-                        node=self.name,
-                        index=index,
-                        init=index < len(inits),
-                        grants=served_grants(envs),
-                    )
+        """Admit ``pod`` as kubelet does (the test kit's device manager); returns what happened (for the
+        log)."""
+
+        async def forget_gone() -> None:
+            """What kubelet's pod watch would have told it by now: pods gone, replaced or finished."""
+            current = await pods()
+            for key, held in list(self.kubelet.assigned.items()):
+                found = current.get(key)
+                if found is None or str(meta(found).get("uid")) != held.uid or phase_of(found) in TERMINAL:
+                    self.kubelet.release(key)
+
+        async def write(key: tuple[str, str], status: dict[str, Any]) -> None:
+            await set_status(pod, status)
+
+        done = await self.kubelet.admit(pod, write, before_each=forget_gone)
+        namespace, name = key_of(pod)
+        containers = [c["name"] for c in objects.containers_init_first(pod)]
+        inits = len((pod.get("spec") or {}).get("initContainers") or [])
+        for entry in done.entries:
+            index = containers.index(entry["containerName"])
+            record(
+                Served(
+                    namespace=namespace,
+                    name=name,
+                    uid=str(meta(pod).get("uid")),
+                    node=self.name,
+                    index=index,
+                    init=index < inits,
+                    grants=served_grants(entry["envs"]),
                 )
-            await set_status(pod, running_status(pod))
-            return "admitted"
-
-    async def _reject(
-        self,
-        pod: Mapping[str, Any],
-        set_status: Callable[[Mapping[str, Any], dict[str, Any]], Awaitable[None]],
-        why: str,
-    ) -> str:
-        await set_status(pod, {"phase": "Failed", "reason": "UnexpectedAdmissionError", "message": why})
-        return f"admission failed: {why}"
-
-
-def running_status(pod: Mapping[str, Any]) -> dict[str, Any]:
-    """Running, init containers terminated with exit code 0."""
-    inits = (pod.get("spec") or {}).get("initContainers") or []
-    return {
-        "phase": "Running",
-        "initContainerStatuses": [
-            {"name": c["name"], "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}
-            for c in inits
-        ],
-    }
+            )
+        return "admitted" if done.admitted else f"admission failed: {done.message}"
 
 
 def admissible(pod: Mapping[str, Any], node: str) -> bool:

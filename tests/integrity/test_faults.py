@@ -1,5 +1,6 @@
-"""The API server behind the fault proxy keeps kube-apiserver's rules, and each fault mode does what it
-promises, seen through the project's API client (``hami.kube``) over HTTP."""
+"""The API server behind the fault proxy (the test kit's embedded apiserver) keeps kube-apiserver's rules,
+and each fault mode does what it promises, seen through the project's API client (``hami.kube``) over
+HTTP."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import kmock
 import pytest
 
 from hami.kube.client import KubeError, call_json, core_api, load_api_client
@@ -17,29 +17,28 @@ from hami.kube.pods import MERGE_PATCH, bind_pod, get_pod, list_pods, patch_pod
 from hami_testkit.apiserver import write_kubeconfig
 from tests.eventually import eventually
 
+from .apiserver import Objects, running
 from .faults import FaultProxy, Mode, Rule, classify
-from .store import Store
 
 PODS = "/api/v1/namespaces/default/pods"
 
 
 @pytest.fixture
-async def store() -> AsyncIterator[Store]:
-    async with kmock.KubernetesEmulator() as k:
-        objects = Store(k)
+async def store() -> AsyncIterator[Objects]:
+    async with running() as objects:
         for name in ("p1", "p2"):
             body = {
                 "apiVersion": "v1",
                 "kind": "Pod",
                 "metadata": {"name": name, "namespace": "default", "uid": name},
             }
-            objects.create("pods", body)
+            await objects.create("pods", body)
         yield objects
 
 
 @pytest.fixture
-async def proxy(store: Store) -> AsyncIterator[FaultProxy]:
-    fault_proxy = FaultProxy(store)
+async def proxy(store: Objects) -> AsyncIterator[FaultProxy]:
+    fault_proxy = FaultProxy(store.url)
     await fault_proxy.start()
     yield fault_proxy
     await fault_proxy.stop()
@@ -52,7 +51,7 @@ def client(proxy: FaultProxy, tmp_path: Path) -> Any:
     api.close()
 
 
-def annotation(store: Store, name: str) -> str | None:
+def annotation(store: Objects, name: str) -> str | None:
     pod = store.get("pods", "default", name) or {}
     return ((pod.get("metadata") or {}).get("annotations") or {}).get("a")
 
@@ -69,7 +68,7 @@ def test_requests_are_classified_by_what_they_do_and_name() -> None:
     assert classify("POST", "/api/v1/namespaces/default/events") == ("event", None)
 
 
-async def test_fail_answers_500_and_applies_nothing(store: Store, proxy: FaultProxy, client: Any) -> None:
+async def test_fail_answers_500_and_applies_nothing(store: Objects, proxy: FaultProxy, client: Any) -> None:
     arm(proxy, Mode.FAIL)
     with pytest.raises(KubeError) as caught:
         await patch_pod(client, "default", "p1", annotations={"a": "1"})
@@ -78,7 +77,7 @@ async def test_fail_answers_500_and_applies_nothing(store: Store, proxy: FaultPr
     assert annotation(store, "p1") == "2"
 
 
-async def test_lost_applies_then_answers_500(store: Store, proxy: FaultProxy, client: Any) -> None:
+async def test_lost_applies_then_answers_500(store: Objects, proxy: FaultProxy, client: Any) -> None:
     arm(proxy, Mode.LOST)
     with pytest.raises(KubeError) as caught:
         await patch_pod(client, "default", "p1", annotations={"a": "1"})
@@ -86,7 +85,7 @@ async def test_lost_applies_then_answers_500(store: Store, proxy: FaultProxy, cl
 
 
 async def test_late_answers_504_and_applies_only_when_released(
-    store: Store, proxy: FaultProxy, client: Any
+    store: Objects, proxy: FaultProxy, client: Any
 ) -> None:
     arm(proxy, Mode.LATE)
     with pytest.raises(KubeError) as caught:
@@ -101,7 +100,7 @@ async def test_late_answers_504_and_applies_only_when_released(
     )  # landed after the newer write
 
 
-async def test_hold_parks_the_request_until_released(store: Store, proxy: FaultProxy, client: Any) -> None:
+async def test_hold_parks_the_request_until_released(store: Objects, proxy: FaultProxy, client: Any) -> None:
     arm(proxy, Mode.HOLD)
     call = asyncio.create_task(patch_pod(client, "default", "p1", annotations={"a": "1"}))
     await eventually(lambda: bool(proxy.parked), "a parked request")
@@ -112,7 +111,7 @@ async def test_hold_parks_the_request_until_released(store: Store, proxy: FaultP
 
 
 async def test_slow_applies_at_once_and_parks_the_answer(
-    store: Store, proxy: FaultProxy, client: Any
+    store: Objects, proxy: FaultProxy, client: Any
 ) -> None:
     arm(proxy, Mode.SLOW)
     call = asyncio.create_task(patch_pod(client, "default", "p1", annotations={"a": "1"}))
@@ -123,7 +122,7 @@ async def test_slow_applies_at_once_and_parks_the_answer(
 
 
 async def test_rules_match_caller_kind_and_subject_and_may_skip(
-    store: Store, proxy: FaultProxy, client: Any, tmp_path: Path
+    store: Objects, proxy: FaultProxy, client: Any, tmp_path: Path
 ) -> None:
     arm(proxy, Mode.FAIL, skip=1)
     arm(proxy, Mode.FAIL, who="agent", subject="p2")
@@ -143,12 +142,12 @@ async def test_rules_match_caller_kind_and_subject_and_may_skip(
 
 
 async def test_reads_and_writes_go_to_the_emulators_store(
-    store: Store, proxy: FaultProxy, client: Any
+    store: Objects, proxy: FaultProxy, client: Any
 ) -> None:
-    store.patch("pods", "default", "p1", {"metadata": {"annotations": {"a": "x"}}})
+    await store.patch("pods", "default", "p1", {"metadata": {"annotations": {"a": "x"}}})
     assert (await get_pod(client, "default", "p1"))["metadata"]["annotations"] == {"a": "x"}
     assert [p["metadata"]["name"] for p in await list_pods(client)] == ["p1", "p2"]
-    store.delete("pods", "default", "p2")
+    await store.delete("pods", "default", "p2")
     with pytest.raises(KubeError) as caught:
         await get_pod(client, "default", "p2")
     assert caught.value.status == 404
@@ -159,7 +158,7 @@ async def json_patch_pod(api: Any, namespace: str, name: str, operations: list[d
 
 
 async def test_every_write_gets_a_new_resource_version_and_stale_tests_fail(
-    store: Store, proxy: FaultProxy, client: Any
+    store: Objects, proxy: FaultProxy, client: Any
 ) -> None:
     read = await patch_pod(client, "default", "p1", annotations={"a": "1"})
     version = read["metadata"]["resourceVersion"]
@@ -183,10 +182,10 @@ async def test_every_write_gets_a_new_resource_version_and_stale_tests_fail(
 
 
 async def test_a_request_parked_past_its_limit_times_out_unapplied(
-    store: Store, proxy: FaultProxy, tmp_path: Path
+    store: Objects, proxy: FaultProxy, tmp_path: Path
 ) -> None:
     now = [datetime.datetime(2026, 5, 1, tzinfo=datetime.UTC)]
-    limited = FaultProxy(store, clock=lambda: now[0], limit=datetime.timedelta(seconds=30))
+    limited = FaultProxy(store.url, clock=lambda: now[0], limit=datetime.timedelta(seconds=30))
     await limited.start()
     api = load_api_client(
         str(write_kubeconfig(tmp_path / "limited", limited.url)), component="integrity-scheduler"
@@ -208,7 +207,7 @@ async def test_a_request_parked_past_its_limit_times_out_unapplied(
     assert (annotation(store, "p1"), annotation(store, "p2")) == ("late", None)
 
 
-async def test_bindings_follow_kube_apiservers_rules(store: Store, proxy: FaultProxy, client: Any) -> None:
+async def test_bindings_follow_kube_apiservers_rules(store: Objects, proxy: FaultProxy, client: Any) -> None:
     with pytest.raises(KubeError) as caught:  # the pod was recreated: its UID is not the one bound
         await bind_pod(client, "default", "p1", "n1", "an-older-uid")
     assert caught.value.status == 409
@@ -225,7 +224,7 @@ async def test_bindings_follow_kube_apiservers_rules(store: Store, proxy: FaultP
 
 
 async def test_a_failed_json_patch_test_is_422_and_stores_nothing(
-    store: Store, proxy: FaultProxy, client: Any
+    store: Objects, proxy: FaultProxy, client: Any
 ) -> None:
     before = store.get("pods", "default", "p1")
     operations: list[dict[str, Any]] = [

@@ -1,8 +1,8 @@
 """Run one stress :class:`~.program.Program` against the real scheduler and node agent, checking after
 every step.
 
-The world: the API server (:class:`~.store.Store`: kmock's object store with kube-apiserver's rules)
-behind the fault proxy, one scheduler per replica (:class:`~.parts.Extender`, replaced by a fresh one
+The world: the API server (the test kit's embedded apiserver, :mod:`~.apiserver`) behind the fault
+proxy, one scheduler per replica (:class:`~.parts.Extender`, replaced by a fresh one
 on ``Kill``),
 and per node the agent and a kubelet model (:class:`~.parts.NodeSide`), on the cluster of
 :mod:`~.cluster`. The clock moves ``Program.tick`` seconds after every step (kube-scheduler's retries
@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import kmock
 import yaml
 
 from hami.kube.client import load_api_client
@@ -45,6 +44,7 @@ from nodeagent.config import NodeSettings
 from tests.eventually import time_scale
 
 from . import checker
+from .apiserver import ApiError, Objects, running
 from .checker import Served, View, bound_to, key_of, meta, phase_of
 from .cluster import (
     FINAL_ADVANCE,
@@ -64,7 +64,6 @@ from .faults import Call, FaultProxy, Rule
 from .parts import Extender, NodeSide, admissible
 from .program import Admit, Advance, Bind, Delete, Finish, Kill, Program, Recreate, Release, Shape, Step
 from .settle import CountingExecutor, settle
-from .store import ApiError, Store
 from .writes import problems_of_write
 
 
@@ -103,7 +102,7 @@ class World:
         self.extenders: list[Extender] = []  # every scheduler started, dead ones included
         self.replicas: list[Extender] = []  # the live one of each replica
         self.sides: dict[str, NodeSide] = {}
-        self.store: Store
+        self.store: Objects
         self.proxy: FaultProxy
         self.kubeconfig = ""
         self._numbers = 0
@@ -116,13 +115,13 @@ class World:
         loop = asyncio.get_running_loop()
         self.executor = CountingExecutor(loop)
         loop.set_default_executor(self.executor)
-        async with kmock.KubernetesEmulator() as k:
-            self.store = Store(k)
+        async with running() as store:
+            self.store = store
             for node in cluster_nodes():
-                self.store.create("nodes", node)
+                await self.store.create("nodes", node)
             for index in range(len(self.program.shapes)):
                 await self._create(index)
-            self.proxy = FaultProxy(self.store, clock=self.clock, limit=WRITE_LIMIT)
+            self.proxy = FaultProxy(store.url, clock=self.clock, limit=WRITE_LIMIT)
             self.proxy.observer = self._observe
             url = await self.proxy.start()
             self.kubeconfig = str(write_kubeconfig(self.workdir / "kubeconfig", url))
@@ -177,7 +176,7 @@ class World:
 
     async def _set_status(self, pod: Mapping[str, Any], status: dict[str, Any]) -> None:
         with contextlib.suppress(ApiError):  # deleted meanwhile
-            self.store.patch("pods", NAMESPACE, str(meta(pod).get("name")), {"status": status})
+            await self.store.set_status(NAMESPACE, str(meta(pod).get("name")), status)
 
     async def _create(self, index: int) -> None:
         name = f"p{index}"
@@ -185,7 +184,7 @@ class World:
         self.generation[name] = generation
         pod = make_pod(name, generation, self.program.shapes[index])
         self.uids[name] = str(pod["metadata"]["uid"])
-        self.store.create("pods", pod)
+        await self.store.create("pods", pod)
 
     async def view(self) -> View:
         nodes, pods = await self._objects()
@@ -226,10 +225,10 @@ class World:
                     self.log.append(f"   release #{entry.number}{late}: {entry.summary}")
             case Delete(pod=p):
                 if await self._pod(self._pod_name(p)) is not None:
-                    self.store.delete("pods", NAMESPACE, self._pod_name(p))
+                    await self.store.delete("pods", NAMESPACE, self._pod_name(p))
             case Recreate(pod=p):
                 if await self._pod(self._pod_name(p)) is not None:
-                    self.store.delete("pods", NAMESPACE, self._pod_name(p))
+                    await self.store.delete("pods", NAMESPACE, self._pod_name(p))
                 await self._create(p % len(self.program.shapes))
             case Finish(pod=p):
                 pod = await self._pod(self._pod_name(p))
@@ -279,7 +278,7 @@ class World:
         side = self.sides[node]
         if pod is None or not admissible(pod, node):
             return
-        if (NAMESPACE, name, str(meta(pod).get("uid"))) in side.held:
+        if side.admitted(pod):
             return  # kubelet admits a pod once
         task = asyncio.get_running_loop().create_task(
             side.admit(pod, self._pods_by_key, self._set_status, self.served.append)
@@ -400,7 +399,7 @@ class World:
             probe = f"probe-{name}"
             shape = Shape("app", 1, 1, 0)
             body = make_pod(probe, 0, shape)
-            self.store.create("pods", body)
+            await self.store.create("pods", body)
             self.log.append(f"end: probe bind {probe} -> {name}")
             self._phase += 1
             await self._bind(probe, name, (), uid=str(body["metadata"]["uid"]))
