@@ -25,6 +25,10 @@ every request each reaction served, and every version of every object forever.
   kube-apiserver does for a content type it does not serve, instead of failing to decode it (a
   subclass's :meth:`LeanHandler._parse` may read some of them: the emulator reads protobuf).
 
+kmock's private parts it needs (the reaction list, the logs, the parser, the store lock and watch buses)
+come through :func:`hami_testkit.kmock_seam.internals`, the test kit's one contact with them; it
+overrides kmock's ``_handle`` (checked by that module too).
+
 Simulation only. Must not import ``hami.kube``, ``webhook`` or ``nodeagent``.
 """
 
@@ -36,9 +40,9 @@ from typing import Any
 
 import aiohttp.web
 import kmock
-from kmock._internal import rendering as _rendering  # kmock is pinned (==0.8): its request parser
 
 from hami import objects
+from hami_testkit.kmock_seam import Internals, internals
 
 #: kmock's "this reaction does not apply after all" (exported by kmock, missing from its ``__all__``).
 _MISMATCH: type[Exception] = getattr(kmock, "ReactionMismatchError")  # noqa: B009
@@ -57,9 +61,9 @@ def sees(view: kmock.View, request: kmock.Request, root: kmock.Root) -> bool:
     if isinstance(view, kmock.Root):
         return view is root
     if type(view) is kmock.Filter:
-        return sees(view._source, request, root) and bool(view.criteria(request))
+        return sees(Internals.source(view), request, root) and bool(view.criteria(request))
     if type(view) is kmock.Priority:
-        return sees(view._source, request, root)
+        return sees(Internals.source(view), request, root)
     return request in view  # kmock's own answer (walks the history the chain sees)
 
 
@@ -83,7 +87,7 @@ class LeanHandler(kmock.RawHandler):
 
     def _ordered_payloads(self) -> list[kmock.Reaction]:
         """The reactions by priority, highest first (kmock's order), recomputed when they change."""
-        payloads = list(self._payloads)
+        payloads = list(internals(self).reactions)
         key = tuple(id(p) for p in payloads)
         if key != self._order_key:
             priorities = [tuple(-p for p in payload.priorities) for payload in payloads]
@@ -98,12 +102,13 @@ class LeanHandler(kmock.RawHandler):
         if self.request_log is not None:
             self._trim_object(request)
         for payload in self._ordered_payloads():
-            if payload._disabled.is_set() or not sees(payload._source, request, self):
+            disabled = Internals.disabled(payload)
+            if disabled.is_set() or not sees(Internals.source(payload), request, self):
                 continue
             try:
                 return await payload(request)
             except _MISMATCH:  # either mismatch or depletion
-                payload._disabled.set()
+                disabled.set()
             except NotImplementedError:  # matched, but nothing to respond with
                 pass
         raise NotImplementedError("no reaction matches the request")
@@ -113,26 +118,26 @@ class LeanHandler(kmock.RawHandler):
         body = await raw_request.read()
         if body and not _is_text(raw_request.content_type, body):
             raise unsupported(raw_request.content_type)
-        request: kmock.Request = await _rendering.Request._parse(raw_request, id=self._served)
-        return request
+        return await Internals.parse(raw_request, self._served)
 
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
         """kmock's ``RawHandler.__call__`` with the :meth:`_parse` hook, the 415 check and the trimming."""
         self._served += 1
         raw_response: aiohttp.web.StreamResponse | None = None
         request: kmock.Request | None = None
+        kmock_parts = internals(self)
         try:
             request = await self._parse(raw_request)
-            self._requests.append(request)
+            kmock_parts.requests.append(request)
             try:
                 return await self._handle(request)
-            except _rendering.StreamingError as exc:  # the stream started: answer the error in it
+            except Internals.StreamingError as exc:  # the stream started: answer the error in it
                 raw_response = exc.args[0]
                 raise exc.__cause__ or exc from None
         except Exception as exc:
-            if not self._errors:
+            if not kmock_parts.errors:
                 raise
-            self._errors[-1].append(exc)
+            kmock_parts.errors[-1].append(exc)
             if raw_response is None or not raw_response.prepared:
                 return await self._render_error(exc)
             await self._stream_error(exc, raw_response)
@@ -150,15 +155,17 @@ class LeanHandler(kmock.RawHandler):
     def _trim(self) -> None:
         """Drop what is older than :attr:`request_log` (amortised: only once the log is twice that)."""
         limit = self.request_log
-        errors = max((len(level) for level in self._errors), default=0)
-        if limit is None or max(len(self._requests), errors) < 2 * max(limit, 1):
+        kmock_parts = internals(self)
+        errors = max((len(level) for level in kmock_parts.errors), default=0)
+        if limit is None or max(len(kmock_parts.requests), errors) < 2 * max(limit, 1):
             return
-        _keep_last(self._requests, limit)
-        for level in self._errors:  # kmock also keeps every error it answered (404s included)
+        _keep_last(kmock_parts.requests, limit)
+        for level in kmock_parts.errors:  # kmock also keeps every error it answered (404s included)
             _keep_last(level, limit)
-        for payload in self._payloads:
-            if len(payload._requests) > limit:
-                _keep_last(payload._requests, limit)
+        for payload in kmock_parts.reactions:
+            served = Internals.served(payload)
+            if len(served) > limit:
+                _keep_last(served, limit)
 
     async def _after_write(self, request: kmock.Request) -> None:
         """After a write: forget the object when it is gone (lean logs only); note an Event's write and
@@ -195,14 +202,15 @@ class LeanHandler(kmock.RawHandler):
             if now - written < self.event_ttl and (limit is None or len(events) <= limit):
                 break
             del events[key]
-            async with self._lock:  # type: ignore[attr-defined]  # kmock's, around every store change
+            kmock_parts = internals(self)
+            async with kmock_parts.store_lock:  # kmock's, around every store change
                 if key not in stored or stored[key].deleted:
                     continue
                 raw = stored[key].raw
                 stored[key].delete()
                 if self.request_log is not None:
                     del stored[key]
-                await self._buses[key[0]].put({"type": "DELETED", "object": raw})  # type: ignore[attr-defined]
+                await kmock_parts.bus(key[0]).put({"type": "DELETED", "object": raw})
 
     def _trim_object(self, request: kmock.Request) -> None:
         """Keep only the latest version (and a deletion marker) of the object this request wrote."""

@@ -28,9 +28,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import kmock
-from kmock._internal import parsing as _parsing  # kmock is pinned (==0.8): its path parser
 
 from hami import objects
+from hami_testkit.kmock_seam import Internals, internals
 from hami_testkit.selectors import Selector, SelectorError
 from hami_testkit.tables import as_table, wants_table
 from hami_testkit.watching import watch_stream
@@ -209,7 +209,7 @@ def install(k: kmock.KubernetesEmulator, clock: Callable[[], datetime.datetime] 
         """kmock's discovery of ``/apis/<group>/<version>``, without the short names and categories it
         copies onto subresources (kubectl warns that ``deploy`` could mean ``deployments/scale``)."""
         try:
-            served: Any = await k._serve_version(request)
+            served: Any = await internals(k).discovery(request)
         except kmock.KubernetesError as exc:
             return answer(
                 exc.status, status(exc.status, "NotFound", "the server could not find the requested resource")
@@ -242,7 +242,7 @@ def install_openapi(k: kmock.KubernetesEmulator) -> None:
 
     def served() -> dict[tuple[str, str], list[tuple[str, str, bool]]]:
         by_gv: dict[tuple[str, str], list[tuple[str, str, bool]]] = {}
-        for resource in k._get_resources():
+        for resource in internals(k).served_resources():
             if not resource.plural or not isinstance(resource.version, str) or "/" in resource.plural:
                 continue
             try:
@@ -298,7 +298,7 @@ def build_request(raw: Any, served: int, body: bytes, text: str, data: Any) -> k
         name = parts[3] if len(parts) > 3 else None
         subresource = "/".join(parts[4:]) or None
     else:
-        parsed = _parsing.parse_path(raw.path)
+        parsed = Internals.parse_path(raw.path)
         resource = kmock.resource(group=parsed.group, version=parsed.version, plural=parsed.plural)
         namespace, name, subresource = parsed.namespace, parsed.name, parsed.subresource
     action: kmock.action | None

@@ -21,6 +21,7 @@ from typing import Any
 import kmock
 
 from hami import objects
+from hami_testkit.kmock_seam import internals
 from hami_testkit.selectors import Selector
 from hami_testkit.tables import as_table
 
@@ -70,7 +71,7 @@ async def watch_stream(
             request.name is None or name == request.name
         )
 
-    bus = k._buses[request.resource]  # kmock's per-resource event bus (what its own watch streams)
+    bus = internals(k).bus(request.resource)  # kmock's per-resource event bus (its own watch streams it)
     marker = await bus.mark()
     sent: dict[tuple[str, str], int] = {}  # visible objects -> the revision last sent
     try:

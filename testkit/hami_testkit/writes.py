@@ -30,7 +30,6 @@ Simulation only. Must not import ``hami.kube``, ``webhook`` or ``nodeagent``.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Mapping
 from typing import Any, Protocol
@@ -44,6 +43,7 @@ from hami import objects
 from hami_testkit import openapi
 from hami_testkit.admission_standin import AdmissionStandIn, Refused, apply_defaults, reason_for
 from hami_testkit.deletion import DeleteRefused, delete_options, precondition_failure
+from hami_testkit.kmock_seam import internals
 from hami_testkit.restapi import JsonDict, kind_of, not_found, now_utc, stamp_create, stamp_update, status
 from hami_testkit.smp import merge_patch_between, strategic_merge
 
@@ -57,8 +57,6 @@ class Writable(Protocol):
 
     revision: int
     admission: AdmissionStandIn | None
-    _lock: asyncio.Lock
-    _buses: Any
 
     @property
     def objects(self) -> Any: ...
@@ -242,12 +240,13 @@ async def _replace(k: Writable, request: kmock.Request) -> aiohttp.web.StreamRes
             meta[field] = old_meta[field]
     body.setdefault("apiVersion", k.objects[key].raw.get("apiVersion"))
     body.setdefault("kind", k.objects[key].raw.get("kind"))
-    async with k._lock:
+    kmock_parts = internals(k)
+    async with kmock_parts.store_lock:
         k.revision += 1
         meta["resourceVersion"] = str(k.revision)
         k.objects[key].create(body)  # a new version that replaces the old one whole
         raw = k.objects[key].raw
-        await k._buses[request.resource].put({"type": "MODIFIED", "object": raw})
+        await kmock_parts.bus(request.resource).put({"type": "MODIFIED", "object": raw})
     return _json(200, raw)
 
 

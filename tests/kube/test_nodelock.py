@@ -8,7 +8,6 @@ from typing import Any
 
 import kmock
 import pytest
-from kmock._internal.rendering import Response  # a reaction's status from a callable
 
 from hami.annotations import NODE_LOCK
 from hami.kube.client import NotFound
@@ -21,6 +20,7 @@ from hami.kube.nodelock import (
     release_node_lock,
     take_node_lock,
 )
+from hami_testkit.restapi import Response  # kmock.Response (exported, not in its __all__)
 
 Emulator = kmock.KubernetesEmulator
 NODES = kmock.resource("v1/nodes")

@@ -11,10 +11,10 @@ from typing import Any
 
 import kmock
 import pytest
-from kmock._internal.rendering import Response
 
 from hami.annotations import POD_BIND_PHASE
 from hami.core.model import PodDevices
+from hami_testkit.restapi import Response  # kmock.Response (exported, not in its __all__)
 from nodeagent.allocate_call import Allocator
 from nodeagent.allocate_rules import AllocationError
 from nodeagent.inventory import Inventory

@@ -24,7 +24,8 @@ import aiohttp
 import kmock
 import pytest
 from aiohttp import web
-from kmock._internal.rendering import Response
+
+from hami_testkit.restapi import Response  # kmock.Response (exported, not in its __all__)
 
 PODS = kmock.resource("v1/pods")
 BINDING = kmock.subresource("binding")

@@ -7,12 +7,12 @@ from typing import Any
 
 import kmock
 import pytest
-from kmock._internal.rendering import Response
 
 from hami.annotations import NODE_LOCK, POD_BIND_PHASE, decode_node_lock, decode_pod_devices
 from hami.core.model import NodeState
 from hami.kube.nodelock import release_node_lock
 from hami.scheduler.snapshot import local_time
+from hami_testkit.restapi import Response  # kmock.Response (exported, not in its __all__)
 from tests.builders import NOW, make_node, make_pod
 from tests.eventually import eventually
 

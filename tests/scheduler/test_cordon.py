@@ -11,7 +11,6 @@ from typing import Any
 
 import kmock
 import pytest
-from kmock._internal.rendering import Response  # a reaction's status from a callable
 
 from hami import cli
 from hami.annotations import NODE_DEVICE_CORDON, NODE_REGISTER
@@ -20,6 +19,7 @@ from hami.kube.client import load_api_client
 from hami.kube.cordon import CORDON_POINTER as POINTER
 from hami.kube.cordon import update_device_cordon
 from hami.kube.nodes import JSON_PATCH
+from hami_testkit.restapi import Response  # kmock.Response (exported, not in its __all__)
 from tests.builders import make_node, make_pod
 from tests.eventually import eventually
 

@@ -18,8 +18,8 @@ import kmock
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
-from kmock._internal.rendering import Response  # (kmock.Response, not in its __all__)
 
+from hami_testkit.restapi import Response  # kmock.Response (exported, not in its __all__)
 from webhook import tlsbundle
 from webhook.certgen import main
 from webhook.config import service_hostnames
