@@ -126,11 +126,11 @@ def fgd_and_ours(cluster: Cluster, classes: list[RequestClass], p: TracePod) -> 
 
 
 def test_fragmentation_keeps_cards_from_being_stranded_behind_spent_host_memory() -> None:
-    """Two like nodes, but n0 has 1,500 MiB of host memory, n1 plenty. The workload's pods take 500 milli
+    """Two like nodes, but n0 has 1,400 MiB of host memory, n1 plenty. The workload's pods take 500 milli
     and 1,000 MiB. FGD sees no difference and takes n0 (rank); ``fragmentation`` sees that n0 would be
-    left with 500 MiB, less than 3/4 of what the next such pod needs, its 1,500 free milli lost to it."""
+    left with 400 MiB, less than half of what the next such pod needs, its 1,500 free milli lost to it."""
     nodes = [
-        TraceNode(name="n0", cpu_milli=64000, memory_mib=1500, gpus=2, model="T4"),
+        TraceNode(name="n0", cpu_milli=64000, memory_mib=1400, gpus=2, model="T4"),
         TraceNode(name="n1", cpu_milli=64000, memory_mib=10**6, gpus=2, model="T4"),
     ]
     cluster = Cluster.from_trace(nodes, split_count=100)
