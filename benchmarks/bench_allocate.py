@@ -41,8 +41,9 @@ from hami.annotations import (
 from hami.core.allocate import allocate, fit_node
 from hami.core.fragmentation import Target
 from hami.core.model import NodeState
+from hami.scheduler.candidates import snapshot_states
 from hami.scheduler.context import Context
-from hami.scheduler.filter import handle_filter, snapshot_states
+from hami.scheduler.filter import handle_filter
 from hami.scheduler.prioritize import handle_prioritize
 from hami.scheduler.snapshot import local_time
 from hami.scheduler.wire import ExtenderArgs
@@ -109,7 +110,7 @@ def measure(ctx: Context, args: ExtenderArgs, repetitions: int) -> tuple[list[fl
     assert args["Pod"] is not None
     request = read_pod_request(args["Pod"], ctx.settings.device_config)
     states: list[NodeState]
-    states, _ = snapshot_states(ctx, args["NodeNames"] or [], request)
+    states, _ = snapshot_states(ctx.snapshot, args["NodeNames"] or [], request, ctx.clock())
     verbs: list[float] = []
     core: list[float] = []
     fitting: tuple[str, ...] = ()
@@ -218,7 +219,7 @@ def fragmentation_rows(nodes_count: int, repetitions: int) -> list[tuple[str, ..
     if nodes_count == SIZES[0][0]:
         request = read_pod_request(ours, ctx.settings.device_config)
         plain = read_pod_request(pod({}), ctx.settings.device_config)
-        states, _ = snapshot_states(ctx, names, request)
+        states, _ = snapshot_states(ctx.snapshot, names, request, ctx.clock())
         policy = workload.policy(ctx.settings.policy)
         mine = _timed(lambda: [fit_node(request, s, policy) for s in states], 20)
         base = _timed(lambda: [fit_node(plain, s, ctx.settings.policy) for s in states], 20)

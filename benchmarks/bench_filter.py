@@ -42,7 +42,7 @@ from hami.annotations import (
 from hami.core.allocate import allocate, fit_node
 from hami.core.model import Allocation
 from hami.scheduler.app import create_app
-from hami.scheduler.filter import snapshot_states
+from hami.scheduler.candidates import snapshot_states
 from hami.scheduler.snapshot import local_time
 
 CARDS = 8
@@ -162,7 +162,7 @@ async def _kind_latency(
     names = [f"node-{i:05d}" for i in range(nodes)]
     body = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": names})
     request = read_pod_request(pod, ctx.settings.device_config)
-    states, _ = snapshot_states(ctx, names, request)
+    states, _ = snapshot_states(ctx.snapshot, names, request, ctx.clock())
     policy = ctx.settings.policy
     server = TestServer(create_app(ctx), host="127.0.0.1")
     await server.start_server()

@@ -57,7 +57,6 @@ from hami.annotations import (
     decode_pod_enforcement,
     encode_pod_enforcement,
     read_bind_time,
-    read_pod_request,
 )
 from hami.core.allocate import fit_node
 from hami.core.model import Allocation, NodeState, PodRequest
@@ -83,7 +82,8 @@ from hami.scheduler.attempt import (
 )
 from hami.scheduler.bindlock import acquire, after, count_grant, lock_wait, locks_node
 from hami.scheduler.context import Context
-from hami.scheduler.snapshot import PodRecord, local_time
+from hami.scheduler.nodecache import local_time
+from hami.scheduler.podrecords import PodRecord
 from hami.scheduler.wire import ExtenderBindingArgs, ExtenderBindingResult
 
 logger = logging.getLogger(__name__)
@@ -97,13 +97,15 @@ async def handle_bind(ctx: Context, args: ExtenderBindingArgs) -> ExtenderBindin
         uid=args["PodUID"],
         deadline=Deadline.start(ctx.ticker, ctx.settings.bind_timeout),
     )
-    if att.key in ctx.binding:
+    if not ctx.binds.claim(att.key):
         return _refused(ctx, att, f"pod {att.ref} has a bind in progress here: refused", "refused")
-    ctx.binding.add(att.key)
     try:
-        return await _bind(ctx, att)
+        result = await _bind(ctx, att)
     finally:
-        ctx.binding.discard(att.key)
+        ctx.binds.done(att.key)
+    if not result["Error"]:
+        ctx.cycles.forget(att.key)  # bound: its scheduling cycle is over
+    return result
 
 
 async def _read(ctx: Context, att: Attempt) -> RawPod | None:
@@ -134,10 +136,10 @@ async def _bind(ctx: Context, att: Attempt) -> ExtenderBindingResult:
     if verdict is not Verdict.PROCEED or pod is None:
         return _refused(ctx, att, why, verdict.value)
     att.not_before = _bind_time(pod)
-    try:
-        request = read_pod_request(pod, ctx.settings.device_config)
-    except AnnotationError as exc:
-        return _failed(ctx, pod, att.node, str(exc), "invalid")
+    cycle = ctx.cycle(pod)  # this pod version's: the request filter read, when the pod is unchanged
+    request = cycle.request
+    if request is None:
+        return _failed(ctx, pod, att.node, str(cycle.error), "invalid")
     try:
         await _node_exists(ctx, att)
     except (KubeError, BindFailure) as exc:
@@ -146,9 +148,11 @@ async def _bind(ctx: Context, att: Attempt) -> ExtenderBindingResult:
         return _failed_on(ctx, pod, att.node, exc)
     if not locks_node(request):  # no GPU request: only the Binding
         return await _bind_plain(ctx, att, pod)
-    priority = objects.priority(pod)  # immutable: the cards held for nominated pods it does not outrank
+    priority = cycle.priority  # immutable: the cards held for nominated pods it does not outrank
     try:
-        _decide(ctx, request, att.node, att.key, priority)  # fail fast, without locking, when it cannot fit
+        # fail fast, without locking, when it cannot fit (filter's verdict on the same view stands)
+        if not cycle.known_fit(ctx.snapshot, att.node, ctx.clock(), priority):
+            _decide(ctx, request, att.node, att.key, priority)
         att.grant = await acquire(
             ctx, att, lambda: _decide(ctx, request, att.node, att.key, priority), wait=lock_wait(ctx, pod)
         )
@@ -195,7 +199,8 @@ async def _allocate(ctx: Context, att: Attempt, request: PodRequest, priority: i
             return _already_bound(ctx, att, why)
         return _refused(ctx, att, why, verdict.value)
     att.deadline.check("deciding the cards")
-    async with ctx.node_queue(att.node):
+    request = _request_of(ctx, pod, request)
+    async with ctx.binds.queue(att.node):
         # decide and book with no await in between: the next bind on this loop sees the booking
         now = max(after(ctx.clock(), _bind_time(pod)), att.locked_at or ctx.clock())
         decision, state = _decide_on(ctx, request, att.node, att.key, priority)
@@ -321,6 +326,21 @@ async def _bind_plain(ctx: Context, att: Attempt, pod: RawPod) -> ExtenderBindin
                 return _succeeded(ctx, pod, att.node)  # applied; only the answer was lost
         return _failed(ctx, pod, att.node, f"binding {att.ref} to {att.node}: {exc}", "api_error")
     return _succeeded(ctx, pod, att.node)
+
+
+class InvalidRequest(BindFailure):
+    result = "invalid"
+
+
+def _request_of(ctx: Context, pod: RawPod, earlier: PodRequest) -> PodRequest:
+    """The request of ``pod`` as re-read under the lock: the one read before when the pod is the same
+    version, else read anew from this version (a decision is never made for an older one)."""
+    cycle = ctx.cycle(pod)
+    if cycle.request is None:
+        raise InvalidRequest(str(cycle.error))
+    if not cycle.request.has_devices and earlier.has_devices:
+        raise InvalidRequest(f"pod {objects.namespace(pod)}/{objects.name(pod)} no longer asks for GPUs")
+    return cycle.request
 
 
 def _decide(ctx: Context, request: PodRequest, node: str, key: tuple[str, str], priority: int) -> Allocation:

@@ -49,7 +49,7 @@ async def take(ctx: Context, att: Attempt) -> LockGrant:
     """One try at the lock. Its time never repeats an earlier lock of this pod here, nor comes before
     an earlier attempt's bind-time: a lock this pod already holds is re-taken with the new time."""
     att.deadline.check("taking the node lock")
-    floors = [t for t in (ctx.lock_stamps.get((att.node, *att.key)), att.not_before) if t is not None]
+    floors = [t for t in (ctx.binds.last_lock(att.node, att.key), att.not_before) if t is not None]
     now = after(ctx.clock(), max(floors) if floors else None)
     att.locked_at = now.replace(microsecond=0)
     grant = await take_node_lock(
@@ -63,9 +63,7 @@ async def take(ctx: Context, att: Attempt) -> LockGrant:
         bind_timeout=datetime.timedelta(seconds=ctx.settings.bind_timeout),
     )
     if grant.written:
-        if len(ctx.lock_stamps) >= 4096:  # bounded: the oldest entries go first
-            ctx.lock_stamps.pop(next(iter(ctx.lock_stamps)))
-        ctx.lock_stamps[(att.node, *att.key)] = now.replace(microsecond=0)
+        ctx.binds.stamp(att.node, att.key, now.replace(microsecond=0))
     return grant
 
 
@@ -101,7 +99,7 @@ async def acquire(ctx: Context, att: Attempt, fits: Callable[[], object], *, wai
             if wait <= 0:
                 raise
     end = min(ctx.ticker() + wait, att.deadline.end)
-    line = ctx.lock_line(att.node)
+    line = ctx.binds.line(att.node)
     if not await _join(line, lambda: end - ctx.ticker()):
         return await take(ctx, att)  # a last try: the answer names the holder
     try:

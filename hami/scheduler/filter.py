@@ -27,15 +27,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hami import objects
-from hami.annotations import AnnotationError, read_node, read_pod_request
-from hami.core.allocate import allocate
-from hami.core.model import NodeState, PodRequest
+from hami.core.allocate import Decisions, allocate
 from hami.core.rejection import Rejection
 from hami.objects import pod_key
+from hami.scheduler.candidates import template_states
 from hami.scheduler.context import Context
-from hami.scheduler.reasons import advice, registration_rejection, rejection_words
-from hami.scheduler.snapshot import local_time
+from hami.scheduler.reasons import advice, rejection_words
 from hami.scheduler.wire import ExtenderArgs, ExtenderFilterResult, NodeListWire, filter_result
 
 MISSING_POD = "extender args missing pod"
@@ -51,41 +48,6 @@ class Filtered:
 
     result: ExtenderFilterResult
     failure: str | None = None
-
-
-def template_states(
-    nodes: NodeListWire,
-) -> tuple[list[NodeState], dict[str, Rejection], dict[str, dict[str, Any]]]:
-    """Node objects from the request -> states (zero usage), exclusions, and the objects by name."""
-    states: list[NodeState] = []
-    excluded: dict[str, Rejection] = {}
-    by_name: dict[str, dict[str, Any]] = {}
-    for obj in objects.items(nodes):  # checked by hami.scheduler.wire: objects, string annotations
-        name = objects.name(obj)
-        by_name[name] = obj
-        try:
-            states.append(read_node(name, objects.annotations(obj)))
-        except AnnotationError as exc:
-            excluded[name] = registration_rejection(name, exc)
-    return states, excluded, by_name
-
-
-def snapshot_states(
-    ctx: Context, names: list[str], request: PodRequest, priority: int | None = None
-) -> tuple[list[NodeState], dict[str, Rejection]]:
-    """Candidate names -> current states (without this pod's own booking) and the excluded ones. With
-    the pod's ``priority``, the cards held for nominated pods it does not outrank count as used."""
-    local_now = local_time(ctx.clock())
-    key = (request.namespace, request.name)
-    states: list[NodeState] = []
-    excluded: dict[str, Rejection] = {}
-    for name in names:
-        found = ctx.snapshot.candidate(name, local_now, exclude=key, priority=priority)
-        if isinstance(found, Rejection):
-            excluded[name] = found
-        else:
-            states.append(found)
-    return states, excluded
 
 
 def failure_summary(
@@ -133,22 +95,26 @@ def handle_filter(ctx: Context, args: ExtenderArgs) -> Filtered:
     pod = args["Pod"]
     if pod is None:
         return Filtered(filter_result(error=MISSING_POD))
-    try:
-        request = read_pod_request(pod, ctx.settings.device_config)
-    except AnnotationError as exc:
-        return Filtered(filter_result(error=str(exc)))
+    cycle = ctx.cycle(pod)
+    request = cycle.request
+    if request is None:
+        return Filtered(filter_result(error=str(cycle.error)))
     names, nodes = args["NodeNames"], args["Nodes"]
     if not request.has_devices:
         return Filtered(filter_result(node_names=names, nodes=nodes))
     by_name: dict[str, dict[str, Any]] = {}
+    excluded: dict[str, Rejection]
+    decisions: Decisions
     if names is None and nodes is not None:
         states, excluded, by_name = template_states(nodes)
+        quotas = ctx.snapshot.quotas_for(request.namespace, exclude=(request.namespace, request.name))
+        decisions = allocate(request, states, ctx.settings.policy, quotas=quotas)
     else:
         if not ctx.snapshot.ready:
             return Filtered(filter_result(error=NOT_SYNCED))
-        states, excluded = snapshot_states(ctx, names or [], request, objects.priority(pod))
-    quotas = ctx.snapshot.quotas_for(request.namespace, exclude=(request.namespace, request.name))
-    decisions = allocate(request, states, ctx.settings.policy, quotas=quotas)
+        evaluation = cycle.evaluate(ctx.snapshot, names or [], ctx.clock(), cycle.priority)
+        excluded = evaluation.candidates.excluded
+        decisions = cycle.decisions(evaluation, ctx.settings.policy)
     fitting = list(decisions.fitting)
     failed: dict[str, str] = {}
     unresolvable: dict[str, str] = {}

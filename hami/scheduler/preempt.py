@@ -35,12 +35,10 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hami import objects
-from hami.annotations import AnnotationError, read_pod_request
 from hami.core.preempt import preempt_node
 from hami.core.rejection import Rejection
 from hami.core.victimsearch import CardMemo, Holder
 from hami.scheduler.context import Context
-from hami.scheduler.snapshot import local_time
 from hami.scheduler.victims import node_holders
 from hami.scheduler.wire import (
     ExtenderPreemptionArgs,
@@ -109,10 +107,10 @@ def handle_preempt(ctx: Context, args: ExtenderPreemptionArgs) -> Preempted:
     if pod is None:
         raise PreemptError(400, MISSING_POD)
     offered = proposals(args)
-    try:
-        request = read_pod_request(pod, ctx.settings.device_config)
-    except AnnotationError as exc:
-        raise PreemptError(400, str(exc)) from None
+    cycle = ctx.cycle(pod)
+    request = cycle.request
+    if request is None:
+        raise PreemptError(400, str(cycle.error))
     pdb = {node: p.pdb for node, p in offered.items()}
     if not request.has_devices:  # not ours to judge: kube-scheduler's answer stands
         kept = {node: p.uids for node, p in sorted(offered.items()) if p.uids}
@@ -121,9 +119,9 @@ def handle_preempt(ctx: Context, args: ExtenderPreemptionArgs) -> Preempted:
         return Preempted(_answer({}, pdb), len(offered))
     if not (ctx.snapshot.ready and ctx.disruptions.synced):
         raise PreemptError(503, NOT_SYNCED)
-    priority = objects.priority(pod)
+    priority = cycle.priority
     key = (request.namespace, request.name)
-    local_now = local_time(ctx.clock())
+    now = ctx.clock()
     quotas = ctx.snapshot.quotas_for(request.namespace, exclude=key)
     answer: dict[str, list[str]] = {}
     memo: dict[Hashable, CardMemo] = {}  # per-card answers shared by the nodes
@@ -131,7 +129,7 @@ def handle_preempt(ctx: Context, args: ExtenderPreemptionArgs) -> Preempted:
     for node, proposal in sorted(offered.items()):
         if any(p >= priority for p in proposal.priorities.values()):
             continue
-        state = ctx.snapshot.candidate(node, local_now, exclude=key, priority=priority)
+        state = cycle.candidate(ctx.snapshot, node, now, priority)
         if isinstance(state, Rejection):
             continue
         holders = node_holders(ctx.snapshot, node, exclude=key, budgets=ctx.disruptions)

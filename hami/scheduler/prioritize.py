@@ -14,11 +14,10 @@ Must not import the Kubernetes client or aiohttp.
 from __future__ import annotations
 
 from hami import objects
-from hami.annotations import AnnotationError, read_pod_request
 from hami.core.allocate import priorities
 from hami.core.model import NodeState
+from hami.scheduler.candidates import template_states
 from hami.scheduler.context import Context
-from hami.scheduler.filter import snapshot_states, template_states
 from hami.scheduler.wire import ExtenderArgs, HostPriority
 
 
@@ -30,16 +29,14 @@ def handle_prioritize(ctx: Context, args: ExtenderArgs) -> list[HostPriority]:
     pod = args["Pod"]
     if pod is None:
         return [HostPriority(Host=n, Score=0) for n in names]
-    try:
-        request = read_pod_request(pod, ctx.settings.device_config)
-    except AnnotationError:
-        return [HostPriority(Host=n, Score=0) for n in names]
-    if not request.has_devices:
+    cycle = ctx.cycle(pod)
+    request = cycle.request
+    if request is None or not request.has_devices:
         return [HostPriority(Host=n, Score=0) for n in names]
     states: list[NodeState]
     if args["NodeNames"] is None and nodes is not None:
         states, _, _ = template_states(nodes)
     else:
-        states, _ = snapshot_states(ctx, names, request)
+        states = cycle.states_unreserved(ctx.snapshot, names, ctx.clock())
     scores = priorities(request, states, ctx.snapshot.workload.policy(ctx.settings.policy))
     return [HostPriority(Host=n, Score=scores.get(n, 0)) for n in names]

@@ -1,5 +1,6 @@
 """The scheduler's live feeds: list+watch of Nodes, Pods and ResourceQuotas into the snapshot, and of
-PodDisruptionBudgets into ``ctx.disruptions`` (/preempt's).
+PodDisruptionBudgets into ``ctx.disruptions`` (/preempt's); a deleted pod's scheduling cycle leaves
+``ctx.cycles``.
 
 Owns the four :class:`~hami.kube.watch.ListWatcher` s (threads feeding the event loop) and their
 callbacks: the snapshot's list and event handlers, the ``hami_scheduler_watch_events_total`` and
@@ -61,12 +62,22 @@ def _counted(ctx: Context, kind: str, handler: EventCallback) -> EventCallback:
     return apply
 
 
+def _pod_feed(ctx: Context) -> EventCallback:
+    """A pod event into the snapshot, and a deleted pod's scheduling cycle out of ``ctx.cycles``."""
+
+    def apply(event: str, obj: dict[str, Any]) -> None:
+        ctx.snapshot.pod_event(event, obj)
+        ctx.cycles.pod_event(event, obj)
+
+    return apply
+
+
 def watchers(ctx: Context, loop: asyncio.AbstractEventLoop) -> dict[Kind, ListWatcher]:
     """The four list+watch feeds by resource (not started)."""
     snapshot = ctx.snapshot
     feeds: tuple[tuple[Kind, str, ListCallback, EventCallback], ...] = (
         ("nodes", "node", snapshot.nodes_listed, snapshot.node_event),
-        ("pods", "pod", snapshot.pods_listed, snapshot.pod_event),
+        ("pods", "pod", snapshot.pods_listed, _pod_feed(ctx)),
         ("resourcequotas", "quota", snapshot.quotas_listed, snapshot.quota_event),
         ("poddisruptionbudgets", "pdb", ctx.disruptions.listed, ctx.disruptions.event),
     )

@@ -1,0 +1,272 @@
+"""The node half of the scheduler's live view: each Node's cards, their usage, and why it is excluded.
+
+Owns :class:`NodeCache` (one :class:`NodeEntry` per Node the watch shows: the registered cards, the
+state with every counted pod's usage applied, the exclusion, the handshake, the lock annotation) and
+:func:`local_time`. It does not know pods: the composition (:class:`~hami.scheduler.snapshot.Snapshot`)
+hands it each change of a pod's counted usage (:meth:`NodeCache.apply`) and, when a node registers
+anew, the usages counted there (``usage_on``). A node's usage is rebuilt from its own pods only when
+its registration text changes.
+
+Registration (docs/protocol.md, "Registration"): a node without a readable registration is excluded, as a
+:class:`~hami.core.rejection.Rejection` whose code says how (``hami.scheduler.reasons``), and so is a
+Node of a shape no API server stores (``node_shape_problem``: a field we read of the wrong JSON type,
+``Reason.NODE_MALFORMED``), so a list holding one still builds (``hami doctor``, ``hami simulate``);
+malformed data is reported once per distinct text through ``on_malformed`` (the app records a Warning
+Event on the Node). A node's ``hami.io/node-enforcement`` is read with its registration (each card's
+enforcement, ``none`` for a card it does not list; re-read only when the text changes); an unreadable
+one does not exclude the node: its cards count as ``none`` and the problem is logged and reported once
+per distinct text through ``on_enforcement``. Handshake (docs/protocol.md, "Handshake"): a node whose
+``hami.io/node-handshake`` lacks ``Requesting`` is reported through ``on_handshake`` (the app writes
+``Requesting_<time>``); a node whose Requesting stamp is older than the window while its allocatable
+count is 0 is stale (its device plugin is not registered with the kubelet) and excluded until that
+changes. Every change of a node's registered cards (``None`` when excluded or gone) goes to
+``on_base`` and every change of its ``hami.io/mutex.lock`` (``None`` when removed or the node is gone)
+to ``on_lock``.
+
+No I/O: callbacks are called synchronously and must only schedule work. Must not import the
+Kubernetes client, aiohttp or asyncio.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from hami import objects
+from hami.annotations import (
+    NO_GPU,
+    NODE_DEVICE_CORDON,
+    NODE_ENFORCEMENT,
+    NODE_HANDSHAKE,
+    NODE_LOCK,
+    NODE_PAIR_SCORES,
+    NODE_REGISTER,
+    AnnotationError,
+    HandshakeKind,
+    decode_handshake,
+    node_shape_problem,
+    read_card_enforcement,
+    read_node,
+)
+from hami.core.model import NodeState
+from hami.core.rejection import Reason, Rejection, node_rejection
+from hami.core.usage import PodUsage, apply_usage
+from hami.scheduler.reasons import registration_rejection
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True, kw_only=True)
+class NodeEntry:
+    name: str
+    # register, scores, cordon, enforcement
+    signature: tuple[str | None, str | None, str | None, str | None] | None = None
+    base: NodeState | None = None  # registered cards, zero usage; None when excluded
+    state: NodeState | None = None  # base plus every tracked pod's usage
+    problem: Rejection | None = None  # why the node is excluded (set by the first _register)
+    handshake: str | None = None
+    allocatable: int = 0
+    stale_after: datetime.datetime | None = None  # naive local time, like the handshake stamp
+    reported: set[str] = field(default_factory=set)  # malformed texts already reported
+    lock: str | None = None  # hami.io/mutex.lock as last seen
+
+
+def local_time(now: datetime.datetime) -> datetime.datetime:
+    """``now`` as naive local wall-clock time: the handshake stamps are written and compared so."""
+    return now.astimezone().replace(tzinfo=None)
+
+
+def _count(text: Any) -> int:
+    try:
+        return int(str(text))
+    except ValueError:
+        return 0
+
+
+def _ignore(*_args: object) -> None:
+    return None
+
+
+class NodeCache:
+    """The Nodes the watch shows; every method runs on the event loop (single-threaded, no locks)."""
+
+    def __init__(
+        self,
+        *,
+        count_resource: str = "nvidia.com/gpu",
+        handshake_window: datetime.timedelta = datetime.timedelta(seconds=60),
+        usage_on: Callable[[str], Iterable[PodUsage]] = lambda _name: (),
+        on_base: Callable[[str, NodeState | None], None] = _ignore,
+        on_lock: Callable[[str, str | None], None] = _ignore,
+        on_malformed: Callable[[Mapping[str, Any], str], None] | None = None,
+        on_enforcement: Callable[[Mapping[str, Any], str], None] | None = None,
+        on_handshake: Callable[[str], None] | None = None,
+    ) -> None:
+        self.count_resource = count_resource
+        self._window = handshake_window
+        self._usage_on = usage_on
+        self._on_base = on_base
+        self._on_lock = on_lock
+        self._on_malformed = on_malformed
+        self._on_enforcement = on_enforcement
+        self.on_handshake = on_handshake
+        self._nodes: dict[str, NodeEntry] = {}
+
+    # ---------------------------------------------------------------------------------- changes
+
+    def upsert(self, obj: Mapping[str, Any]) -> str:
+        """A Node as the watch or a list shows it; returns its name."""
+        name = objects.name(obj)
+        entry = self._nodes.get(name)
+        fresh = entry is None
+        if entry is None:
+            entry = self._nodes[name] = NodeEntry(name=name)
+        shape = node_shape_problem(obj)
+        if shape is not None:
+            self._misshapen(entry, obj, shape)
+            return name
+        annotations = objects.annotations(obj)
+        entry.allocatable = _count(objects.allocatable(obj).get(self.count_resource, "0"))
+        handshake_text = annotations.get(NODE_HANDSHAKE)
+        handshake = decode_handshake(handshake_text)
+        if handshake.kind is not HandshakeKind.REQUESTING:
+            if (fresh or handshake_text != entry.handshake) and self.on_handshake is not None:
+                self.on_handshake(name)
+            entry.stale_after = None
+        elif handshake.time is not None and entry.allocatable <= 0:
+            entry.stale_after = handshake.time + self._window
+        else:
+            entry.stale_after = None
+        entry.handshake = handshake_text
+        lock = annotations.get(NODE_LOCK)
+        if lock != entry.lock:
+            entry.lock = lock
+            self._on_lock(name, lock)
+        signature = (
+            annotations.get(NODE_REGISTER),
+            annotations.get(NODE_PAIR_SCORES),
+            annotations.get(NODE_DEVICE_CORDON),
+            annotations.get(NODE_ENFORCEMENT),
+        )
+        if signature != entry.signature:
+            entry.signature = signature
+            self._register(entry, obj, annotations)
+        return name
+
+    def remove(self, name: str) -> None:
+        """The node is gone (deleted, or missing from a complete list)."""
+        self._nodes.pop(name, None)
+        self._on_base(name, None)
+        self._on_lock(name, None)
+
+    def keep_only(self, names: set[str]) -> None:
+        """A complete list named ``names``: remove every other node."""
+        for name in [n for n in self._nodes if n not in names]:
+            self.remove(name)
+
+    def apply(self, node: str, usage: PodUsage, sign: int) -> None:
+        """Add (``sign`` 1) or take off (-1) one pod's counted usage on ``node`` (nothing when the node
+        is unknown or excluded: its usage is rebuilt from ``usage_on`` when it registers)."""
+        entry = self._nodes.get(node)
+        if entry is not None and entry.state is not None:
+            entry.state = apply_usage(entry.state, usage, sign=sign)
+
+    def _misshapen(self, entry: NodeEntry, obj: Mapping[str, Any], shape: str) -> None:
+        """Exclude a node of a shape no API server stores (``node_shape_problem``); the next well-formed
+        event of it registers it again."""
+        entry.problem = node_rejection(entry.name, Reason.NODE_MALFORMED, detail=shape)
+        entry.signature = entry.handshake = None
+        entry.stale_after = None
+        if entry.lock is not None:
+            entry.lock = None
+            self._on_lock(entry.name, None)
+        if entry.name:  # a nameless one cannot be named in an Event
+            self._report(entry, obj, shape)
+        self._set_base(entry, None)
+
+    def _report(self, entry: NodeEntry, obj: Mapping[str, Any], text: str) -> None:
+        """Log and report (``on_malformed``) each distinct problem of a node once."""
+        if text in entry.reported:
+            return
+        entry.reported.add(text)
+        logger.warning("node %s excluded: %s", entry.name, text)
+        if self._on_malformed is not None:
+            self._on_malformed(obj, text)
+
+    def _register(self, entry: NodeEntry, obj: Mapping[str, Any], annotations: Mapping[str, str]) -> None:
+        try:
+            base = read_node(entry.name, annotations)
+            entry.problem = None
+            _, unreadable = read_card_enforcement(annotations)
+            if unreadable is not None and entry.name and str(unreadable) not in entry.reported:
+                entry.reported.add(str(unreadable))
+                logger.warning("node %s: its cards count as enforcement none: %s", entry.name, unreadable)
+                if self._on_enforcement is not None:
+                    self._on_enforcement(obj, str(unreadable))
+        except AnnotationError as exc:
+            base = None
+            entry.problem = registration_rejection(entry.name, exc)
+            if exc.text is not None and exc.reason != NO_GPU:
+                self._report(entry, obj, str(exc))
+        self._set_base(entry, base)
+
+    def _set_base(self, entry: NodeEntry, base: NodeState | None) -> None:
+        entry.base = base
+        state = entry.base
+        if state is not None:
+            for usage in self._usage_on(entry.name):
+                state = apply_usage(state, usage)
+        entry.state = state
+        self._on_base(entry.name, base)
+
+    # ---------------------------------------------------------------------------------- queries
+
+    def state(self, name: str) -> NodeState | None:
+        """The node's cards with every counted pod's usage (None when unknown or excluded)."""
+        entry = self._nodes.get(name)
+        return entry.state if entry is not None else None
+
+    def exclusion(self, name: str, local_now: datetime.datetime) -> Rejection | None:
+        """Why ``name`` cannot take GPU pods at ``local_now`` (naive local time, see :func:`local_time`;
+        an aware time is converted), or None when it can."""
+        entry = self._nodes.get(name)
+        if entry is None or (entry.state is None and entry.problem is None):
+            return node_rejection(name, Reason.NODE_UNREGISTERED)
+        if entry.problem is not None:
+            return entry.problem
+        if entry.stale_after is None:
+            return None
+        if local_now.tzinfo is not None:
+            local_now = local_time(local_now)
+        if local_now >= entry.stale_after:
+            detail = f"handshake {entry.handshake!r} unanswered and {self.count_resource} allocatable is 0"
+            return node_rejection(name, Reason.HANDSHAKE_UNANSWERED, detail=detail)
+        return None
+
+    def stale_after(self, name: str) -> datetime.datetime | None:
+        """When the node turns stale (naive local time) while nothing about it changes; None: never."""
+        entry = self._nodes.get(name)
+        return entry.stale_after if entry is not None else None
+
+    def lock_of(self, name: str) -> str | None:
+        """The node's ``hami.io/mutex.lock`` as the watch last showed it."""
+        entry = self._nodes.get(name)
+        return entry.lock if entry is not None else None
+
+    def needs_handshake(self) -> list[str]:
+        """Nodes whose handshake does not (yet) say Requesting."""
+        return [
+            e.name
+            for e in self._nodes.values()
+            if decode_handshake(e.handshake).kind is not HandshakeKind.REQUESTING
+            and not (e.problem is not None and Reason.NODE_MALFORMED in e.problem.reasons)
+        ]
+
+    def entries(self) -> Iterator[NodeEntry]:
+        return iter(list(self._nodes.values()))
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._nodes
