@@ -4,7 +4,10 @@ Measured: ``handle_filter`` + ``handle_prioritize`` on the parsed extender args 
 by the codec, every candidate's state from the live view without the pod's own booking, the namespace
 quota, the core's verdicts, every failing node's rejection and its text, the metrics, the core's
 ranking of the candidates) — everything the two verbs compute except HTTP and JSON, which
-``bench_filter`` measures. The live view is the real snapshot, filled from Node and Pod objects.
+``bench_filter`` measures. Each call is a new version of the pod (``benchmarks.objects.new_version``),
+so the two verbs share one scheduling cycle (:mod:`hami.scheduler.cycle`) as kube-scheduler's
+filter and prioritize of one pod do, and no call is answered from an earlier one's. The live view
+is the real snapshot, filled from Node and Pod objects.
 Baseline: the core's verdicts alone on the same node states (``allocate(...).fitting``); the ratio
 column is what the scheduler's call costs on top of the placement decision.
 
@@ -31,7 +34,7 @@ import statistics
 import time
 from typing import Any
 
-from benchmarks.objects import offline_context, registered_node
+from benchmarks.objects import new_version, offline_context, registered_node
 from benchmarks.table import Table, ms, summary
 from hami.annotations import (
     POD_DEVICES_ALLOCATED,
@@ -115,9 +118,11 @@ def measure(ctx: Context, args: ExtenderArgs, repetitions: int) -> tuple[list[fl
     core: list[float] = []
     fitting: tuple[str, ...] = ()
     for _ in range(repetitions):
+        assert args["Pod"] is not None
+        once = ExtenderArgs(Pod=new_version(args["Pod"]), Nodes=args["Nodes"], NodeNames=args["NodeNames"])
         start = time.perf_counter()
-        filtered = handle_filter(ctx, args)
-        scores = handle_prioritize(ctx, args)
+        filtered = handle_filter(ctx, once)
+        scores = handle_prioritize(ctx, once)
         verbs.append(time.perf_counter() - start)
         start = time.perf_counter()
         fitting = allocate(request, states, ctx.settings.policy).fitting
@@ -201,10 +206,15 @@ def fragmentation_rows(nodes_count: int, repetitions: int) -> list[tuple[str, ..
         workload._target = Target(workload.target().classes)
 
     rows: list[tuple[str, ...]] = []
+
+    def fresh(a: ExtenderArgs) -> ExtenderArgs:  # a new pod version: evaluated anew, not from its cycle
+        assert a["Pod"] is not None
+        return ExtenderArgs(Pod=new_version(a["Pod"]), Nodes=a["Nodes"], NodeNames=a["NodeNames"])
+
     checks = (
-        ("/filter", lambda a: lambda: handle_filter(ctx, a), None),
-        ("/prioritize, one node changed", lambda a: lambda: handle_prioritize(ctx, a), touch),
-        ("/prioritize, new target", lambda a: lambda: handle_prioritize(ctx, a), fresh_target),
+        ("/filter", lambda a: lambda: handle_filter(ctx, fresh(a)), None),
+        ("/prioritize, one node changed", lambda a: lambda: handle_prioritize(ctx, fresh(a)), touch),
+        ("/prioritize, new target", lambda a: lambda: handle_prioritize(ctx, fresh(a)), fresh_target),
     )
     for label, make, between in checks:
         reps = repetitions if label != "/prioritize, new target" else max(3, repetitions // 10)

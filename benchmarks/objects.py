@@ -7,6 +7,7 @@ Raw JSON dicts as the watch would deliver them, annotation values through the co
 from __future__ import annotations
 
 import datetime
+import itertools
 from typing import Any, cast
 
 from hami.annotations import (
@@ -25,6 +26,17 @@ from hami.scheduler.main import build_context
 #: ``api`` of a context whose verbs make no API call.
 NO_API = cast(KubeApi, None)
 SLOTS = 10  # deviceSplitCount: pods per card
+
+
+_VERSIONS = itertools.count(1)
+
+
+def new_version(pod: dict[str, Any]) -> dict[str, Any]:
+    """``pod`` with a ``resourceVersion`` no earlier call gave: a new pod version, so the extender reads
+    and evaluates it anew (its scheduling cycle, :mod:`hami.scheduler.cycle`, is per version) instead of
+    answering a repeated request from the cycle it kept."""
+    metadata = {**pod.get("metadata", {}), "resourceVersion": str(next(_VERSIONS))}
+    return {**pod, "metadata": metadata}
 
 
 def offline_context(settings: SchedulerSettings | None = None) -> Context:

@@ -6,11 +6,15 @@ another bind of it in flight is refused and never written to (no Event either); 
 to this node with our grant for it is a success without a write (kube-scheduler retrying after a lost
 answer). A second bind of a pod while one is in progress in this process is refused.
 
-Order for a GPU pod: read the pod; fail fast when it cannot fit (no lock taken); take the node lock
+The pod's request comes from its scheduling cycle (:mod:`hami.scheduler.cycle`): the one filter read when
+the pod read here is the same version, else read from this version; the cycle ends when the bind
+succeeds. Order for a GPU pod: read the pod; fail fast when it cannot fit (no lock taken; skipped when
+filter found it fits on the same unchanged snapshot); take the node lock
 (``hami.scheduler.bindlock``, compare-and-set in ``hami.kube.nodelock``; every pod with a GPU request,
 init-only ones included) — waiting for a busy lock happens outside the node's decision queue, in a
 per-node line of waiters of which only the head polls, up to ``--node-lock-wait`` (PodGroup members
-``--node-lock-retry-timeout``) and never past the deadline; re-read the pod and judge it again; inside
+``--node-lock-retry-timeout``) and never past the deadline; re-read the pod and judge it again (a new
+version is decided with its own request; one that no longer reads, ``invalid``); inside
 the node's queue decide the cards with the core's ``fit_node`` on the snapshot (the cards held for
 nominated pods of equal or higher priority counted as used: :mod:`hami.core.reservations`) and book them
 at once; one JSON patch that applies only to the pod as re-read (uid, resourceVersion, annotation and

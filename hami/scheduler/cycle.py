@@ -17,8 +17,10 @@ uid and ``resourceVersion``, and a cycle is reused only when the fields the requ
 annotations, the containers, the init containers, the priority) are equal to the ones it was read from,
 so a pod edited between two verbs (a new ``resourceVersion``), or a caller sending another body under
 the same version, gets a new cycle: a decision is never reused for a pod it was not made for. The cache
-holds one cycle per pod, at most :data:`CAPACITY` (the least recently used goes first); a bound or
-deleted pod's cycle is evicted (:meth:`Cycles.forget`).
+holds one cycle per pod, at most :data:`CAPACITY` (the least recently used goes first), and only the
+:data:`EVALUATED` cycles evaluated last keep their evaluation (it holds a state per candidate node,
+which the snapshot may since have replaced); a bound or deleted pod's cycle is evicted
+(:meth:`Cycles.forget`).
 
 Pure apart from the snapshot it reads: must not import the Kubernetes client, aiohttp, logging, time or
 asyncio.
@@ -29,7 +31,7 @@ from __future__ import annotations
 import copy
 import datetime
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +47,9 @@ from hami.settings import DeviceConfig
 #: Pods whose cycle is kept at once (kube-scheduler schedules one pod at a time; a few hundred pods
 #: retried in turn still find theirs).
 CAPACITY = 512
+#: Cycles that keep their evaluation at once (kube-scheduler evaluates one pod at a time; a bind may
+#: still be waiting for a node lock while the next pods are filtered).
+EVALUATED = 8
 
 #: (namespace, name): the slot of a pod in the cache.
 PodSlot = tuple[str, str]
@@ -95,9 +100,12 @@ class Evaluation:
 class Cycle:
     """One pod version's scheduling cycle: its request (or why it has none) and latest evaluation."""
 
-    __slots__ = ("_evaluation", "_source", "error", "priority", "request", "slot")
+    __slots__ = ("_evaluation", "_kept", "_source", "error", "priority", "request", "slot")
 
-    def __init__(self, pod: Mapping[str, Any], config: DeviceConfig) -> None:
+    def __init__(
+        self, pod: Mapping[str, Any], config: DeviceConfig, kept: Callable[[Cycle], None] | None = None
+    ) -> None:
+        self._kept = kept  # told each time this cycle keeps a new evaluation
         self._source = copy.deepcopy(_source(pod))
         self.slot: PodSlot = objects.pod_key(pod)
         self.priority = objects.priority(pod)
@@ -137,7 +145,7 @@ class Cycle:
         request = self.request
         found = live_candidates(snapshot, names, request, now, priority)
         quotas = snapshot.quotas_for(request.namespace, exclude=(request.namespace, request.name))
-        self._evaluation = Evaluation(
+        evaluation = self._evaluation = Evaluation(
             names=tuple(names),
             priority=priority,
             generation=generation,
@@ -145,7 +153,13 @@ class Cycle:
             candidates=found,
             quotas=quotas,
         )
-        return self._evaluation
+        if self._kept is not None:
+            self._kept(self)
+        return evaluation
+
+    def drop_evaluation(self) -> None:
+        """Let the last evaluation go (the next verb evaluates again)."""
+        self._evaluation = None
 
     def decisions(self, evaluation: Evaluation, policy: Policy) -> Decisions:
         """Filter's decisions over ``evaluation`` (made once per evaluation; ``policy`` is the
@@ -181,7 +195,7 @@ class Cycle:
             return False
         if not kept.valid(snapshot.current(), local_time(now)):
             return False
-        return node in kept.names and node not in kept.candidates.excluded and kept.decisions.fits(node)
+        return isinstance(kept.state(node), NodeState) and kept.decisions.fits(node)
 
     def candidate(
         self, snapshot: Snapshot, node: str, now: datetime.datetime, priority: int
@@ -202,9 +216,11 @@ class Cycle:
 class Cycles:
     """The cycles of the pods being scheduled, one per pod, bounded (least recently used out first)."""
 
-    def __init__(self, capacity: int = CAPACITY) -> None:
+    def __init__(self, capacity: int = CAPACITY, evaluated: int = EVALUATED) -> None:
         self._capacity = capacity
         self._cycles: OrderedDict[PodSlot, Cycle] = OrderedDict()
+        self._evaluated_limit = evaluated
+        self._evaluated: OrderedDict[int, Cycle] = OrderedDict()  # by id: the cycles keeping one
         self.made = 0  # cycles made (a pod version read), for the tests and the benchmarks
         self.reused = 0  # lookups answered by a kept cycle
 
@@ -217,17 +233,30 @@ class Cycles:
             self._cycles.move_to_end(slot)
             self.reused += 1
             return kept
-        cycle = Cycle(pod, config)
+        if kept is not None:
+            self._evaluated.pop(id(kept), None)  # an older version's cycle is over
+        cycle = Cycle(pod, config, kept=self._keeps)
         self.made += 1
         self._cycles[slot] = cycle
         self._cycles.move_to_end(slot)
         while len(self._cycles) > self._capacity:
-            self._cycles.popitem(last=False)
+            _, gone = self._cycles.popitem(last=False)
+            self._evaluated.pop(id(gone), None)
         return cycle
+
+    def _keeps(self, cycle: Cycle) -> None:
+        """``cycle`` keeps a new evaluation: the cycles evaluated longest ago let theirs go."""
+        self._evaluated[id(cycle)] = cycle
+        self._evaluated.move_to_end(id(cycle))
+        while len(self._evaluated) > self._evaluated_limit:
+            _, oldest = self._evaluated.popitem(last=False)
+            oldest.drop_evaluation()
 
     def forget(self, slot: PodSlot) -> None:
         """The pod was bound or deleted: its cycle is over."""
-        self._cycles.pop(slot, None)
+        cycle = self._cycles.pop(slot, None)
+        if cycle is not None:
+            self._evaluated.pop(id(cycle), None)
 
     def pod_event(self, kind: str, obj: Mapping[str, Any]) -> None:
         """The pod watch's event: a deleted pod's cycle is evicted."""

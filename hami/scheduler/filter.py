@@ -1,7 +1,10 @@
 """``POST /filter``: which candidate nodes can take the pod, and why the others cannot. Read-only.
 
 Owns the filter decision over the snapshot (names only, ``nodeCacheCapable``) or over the Node objects
-given in the request (template nodes: evaluated from their annotations alone, zero usage). Every fitting
+given in the request (template nodes: evaluated from their annotations alone, zero usage,
+:mod:`hami.scheduler.candidates`). The pod's request, the candidates' states and the core's decisions
+over them come from the pod's scheduling cycle (:mod:`hami.scheduler.cycle`): made once per pod version
+and shared with prioritize, preempt and bind, made again when the snapshot changed. Every fitting
 node is returned in ``NodeNames``; the others go to ``FailedNodes`` when other pods leaving could make
 room (resolvable) and to ``FailedAndUnresolvableNodes`` otherwise (too few cards, type/uuid mismatch,
 unregistered). Every failing node is a :class:`~hami.core.rejection.Rejection` (the snapshot's

@@ -1,6 +1,8 @@
 """``POST /preempt`` (the extender's ``preemptVerb``): kube-scheduler's preemption, made device-aware.
 
-Owns :func:`handle_preempt` (its view is :mod:`hami.scheduler.app`'s, like every verb's). In:
+Owns :func:`handle_preempt` (its view is :mod:`hami.scheduler.app`'s, like every verb's; the pod's
+request and the candidate states it can reuse come from the pod's scheduling cycle,
+:mod:`hami.scheduler.cycle`). In:
 ``ExtenderPreemptionArgs`` — the pod and, per candidate node, the victims kube-scheduler's own
 plugins chose (by uid with ``nodeCacheCapable: true``, full pods without). Out:
 ``ExtenderPreemptionResult`` — the nodes kept, each with its victims by uid (both forms).

@@ -1,6 +1,8 @@
 """``POST /prioritize``: a 0..10 score per candidate node from the node policy. Read-only.
 
-Owns the answer: the candidate nodes' current states (the same as ``/filter``'s) ranked by the core's
+Owns the answer: the candidate nodes' current states (``/filter``'s, without the cards held for nominated
+pods; taken from the pod's scheduling cycle, :mod:`hami.scheduler.cycle`, while nothing they were read
+from has changed, else read again; template nodes from :mod:`hami.scheduler.candidates`) ranked by the core's
 one node ranking, :func:`hami.core.allocate.priorities`: HAMi's node score (0..30: ``10 x (slots
 used/total + cores used/total + memory used/total)`` over the node's cards, before this pod) onto
 kube-scheduler's extender range 0..10, ``binpack`` (default) preferring fuller nodes, ``spread`` emptier

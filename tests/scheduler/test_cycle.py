@@ -122,6 +122,20 @@ def test_the_cache_is_bounded_and_forgets_bound_or_deleted_pods() -> None:
     assert cycles.made == made + 2
 
 
+def test_only_the_cycles_evaluated_last_keep_their_evaluation() -> None:
+    # an evaluation holds a state per candidate node: a few of them are kept, not one per pod
+    ctx = _offline([make_node("n1"), make_node("n2")])
+    cycles = Cycles(evaluated=1)
+    a = cycles.of(_version(make_pod("a"), uid="u-a"), CONFIG)
+    b = cycles.of(_version(make_pod("b"), uid="u-b"), CONFIG)
+    first = a.evaluate(ctx.snapshot, ["n1", "n2"], NOW, 0)
+    assert a.evaluate(ctx.snapshot, ["n1", "n2"], NOW, 0) is first  # nothing changed: kept
+    b.evaluate(ctx.snapshot, ["n1", "n2"], NOW, 0)
+    again = a.evaluate(ctx.snapshot, ["n1", "n2"], NOW, 0)
+    assert again is not first  # b's evaluation pushed a's out
+    assert [s.name for s in again.candidates.states] == ["n1", "n2"]
+
+
 # ------------------------------------------------------------------------------------ the verbs
 
 
