@@ -92,6 +92,18 @@ class Evaluation:
             self._by_name = {state.name: state for state in self.candidates.states}
         return self._by_name.get(name)
 
+    def states_of(self, names: list[str] | tuple[str, ...]) -> list[NodeState] | None:
+        """The states of those of ``names`` not excluded, in their order; None when this evaluation did
+        not cover every one of them."""
+        states: list[NodeState] = []
+        for name in names:
+            found = self.state(name)
+            if found is None:
+                return None
+            if isinstance(found, NodeState):
+                states.append(found)
+        return states
+
     def valid(self, generation: int, local_now: datetime.datetime) -> bool:
         until = self.candidates.valid_until
         return generation == self.generation and local_now >= self.at and (until is None or local_now < until)
@@ -174,18 +186,21 @@ class Cycle:
     def states_unreserved(
         self, snapshot: Snapshot, names: list[str] | tuple[str, ...], now: datetime.datetime
     ) -> list[NodeState]:
-        """The states of ``names`` without any nominated pod's cards held (prioritize's view): the last
-        evaluation's when it still holds and held none, else new ones."""
+        """The states of ``names`` (those not excluded, in order) without any nominated pod's cards held
+        (prioritize's view): the last evaluation's when it still holds, held none and covered every one
+        of ``names`` (kube-scheduler sends prioritize the nodes that passed filter), else read live
+        (and not kept: filter's evaluation stays for bind and preempt)."""
         assert self.request is not None
         kept = self._evaluation
         if (
             kept is not None
             and not kept.candidates.reserved
-            and kept.names == tuple(names)
             and kept.valid(snapshot.current(), local_time(now))
         ):
-            return kept.candidates.states
-        return self.evaluate(snapshot, names, now, None).candidates.states
+            states = kept.states_of(names)
+            if states is not None:
+                return states
+        return live_candidates(snapshot, names, self.request, now).states
 
     def known_fit(self, snapshot: Snapshot, node: str, now: datetime.datetime, priority: int) -> bool:
         """Whether the last evaluation, still holding, found that the pod fits ``node`` (with the cards
@@ -223,6 +238,7 @@ class Cycles:
         self._evaluated: OrderedDict[int, Cycle] = OrderedDict()  # by id: the cycles keeping one
         self.made = 0  # cycles made (a pod version read), for the tests and the benchmarks
         self.reused = 0  # lookups answered by a kept cycle
+        self.evaluations = 0  # evaluations made and kept
 
     def of(self, pod: Mapping[str, Any], config: DeviceConfig) -> Cycle:
         """The cycle of this pod version: the kept one when ``pod`` is the version it was made for, else
@@ -246,6 +262,7 @@ class Cycles:
 
     def _keeps(self, cycle: Cycle) -> None:
         """``cycle`` keeps a new evaluation: the cycles evaluated longest ago let theirs go."""
+        self.evaluations += 1
         self._evaluated[id(cycle)] = cycle
         self._evaluated.move_to_end(id(cycle))
         while len(self._evaluated) > self._evaluated_limit:

@@ -139,13 +139,26 @@ def test_only_the_cycles_evaluated_last_keep_their_evaluation() -> None:
 # ------------------------------------------------------------------------------------ the verbs
 
 
+def _busy(name: str, node: str, card: int, memory: int) -> dict[str, Any]:
+    pod = make_pod(name, node=node, phase="Running")
+    pod["metadata"]["annotations"] = placed(node, f"GPU-{node}-{card}", memory, 10)
+    return pod
+
+
 def test_filter_and_prioritize_share_one_cycle() -> None:
-    ctx = _offline([make_node("n1"), make_node("n2")])
-    pod = _version(make_pod("p", memory=1000))
-    assert handle_filter(ctx, _args(pod, ["n1", "n2"])).result["NodeNames"] == ["n1", "n2"]
-    scores = handle_prioritize(ctx, _args(_version(make_pod("p", memory=1000)), ["n1", "n2"]))
-    assert [s["Host"] for s in scores] == ["n1", "n2"]
-    assert (ctx.cycles.made, ctx.cycles.reused) == (1, 1)
+    nodes = [make_node("n1"), make_node("n2"), make_node("n3", cards=1)]
+    busy = [_busy("b1", "n1", 0, 1000), _busy("b2", "n2", 0, 9000), _busy("b3", "n2", 1, 9000)]
+    ctx = _offline(nodes, busy)
+    pod = _version(make_pod("p", gpus=2, memory=1000))
+    assert handle_filter(ctx, _args(pod, ["n1", "n2", "n3"])).result["NodeNames"] == ["n1", "n2"]
+    # kube-scheduler sends prioritize the nodes that passed filter: it ranks the states filter read
+    survivors = ["n2", "n1"]
+    scores = handle_prioritize(ctx, _args(_version(make_pod("p", gpus=2, memory=1000)), survivors))
+    assert (ctx.cycles.made, ctx.cycles.reused, ctx.cycles.evaluations) == (1, 1, 1)
+    # and they rank as a context that never filtered this pod ranks them
+    alone = _offline(nodes, busy)
+    assert scores == handle_prioritize(alone, _args(_version(make_pod("p", gpus=2, memory=1000)), survivors))
+    assert scores[0]["Score"] > scores[1]["Score"]  # binpack: the fuller n2 first
 
 
 def test_an_evaluation_is_not_reused_once_the_snapshot_changed() -> None:
