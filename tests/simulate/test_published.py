@@ -1,7 +1,8 @@
 """The measured table of docs/policies.md ("Measured") is ``hami published``'s output: its layout, the
-paper's figures, superscripts and bold are what :mod:`hami.simulate.published` writes, and cells replayed
-again on the shipped trace (tests/data/openb) read exactly as the page says (slow: a few cells, each all
-of its planned seeds)."""
+paper's figures, superscripts and bold are what :mod:`hami.simulate.published` writes; every cell of the
+recorded runs (docs/policies-runs.jsonl, ``hami published run``'s output) reads as the page says; and
+cells replayed again on the shipped trace (tests/data/openb) read so too (slow: a few cells, each over
+all of its planned seeds)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ from pathlib import Path
 import pytest
 
 from hami import cli
+from hami.commands.heldout import read_results
 from hami.simulate import published
 from tests.simulate import shipped
 
 POLICIES_MD = Path(__file__).resolve().parents[2] / "docs" / "policies.md"
+RECORD = POLICIES_MD.with_name("policies-runs.jsonl")  # hami published run's runs behind the page
 _NUMBER = re.compile(r"\d+\.\d+")
 
 
@@ -31,6 +34,17 @@ def run_lines(runs: list[tuple[str, str, int, float]]) -> str:
 def test_the_page_has_every_cell_of_the_plan() -> None:
     cells = documented()
     assert sorted(cells) == sorted((t, p) for t in published.TRACES for p in published.COLUMNS)
+
+
+def test_the_page_shows_the_command_s_table_of_the_recorded_runs(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    runs = [(r.trace, r.policy, r.seed) for r in read_results(RECORD)]
+    assert sorted(runs) == sorted(published.plan())  # every run the table needs, each once, no other
+    assert cli.main(["published", "table", "--results", str(RECORD)]) == 0
+    table = capsys.readouterr().out.strip()
+    assert table.count("\n") == len(published.TRACES) + 1
+    assert table in POLICIES_MD.read_text()
 
 
 def test_each_cell_says_the_papers_figure_its_seeds_and_its_bold_as_the_command_writes() -> None:
