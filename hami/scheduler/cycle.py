@@ -28,8 +28,8 @@ asyncio.
 
 from __future__ import annotations
 
-import copy
 import datetime
+import json
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -55,10 +55,11 @@ EVALUATED = 8
 PodSlot = tuple[str, str]
 
 
-def _source(pod: Mapping[str, Any]) -> tuple[Any, ...]:
-    """What the request and the priority are read from, and the version's identity, as sent."""
+def _source(pod: Mapping[str, Any]) -> str:
+    """What the request and the priority are read from, and the version's identity, as sent (as JSON
+    text: compared whole, and never changed by a later change of ``pod``)."""
     meta, spec = objects.meta(pod), objects.spec(pod)
-    return (
+    fields = (
         objects.namespace(pod),
         objects.name(pod),
         objects.uid(pod),
@@ -68,6 +69,7 @@ def _source(pod: Mapping[str, Any]) -> tuple[Any, ...]:
         spec.get("initContainers"),
         spec.get("priority"),
     )
+    return json.dumps(fields, separators=(",", ":"), default=repr)
 
 
 @dataclass(slots=True, eq=False)
@@ -118,7 +120,7 @@ class Cycle:
         self, pod: Mapping[str, Any], config: DeviceConfig, kept: Callable[[Cycle], None] | None = None
     ) -> None:
         self._kept = kept  # told each time this cycle keeps a new evaluation
-        self._source = copy.deepcopy(_source(pod))
+        self._source = _source(pod)
         self.slot: PodSlot = objects.pod_key(pod)
         self.priority = objects.priority(pod)
         self.request: PodRequest | None = None

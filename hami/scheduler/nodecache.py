@@ -246,6 +246,21 @@ class NodeCache:
             return node_rejection(name, Reason.HANDSHAKE_UNANSWERED, detail=detail)
         return None
 
+    def usable(self, name: str, local_now: datetime.datetime) -> NodeEntry | Rejection:
+        """The node's entry when it can take GPU pods at ``local_now`` (naive local time), else why not
+        (:meth:`exclusion` in one step, for the walk over every candidate)."""
+        entry = self._nodes.get(name)
+        if entry is None or entry.state is None:
+            found = self.exclusion(name, local_now)
+            assert found is not None  # unknown, or registered without a state: excluded
+            return found
+        stale = entry.stale_after
+        if stale is not None and local_now >= stale:
+            found = self.exclusion(name, local_now)
+            assert found is not None
+            return found
+        return entry
+
     def stale_after(self, name: str) -> datetime.datetime | None:
         """When the node turns stale (naive local time) while nothing about it changes; None: never."""
         entry = self._nodes.get(name)

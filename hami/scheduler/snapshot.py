@@ -318,16 +318,9 @@ class Snapshot:
         """The node's state for deciding a pod (without that pod's own current usage), or its exclusion.
         With the pod's ``priority``, the cards held for pods nominated there of equal or higher
         priority (``exclude`` itself aside) count as used."""
-        found, _ = self._candidate(name, local_now, exclude, priority)
-        return found
-
-    def _candidate(
-        self, name: str, local_now: datetime.datetime, exclude: PodKey | None, priority: int | None
-    ) -> tuple[NodeState | Rejection, bool]:
-        """:meth:`candidate`, and whether reservations were counted in it."""
         excluded = self.exclusion(name, local_now)
         if excluded is not None:
-            return excluded, False
+            return excluded
         state = self.nodes.state(name)
         assert state is not None  # not excluded means registered
         held: tuple[Reservation, ...] = ()
@@ -337,7 +330,7 @@ class Snapshot:
             own = self._applied.get(exclude)
             if own is not None and own.node == name:
                 state = apply_usage(state, own.usage, sign=-1)
-        return with_reservations(state, held), bool(held)
+        return with_reservations(state, held)
 
     def candidates(
         self,
@@ -346,19 +339,34 @@ class Snapshot:
         exclude: PodKey | None = None,
         priority: int | None = None,
     ) -> Candidates:
-        """:meth:`candidate` for each of ``names``: the states in order, the exclusions by name."""
+        """:meth:`candidate` for each of ``names``: the states in order, the exclusions by name (one
+        walk: the view is brought to ``local_now`` once, each node looked up once)."""
+        self._tick()
+        if local_now.tzinfo is not None:
+            local_now = local_time(local_now)
+        own = self._applied.get(exclude) if exclude is not None else None
+        usable = self.nodes.usable
+        nominated = self.nominations.on
         states: list[NodeState] = []
         excluded: dict[str, Rejection] = {}
         reserved = False
         valid_until: datetime.datetime | None = None
         for name in names:
-            found, held = self._candidate(name, local_now, exclude, priority)
+            found = usable(name, local_now)
             if isinstance(found, Rejection):
                 excluded[name] = found
                 continue
-            states.append(found)
-            reserved = reserved or held
-            stale = self.nodes.stale_after(name)
+            state = found.state
+            assert state is not None  # usable means registered
+            if own is not None and own.node == name:
+                state = apply_usage(state, own.usage, sign=-1)
+            if priority is not None and nominated(name):
+                held = held_against(self.reservations(name), priority, exclude)
+                if held:
+                    state = with_reservations(state, held)
+                    reserved = True
+            states.append(state)
+            stale = found.stale_after
             if stale is not None and (valid_until is None or stale < valid_until):
                 valid_until = stale
         return Candidates(states=states, excluded=excluded, reserved=reserved, valid_until=valid_until)
