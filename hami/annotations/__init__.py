@@ -51,6 +51,7 @@ from hami.annotations.keys import (
     POD_VGPU_MODE,
     POD_VGPU_NODE,
     POD_VGPU_TIME,
+    POD_WAKE_UP,
     USER_POD_ANNOTATIONS,
     WEBHOOK_IGNORE_LABEL,
 )
@@ -138,6 +139,7 @@ __all__ = [
     "POD_VGPU_MODE",
     "POD_VGPU_NODE",
     "POD_VGPU_TIME",
+    "POD_WAKE_UP",
     "USER_POD_ANNOTATIONS",
     "WEBHOOK_IGNORE_LABEL",
     "AnnotationError",

@@ -26,6 +26,8 @@ POD_BIND_PHASE = "hami.io/bind-phase"
 POD_BIND_TIME = "hami.io/bind-time"
 #: ours, not HAMi's: the enforcement of each granted card at bind (``enforcement``)
 POD_VGPU_ENFORCEMENT = "hami.io/vgpu-enforcement"
+#: ours, not HAMi's: touched by the scheduler to make kube-scheduler retry a parked pod (``wakeup``)
+POD_WAKE_UP = "hami.io/wake-up"
 # written by users
 POD_USE_GPUTYPE = "nvidia.com/use-gputype"
 POD_NOUSE_GPUTYPE = "nvidia.com/nouse-gputype"
@@ -68,4 +70,5 @@ INTERNAL_POD_ANNOTATIONS: tuple[str, ...] = (
     POD_BIND_TIME,
     NODE_LOCK,
     POD_VGPU_ENFORCEMENT,
+    POD_WAKE_UP,
 )

@@ -33,6 +33,7 @@ from hami.process.flags import (
     Flags,
     add_flags,
     address,
+    boolean,
     number,
     optional_text,
     plain,
@@ -233,6 +234,14 @@ RESYNC_SECONDS = Flag(
     metavar="SECONDS",
     help="seconds between registration passes (handshakes, stale nodes)",
 )
+WAKE_PENDING = Flag(
+    name="wake-pending",
+    metavar="true|false",
+    parse=boolean,
+    default="true",
+    help="when cards are freed on a node, touch the pending pods filter rejected that fit there now, so "
+    "kube-scheduler retries them (true/false)",
+)
 DEVICE_CONFIG = Flag(
     name="device-config",
     parse=optional_text,
@@ -288,6 +297,7 @@ FLAGS: Flags = (
     BIND_TIMEOUT,
     API_TIMEOUT,
     RESYNC_SECONDS,
+    WAKE_PENDING,
     DEVICE_CONFIG,
     RESOURCE_NAME,
     RESOURCE_MEM,
@@ -327,6 +337,7 @@ class SchedulerSettings:
     api_timeout: float = API_TIMEOUT.default_value  # seconds one API request may take
     resync_seconds: float = RESYNC_SECONDS.default_value  # the registration pass: handshakes and stale nodes
     handshake_window: datetime.timedelta = datetime.timedelta(seconds=60)
+    wake_pending: bool = WAKE_PENDING.default_value  # wake parked pods when cards are freed (wakeup)
     # the --device-config file with the --resource-* names over it
     device_config: DeviceConfig = field(default_factory=DeviceConfig)
     log_level: str = LOG_LEVEL.default_value
@@ -391,6 +402,7 @@ def from_args(args: argparse.Namespace) -> SchedulerSettings:
         bind_timeout=BIND_TIMEOUT.read(args),
         api_timeout=API_TIMEOUT.read(args),
         resync_seconds=RESYNC_SECONDS.read(args),
+        wake_pending=WAKE_PENDING.read(args),
         device_config=_device_config(args),
         log_level=log_level,
     )

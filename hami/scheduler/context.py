@@ -31,6 +31,7 @@ from hami.scheduler.disruption import DisruptionBook
 from hami.scheduler.metrics import Metrics
 from hami.scheduler.registration import Registration
 from hami.scheduler.snapshot import Snapshot
+from hami.scheduler.wakeup import WakeUp
 
 
 def utc_now() -> datetime.datetime:
@@ -52,6 +53,7 @@ class Context:
     disruptions: DisruptionBook = field(default_factory=DisruptionBook)  # PDBs, for /preempt
     cycles: Cycles = field(default_factory=Cycles)  # one scheduling cycle per pod version
     binds: BindCoordination = field(default_factory=BindCoordination)  # queues, lines, binds in progress
+    wakeup: WakeUp | None = None  # the pending pods to wake when cards are freed (--wake-pending)
 
     def cycle(self, pod: Mapping[str, Any]) -> Cycle:
         """The scheduling cycle of this pod version (its request read once: :mod:`hami.scheduler.cycle`)."""

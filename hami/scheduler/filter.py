@@ -119,6 +119,11 @@ def handle_filter(ctx: Context, args: ExtenderArgs) -> Filtered:
         excluded = evaluation.candidates.excluded
         decisions = cycle.decisions(evaluation, ctx.settings.policy)
     fitting = list(decisions.fitting)
+    if ctx.wakeup is not None and names is not None:
+        if fitting:
+            ctx.wakeup.placed((request.namespace, request.name))
+        else:
+            ctx.wakeup.rejected(request, cycle.priority, names)
     failed: dict[str, str] = {}
     unresolvable: dict[str, str] = {}
     words: dict[str, frozenset[str]] = {}

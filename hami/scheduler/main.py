@@ -5,7 +5,8 @@ settings -> logging -> API client (asked once: a wrong server is one line and ex
 :func:`build_context` -> :func:`serve` until SIGTERM/SIGINT. :func:`build_context` builds every
 collaborator once, in order, and passes it down (nothing in module globals, no closures): the
 background :class:`~hami.process.tasks.TaskSet`, the metrics, the registration writes
-(:mod:`hami.scheduler.registration`), the snapshot wired to both, the :class:`Context`.
+(:mod:`hami.scheduler.registration`), the snapshot wired to both, the :class:`Context`, and
+(``--wake-pending``) the :class:`~hami.scheduler.wakeup.WakeUp` the snapshot tells of freed cards.
 :func:`serve` runs the named tasks: ``listeners`` (the verbs on ``--listen``, loopback by default, plain
 HTTP unless ``--tls-cert``/``--tls-key``; probes and metrics on ``--metrics-listen``),
 ``watch-nodes``, ``watch-pods``, ``watch-resourcequotas``, ``watch-poddisruptionbudgets`` and
@@ -23,9 +24,12 @@ import logging
 import ssl
 from collections.abc import Callable, Iterable
 
-from hami.core.model import NodeState
+from hami.annotations import POD_WAKE_UP
+from hami.core.allocate import allocate
+from hami.core.model import NodeState, PodRequest
 from hami.kube.client import KubeError
 from hami.kube.events import EventRecorder
+from hami.kube.pods import patch_pod
 from hami.kube.protocol import KubeApi
 from hami.process.entry import FAILED, configure_logging, reachable_api, refuse, until_signalled
 from hami.process.tasks import TaskSet
@@ -37,6 +41,7 @@ from hami.scheduler.nominations import NominationBook, Nominations
 from hami.scheduler.quotas import QuotaBook
 from hami.scheduler.registration import Registration
 from hami.scheduler.snapshot import Snapshot, local_time
+from hami.scheduler.wakeup import PodKey, WakeUp
 from hami.scheduler.watches import start_sync
 from hami.scheduler.workload import Workload
 from hami.settings import ConfigError
@@ -103,7 +108,7 @@ def build_context(
         ),
     )
     metrics.attach(_node_source(snapshot, clock), snapshot.tracked_count)
-    return Context(
+    ctx = Context(
         settings=settings,
         api=api,
         snapshot=snapshot,
@@ -112,6 +117,34 @@ def build_context(
         registration=registration,
         clock=clock,
     )
+    if settings.wake_pending:
+        ctx.wakeup = _wakeup(ctx)
+        snapshot.on_freed = ctx.wakeup.freed
+    return ctx
+
+
+def _wakeup(ctx: Context) -> WakeUp:
+    """The wake-up (docs/scheduler.md, "Waking pending pods"): filter's own decision on the live view
+    says whether a pod fits a node now; a wake is a merge patch of one annotation, in the background."""
+    snapshot, policy = ctx.snapshot, ctx.settings.policy
+
+    def fits(request: PodRequest, priority: int, node: str) -> bool:
+        if not snapshot.ready:
+            return False
+        key = (request.namespace, request.name)
+        found = snapshot.candidate(node, local_time(ctx.clock()), exclude=key, priority=priority)
+        if not isinstance(found, NodeState):
+            return False
+        quotas = snapshot.quotas_for(request.namespace, exclude=key)
+        return allocate(request, [found], policy, quotas=quotas).fits(node)
+
+    async def write(namespace: str, name: str, value: str) -> None:
+        await patch_pod(ctx.api, namespace, name, annotations={POD_WAKE_UP: value})
+
+    def wake(key: PodKey, value: str) -> None:
+        ctx.background.spawn(write(*key, value), f"wake the pending pod {key[0]}/{key[1]}")
+
+    return WakeUp(fits=fits, wake=wake, ticker=ctx.ticker)
 
 
 def _node_source(snapshot: Snapshot, clock: Callable[[], datetime.datetime]) -> NodeSource:
@@ -153,6 +186,8 @@ async def serve(
             tasks.create_task(listen(), name="listeners")
             start_sync(ctx, tasks)
     finally:
+        if ctx.wakeup is not None:
+            ctx.wakeup.close()
         await ctx.background.drain()
 
 

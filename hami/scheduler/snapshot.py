@@ -97,6 +97,9 @@ class Snapshot:
         self.nominations = nominations if nominations is not None else NominationBook()
         self.workload = workload if workload is not None else Workload()  # fragmentation's target
         self._on_lock = on_lock
+        #: told the node's name whenever usage leaves a node or its registered cards change (cards may
+        #: have been freed there: :mod:`hami.scheduler.wakeup`); called synchronously, must only schedule
+        self.on_freed: Callable[[str], None] | None = None
         self.locks = LockWaiters()
         self.nodes = NodeCache(
             count_resource=count_resource,
@@ -136,6 +139,8 @@ class Snapshot:
     def _base_changed(self, name: str, base: NodeState | None) -> None:
         self.workload.register(name, base)
         self.nominations.touch(name)
+        if base is not None and self.on_freed is not None:
+            self.on_freed(name)
 
     def _lock_changed(self, name: str, lock: str | None) -> None:
         if self._on_lock is not None:
@@ -224,6 +229,8 @@ class Snapshot:
         if wanted == current:
             return
         if current is not None:
+            if self.on_freed is not None and (wanted is None or wanted.node != current.node):
+                self.on_freed(current.node)
             self.nodes.apply(current.node, current.usage, -1)
             self.quotas.add_usage(key[0], current.usage, -1)
             self._node_pods[current.node].discard(key)

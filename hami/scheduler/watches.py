@@ -68,6 +68,8 @@ def _pod_feed(ctx: Context) -> EventCallback:
     def apply(event: str, obj: dict[str, Any]) -> None:
         ctx.snapshot.pod_event(event, obj)
         ctx.cycles.pod_event(event, obj)
+        if ctx.wakeup is not None:
+            ctx.wakeup.pod_event(event, obj)
 
     return apply
 

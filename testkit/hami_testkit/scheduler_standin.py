@@ -12,9 +12,20 @@ then POST ``/bind``. The JSON is the extender v1 shape (Go field names). When no
 kube-scheduler's DefaultPreemption runs (:mod:`hami_testkit.preemption_standin`: the extender's
 ``/preempt``, victims evicted, the pod nominated; :attr:`SchedulerStandIn.preemption` records who
 was preempted for whom). An unschedulable pod gets the ``PodScheduled`` condition and a
-``FailedScheduling`` event, and is retried when the cluster changes (a node's labels, registration or
-allocatable change, a node appears, a pod goes away) or after ``flush_after`` seconds; an error
-(extender down, bind refused, preemption failed) is retried with exponential backoff.
+``FailedScheduling`` event and waits in the *unschedulable pool* the way kube-scheduler's queue keeps
+it (docs/scheduler.md, "Waking pending pods"): the attempt records its *rejectors* (kube-scheduler's
+``UnschedulablePlugins``: :data:`EXTENDER` when the extender's filter failed some node, the in-tree plugin
+whose check dropped a node otherwise) and the pod is retried only when a cluster event that one of its
+rejectors registers for arrives (:func:`requeues`), after its backoff, or when it has waited
+``flush_after`` seconds (kube-scheduler's ``podMaxInUnschedulablePodsDuration``, 5 minutes there). Events:
+a node added or updated (allocatable, labels, taints or ``spec.unschedulable``, conditions,
+annotations, each its own kind), an assigned pod deleted or finished (the scheduler's pod informer
+drops terminal pods, so finishing reaches it as a Delete), and an update of the parked pod itself; an
+assigned pod's annotation change reaches no parked pod. ``queueing_hints`` chooses kube-scheduler's
+``SchedulerQueueingHints`` gate: on, the pod's own update requeues it only when a rejector registered
+for pod updates (:data:`EXTENDER` does); off, any change outside its status requeues it. The event
+that moved each pod is kept in :attr:`SchedulerStandIn.requeues`. An error (extender down, bind
+refused, preemption failed) is retried with exponential backoff, as a rejection with no rejectors is.
 
 With ``warn_other_schedulers`` (the embedded cluster, where this is the only scheduler), a pending pod
 that names another scheduler (``default-scheduler`` for a pod HAMi's webhook left alone: one asking for
@@ -28,8 +39,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import Counter
-from collections.abc import Mapping
+from collections import Counter, deque
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -48,8 +59,58 @@ NO_SCHEDULER = "NoScheduler"
 #: Who writes that Event (no kube-scheduler would: it is the embedded cluster telling the user).
 CLUSTER_COMPONENT = "embedded-cluster"
 
-#: Node annotations that change on every heartbeat or bind and do not change what fits.
+#: Node annotations that change on every heartbeat or bind (they are events all the same).
 _VOLATILE = frozenset({NODE_HANDSHAKE, NODE_LOCK})
+
+#: kube-scheduler's name among a pod's ``UnschedulablePlugins`` when an extender failed some node
+#: (``framework.ExtenderName``); it registers every event with a hint that always says Queue.
+EXTENDER = "Extender"
+#: The in-tree plugins whose checks the stand-in makes itself, and the node events each registers for
+#: (with queueing hints on; off, the Node/Add registrants also get UpdateNodeTaint and UpdateNodeLabel).
+_NODE_PLUGIN_EVENTS: dict[str, frozenset[str]] = {
+    "TaintToleration": frozenset({"Add", "UpdateNodeTaint", "UpdateNodeCondition"}),  # not-ready taint
+    "NodeUnschedulable": frozenset({"Add", "UpdateNodeTaint"}),
+    "NodeAffinity": frozenset({"Add", "UpdateNodeLabel"}),
+}
+#: The stand-in's rejector for a cluster without nodes. kube-scheduler answers ``ErrNoNodesAvailable``
+#: (no rejector: retried after its backoff); the stand-in parks the pod until a node is added instead,
+#: so pods waiting for a cluster's first node are then tried in queue order.
+NO_NODES = "NoNodes"
+_NODE_PLUGIN_EVENTS[NO_NODES] = frozenset({"Add"})
+_QHINTS_OFF_EXTRA = frozenset({"UpdateNodeTaint", "UpdateNodeLabel"})
+#: Which plugin dropped a node, by the stand-in's reason.
+_REASON_PLUGIN = {
+    "node(s) were not ready": "TaintToleration",
+    "node(s) were unschedulable": "NodeUnschedulable",
+    "node(s) didn't match Pod's node affinity/selector": "NodeAffinity",
+}
+
+
+def requeues(
+    rejectors: Iterable[str], resource: str, actions: Iterable[str], *, queueing_hints: bool
+) -> bool:
+    """Whether kube-scheduler's queue moves a parked pod with these rejectors on this event.
+
+    ``resource`` is ``Node``, ``AssignedPod`` or ``UnschedulablePod`` (the parked pod's own update);
+    ``actions`` the event's action types (``Add``, ``Delete``, ``Update``, ``UpdateNodeAnnotation``, ...).
+    No rejectors: the pod was never parked (it waits out its backoff). With queueing hints off, the
+    pod's own update requeues it whenever it changed outside its status (the caller decides that).
+    """
+    names = set(rejectors)
+    if not names or EXTENDER in names:
+        return True  # Extender registers every resource with action All
+    if resource == "UnschedulablePod":
+        return not queueing_hints
+    if resource != "Node":
+        return False  # the stand-in's in-tree checks read nodes only
+    acts = set(actions)
+    for name in names:
+        registered = _NODE_PLUGIN_EVENTS.get(name, frozenset())
+        if not queueing_hints and "Add" in registered:
+            registered = registered | _QHINTS_OFF_EXTRA
+        if acts & registered:
+            return True
+    return False
 
 
 @dataclass(slots=True)
@@ -62,8 +123,11 @@ class Attempt:
     retry_at: float  # loop time after which the pod is tried again regardless of changes
     failed_nodes: dict[str, str] = field(default_factory=dict)
     node: str = ""
-    failures: int = 0  # consecutive errors, for the backoff
+    failures: int = 0  # consecutive errors (or unschedulable attempts), for the backoff
     nominated: str = ""  # the node preemption nominated it to (victims evicted there)
+    rejectors: frozenset[str] = frozenset()  # kube-scheduler's UnschedulablePlugins
+    requeued: str = ""  # the event that moved it out of the unschedulable pool ("" while parked)
+    backoff_until: float = 0.0  # loop time before which a requeued pod is not tried
 
 
 class SchedulerStandIn:
@@ -79,6 +143,7 @@ class SchedulerStandIn:
         http_timeout: float = 30.0,
         backoff: tuple[float, float] = (0.2, 5.0),
         flush_after: float = 60.0,
+        queueing_hints: bool = True,
         preempt_verb: str = "preempt",
         node_cache_capable: bool = True,
         warn_other_schedulers: bool = False,
@@ -90,6 +155,12 @@ class SchedulerStandIn:
         self._timeout = aiohttp.ClientTimeout(total=http_timeout)
         self._backoff = backoff
         self._flush_after = flush_after
+        self.queueing_hints = queueing_hints
+        #: (pod ident, event label, loop time) for every pod an event moved out of the pool, newest last.
+        self.requeues: deque[tuple[str, str, float]] = deque(maxlen=4096)
+        #: The pod being tried (by ident) and the events that arrived meanwhile (kube-scheduler's in-flight
+        #: events: a rejection is requeued at once when one of them would have moved it).
+        self._inflight: tuple[str, list[tuple[str, tuple[str, ...]]]] | None = None
         self.pods: dict[tuple[str, str], JsonDict] = {}  # insertion order = arrival order
         self.nodes: dict[str, JsonDict] = {}
         self._fingerprints: dict[str, Any] = {}
@@ -114,9 +185,14 @@ class SchedulerStandIn:
         return self.attempts.get(_ident(pod))
 
     def settled(self, pod: Mapping[str, Any]) -> bool:
-        """True when the pod is unschedulable and nothing changed since it was last tried."""
+        """True when the pod is unschedulable and parked: no event moved it since it was last tried."""
         last = self.attempt(pod)
-        return last is not None and last.kind == "unschedulable" and last.generation == self.generation
+        return last is not None and last.kind == "unschedulable" and not last.requeued
+
+    def requeued_by(self, pod: Mapping[str, Any]) -> list[str]:
+        """The events that moved this pod out of the unschedulable pool, oldest first."""
+        ident = _ident(pod)
+        return [label for who, label, _ in self.requeues if who == ident]
 
     # ------------------------------------------------------------------------------- main loop
 
@@ -150,15 +226,47 @@ class SchedulerStandIn:
             if last is not None and last.kind == "bound":
                 continue  # the binding is on its way through the watch
             if (
+                last is not None
+                and last.kind == "unschedulable"
+                and not last.requeued
+                and now >= last.retry_at
+            ):
+                self._requeue(pod, last, "UnschedulableTimeout", now)
+            if (
                 last is None
-                or (last.kind == "unschedulable" and last.generation != self.generation)
-                or now >= last.retry_at
+                or (last.kind == "unschedulable" and last.requeued and now >= last.backoff_until)
+                or (last.kind == "error" and now >= last.retry_at)
             ):
                 if due is None or objects.priority(pod) > objects.priority(due):
                     due = pod
                 continue
-            wake_at = last.retry_at if wake_at is None else min(wake_at, last.retry_at)
+            at = last.backoff_until if last.kind == "unschedulable" and last.requeued else last.retry_at
+            wake_at = at if wake_at is None else min(wake_at, at)
         return (due, None) if due is not None else (None, wake_at)
+
+    def _requeue(self, pod: Mapping[str, Any], last: Attempt, label: str, now: float) -> None:
+        last.requeued = label
+        self.requeues.append((_ident(pod), label, now))
+
+    def _event_for_parked(self, resource: str, actions: Iterable[str], only: str | None = None) -> None:
+        """Hand one cluster event to the parked pods (``only``: the pod whose own update it is)."""
+        acts = tuple(actions)
+        if not acts:
+            return
+        self.generation += 1
+        now = asyncio.get_running_loop().time()
+        label = f"{resource}/{'|'.join(acts)}"
+        if self._inflight is not None and only in (None, self._inflight[0]):
+            self._inflight[1].append((resource, acts))
+        for pod in self.pods.values():
+            last = self.attempt(pod)
+            if last is None or last.kind != "unschedulable" or last.requeued:
+                continue
+            if only is not None and _ident(pod) != only:
+                continue
+            if requeues(last.rejectors, resource, acts, queueing_hints=self.queueing_hints):
+                self._requeue(pod, last, label, now)
+        self._changed.set()
 
     def _ours(self, pod: Mapping[str, Any]) -> bool:
         return (
@@ -176,6 +284,23 @@ class SchedulerStandIn:
         generation = self.generation
         previous = self.attempt(pod)
         candidates, excluded = self._candidates(pod)
+        self._inflight = (_ident(pod), [])
+        try:
+            return await self._try(pod, namespace, name, loop, generation, previous, candidates, excluded)
+        finally:
+            self._inflight = None
+
+    async def _try(
+        self,
+        pod: JsonDict,
+        namespace: str,
+        name: str,
+        loop: asyncio.AbstractEventLoop,
+        generation: int,
+        previous: Attempt | None,
+        candidates: list[str],
+        excluded: Counter[str],
+    ) -> Attempt:
         try:
             feasible, failed, resolvable = await self._filter(pod, candidates)
             if not feasible:
@@ -289,6 +414,15 @@ class SchedulerStandIn:
         nominated = preemption.node if isinstance(preemption, Nominated) else ""
         previous = self.attempt(pod)
         loop = asyncio.get_running_loop()
+        rejectors = frozenset(_REASON_PLUGIN.get(reason, reason) for reason in excluded)
+        if failed:
+            rejectors |= {EXTENDER}
+        if not self.nodes:
+            rejectors = frozenset({NO_NODES})
+        failures = previous.failures + 1 if previous is not None and previous.kind == "unschedulable" else 1
+        # kube-scheduler's backoff doubles from podInitialBackoffSeconds with each attempt; the stand-in
+        # waives the first (pods rejected once and requeued by one event are then tried in queue order)
+        backoff = 0.0 if failures == 1 else min(self._backoff[0] * 2 ** (failures - 2), self._backoff[1])
         attempt = Attempt(
             kind="unschedulable",
             message=message,
@@ -296,7 +430,18 @@ class SchedulerStandIn:
             retry_at=loop.time() + self._flush_after,
             failed_nodes=dict(failed),
             nominated=nominated,
+            failures=failures,
+            rejectors=rejectors,
+            backoff_until=loop.time() + backoff,
         )
+        if not rejectors:  # kube-scheduler's queue: no rejector, nothing to wait for but the backoff
+            attempt.requeued = "ScheduleAttemptFailure"
+        elif self._inflight is not None and self._inflight[0] == _ident(pod):
+            for resource, acts in self._inflight[1]:  # an event that arrived while the pod was tried
+                if requeues(rejectors, resource, acts, queueing_hints=self.queueing_hints):
+                    attempt.requeued = f"{resource}/{'|'.join(acts)}"
+                    self.requeues.append((_ident(pod), attempt.requeued, loop.time()))
+                    break
         self.attempts[_ident(pod)] = attempt
         if previous is None or previous.message != message or nominated:
             namespace, name = objects.pod_key(pod)
@@ -351,13 +496,12 @@ class SchedulerStandIn:
             if kind == "DELETED":
                 self.nodes.pop(name, None)
                 self._fingerprints.pop(name, None)
-                self._bump()
+                self._bump()  # no plugin of ours registers Node/Delete; the generation moves all the same
                 continue
+            old = self.nodes.get(name)
             self.nodes[name] = node
-            fingerprint = _node_fingerprint(node)
-            if self._fingerprints.get(name) != fingerprint:
-                self._fingerprints[name] = fingerprint
-                self._bump()
+            self._fingerprints[name] = _node_fingerprint(node)
+            self._event_for_parked("Node", ["Add"] if old is None else node_update_actions(old, node))
             self._changed.set()
 
     async def _watch_pods(self) -> None:
@@ -368,14 +512,19 @@ class SchedulerStandIn:
                 self.pods.pop(key, None)
                 self.attempts.pop(_ident(pod), None)
                 self._warned.discard(_ident(pod))
-                if (pod.get("spec") or {}).get("nodeName"):
-                    self._bump()  # its cards are free again
+                old_phase = ((old or pod).get("status") or {}).get("phase")
+                if (pod.get("spec") or {}).get("nodeName") and old_phase not in objects.FINISHED_PHASES:
+                    self._event_for_parked("AssignedPod", ["Delete"])  # its cards are free again
             else:
                 self.pods[key] = pod
                 phase = (pod.get("status") or {}).get("phase")
                 old_phase = ((old or {}).get("status") or {}).get("phase")
-                if phase in objects.FINISHED_PHASES and old_phase != phase:
-                    self._bump()
+                if objects.node_name(pod):
+                    if phase in objects.FINISHED_PHASES and old_phase not in objects.FINISHED_PHASES:
+                        # kube-scheduler's pod informer lists non-terminal pods only: leaving it is a Delete
+                        self._event_for_parked("AssignedPod", ["Delete"])
+                elif old is not None:
+                    self._own_update(old, pod)
                 if self._warn_others:
                     await self._warn_no_scheduler(pod)
             self._changed.set()
@@ -398,6 +547,16 @@ class SchedulerStandIn:
         logger.info("%s/%s: %s", *objects.pod_key(pod), message)
         await pod_event(self._api, pod, "Warning", NO_SCHEDULER, message, component=CLUSTER_COMPONENT)
 
+    def _own_update(self, old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
+        """A pending pod changed: kube-scheduler's ``PriorityQueue.Update`` for a parked pod."""
+        if not pod_updated(old, new):
+            return
+        if self.queueing_hints:
+            actions = ["UpdatePodLabel"] if objects.labels(old) != objects.labels(new) else ["Update"]
+        else:
+            actions = ["Update"]
+        self._event_for_parked("UnschedulablePod", actions, only=_ident(new))
+
     def _bump(self) -> None:
         self.generation += 1
         self._changed.set()
@@ -409,6 +568,44 @@ class _ExtenderError(Exception):
 
 def _ident(pod: Mapping[str, Any]) -> str:
     return objects.uid(pod) or f"{objects.namespace(pod)}/{objects.name(pod)}"
+
+
+def pod_updated(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """kube-scheduler's ``isPodUpdated``: the pod changed outside its status, resourceVersion,
+    generation, managed fields and finalizers."""
+
+    def strip(pod: Mapping[str, Any]) -> dict[str, Any]:
+        meta = {
+            k: v
+            for k, v in (pod.get("metadata") or {}).items()
+            if k not in ("resourceVersion", "generation", "managedFields", "finalizers")
+        }
+        return {**{k: v for k, v in pod.items() if k not in ("status", "metadata")}, "metadata": meta}
+
+    return strip(old) != strip(new)
+
+
+def node_update_actions(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """kube-scheduler's ``NodeSchedulingPropertiesChange``: the action types of one node update."""
+    actions: list[str] = []
+    old_spec, new_spec = old.get("spec") or {}, new.get("spec") or {}
+    if bool(old_spec.get("unschedulable")) and not new_spec.get("unschedulable"):
+        actions.append("UpdateNodeTaint")  # kube-scheduler reports spec.unschedulable -> false so
+    if (objects.status(old).get("allocatable") or {}) != (objects.status(new).get("allocatable") or {}):
+        actions.append("UpdateNodeAllocatable")
+    if objects.labels(old) != objects.labels(new):
+        actions.append("UpdateNodeLabel")
+    if (old_spec.get("taints") or []) != (new_spec.get("taints") or []) and "UpdateNodeTaint" not in actions:
+        actions.append("UpdateNodeTaint")
+
+    def conditions(node: Mapping[str, Any]) -> dict[Any, Any]:
+        return {c.get("type"): c.get("status") for c in objects.status(node).get("conditions") or []}
+
+    if conditions(old) != conditions(new):
+        actions.append("UpdateNodeCondition")
+    if objects.annotations(old) != objects.annotations(new):
+        actions.append("UpdateNodeAnnotation")
+    return actions
 
 
 def _node_fingerprint(node: Mapping[str, Any]) -> Any:

@@ -83,6 +83,13 @@ class SystemOptions:
     #: Run every node's agent in one process (``python -m nodeagent.fleet``) instead of one
     #: ``hami-node-agent`` per node: the agents' own code, one API client and one pod watch for all.
     fleet: bool = False
+    #: The kube-scheduler stand-in's queue (docs/scheduler.md, "Waking pending pods"): how long a parked
+    #: pod waits for the flush (kube-scheduler's podMaxInUnschedulablePodsDuration) and whether queueing
+    #: hints are on (SchedulerQueueingHints).
+    flush_after: float = 60.0
+    queueing_hints: bool = True
+    #: Extra flags for ``hami scheduler`` (e.g. ``--wake-pending=false``).
+    scheduler_args: tuple[str, ...] = ()
 
 
 class EmbeddedSystem:
@@ -190,6 +197,8 @@ class EmbeddedSystem:
             self.scheduler_url,
             scheduler_name=self.options.scheduler_name,
             warn_other_schedulers=True,  # the only scheduler here: other schedulers' pods are told so
+            flush_after=self.options.flush_after,
+            queueing_hints=self.options.queueing_hints,
         )
         self._scheduler_task = asyncio.create_task(self.scheduler.run(), name="kube-scheduler-standin")
         self.stack.push_async_callback(self._stop_scheduler_standin)
@@ -296,6 +305,7 @@ class EmbeddedSystem:
             "--scheduler-name", self.options.scheduler_name,
             "--device-config", str(self.device_config),
             "--log-level", self.options.log_level,
+            *self.options.scheduler_args,
         )  # fmt: skip
         await self.supervisor.start(SCHEDULER, argv)
         self.metrics_urls[SCHEDULER] = f"{self.scheduler_metrics_url}/metrics"
