@@ -110,7 +110,10 @@ async def test_a_scarce_model_is_held_for_the_pods_restricted_to_it(start_extend
     workload = ext.ctx.snapshot.workload
     assert workload.is_learned
     assert dict(workload.supply) == {"NVIDIA ModelX": 4, "NVIDIA ModelY": 1}
-    assert workload.target().reserve == pytest.approx({"nvidia modelx": 0.375, "nvidia modely": 1.0})
+    # the weights decay in real time, and on a busy machine the watch shows the 50 pods over seconds:
+    # the reserves move by a few millionths then (seen once), never by a thousandth
+    reserve = pytest.approx({"nvidia modelx": 0.375, "nvidia modely": 1.0}, rel=1e-3)
+    assert workload.target().reserve == reserve
     ranked = {h["Host"]: h["Score"] for h in await ext.prioritize(pod, ["x", "y"])}
     assert ranked == {"x": priority(gradient(-700, -525)), "y": priority(gradient(-700, 0))}
     assert ranked["x"] > ranked["y"]
