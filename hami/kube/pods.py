@@ -1,6 +1,7 @@
 """Pod reads and writes as raw JSON dicts, and the pod → node Binding.
 
-Owns: get/list Pods (selectors are also applied client-side, since not every API server honours them),
+Owns: get/list Pods (selectors are also applied client-side, since not every API server honours them;
+:func:`list_node_pods`, bind's consistent read of a node's pods),
 merge-patch of a Pod's annotations and labels, conditional (RFC 6902 JSON) patches of a Pod — the ``test``
 operations that make a write apply only to the object as last read (:func:`unchanged_tests`) or only while it
 still carries given values (:func:`value_tests`) — and creating the ``pods/binding`` subresource. ``limit``
@@ -10,6 +11,7 @@ still carries given values (:func:`value_tests`) — and creating the ``pods/bin
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
@@ -48,6 +50,34 @@ async def list_pods(api: KubeApi, *, node_name: str | None = None) -> list[RawPo
     """Pods in every namespace, only those bound to ``node_name`` when given."""
     items, _ = await list_pods_with_version(api, node_name=node_name)
     return items
+
+
+#: The longest label value the API server stores (a node name may be longer: then no pod carries it as
+#: a label value, and that list is not sent).
+LABEL_VALUE_MAX = 63
+
+
+async def list_node_pods(
+    api: KubeApi, node_name: str, *, label: str, limit: float | None = None
+) -> list[RawPod]:
+    """The pods bound to ``node_name`` and the pods whose label ``label`` names it (bound or not), each
+    once, as the API server holds them now: no ``resourceVersion`` is sent, so each list is a consistent
+    (quorum) read, never an older cache. Two requests, sent together; a failure of either raises (the
+    caller cannot know what it missed)."""
+    lister = core_api(api).list_pod_for_all_namespaces
+    calls = [call_json(api, lister, field_selector=f"spec.nodeName={node_name}", limit=limit)]
+    if len(node_name) <= LABEL_VALUE_MAX:
+        calls.append(call_json(api, lister, label_selector=f"{label}={node_name}", limit=limit))
+    answers = await asyncio.gather(*calls, return_exceptions=True)
+    for answer in answers:
+        if isinstance(answer, BaseException):
+            raise answer
+    found = {objects.pod_key(p): p for p in objects.items(answers[0]) if objects.node_name(p) == node_name}
+    for body in answers[1:]:
+        found.update(
+            (objects.pod_key(p), p) for p in objects.items(body) if objects.labels(p).get(label) == node_name
+        )
+    return cast("list[RawPod]", list(found.values()))
 
 
 async def patch_pod(

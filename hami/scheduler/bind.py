@@ -9,23 +9,24 @@ answer). A second bind of a pod while one is in progress in this process is refu
 The pod's request comes from its scheduling cycle (:mod:`hami.scheduler.cycle`): the one filter read when
 the pod read here is the same version, else read from this version; the cycle ends when the bind
 succeeds. Order for a GPU pod: read the pod; fail fast when it cannot fit (no lock taken; skipped when
-filter found it fits on the same unchanged snapshot); take the node lock
-(``hami.scheduler.bindlock``, compare-and-set in ``hami.kube.nodelock``; every pod with a GPU request,
-init-only ones included) — waiting for a busy lock happens outside the node's decision queue, in a
-per-node line of waiters of which only the head polls, up to ``--node-lock-wait`` (PodGroup members
-``--node-lock-retry-timeout``) and never past the deadline; re-read the pod and judge it again (a new
-version is decided with its own request; one that no longer reads, ``invalid``); inside
-the node's queue decide the cards with the core's ``fit_node`` on the snapshot (the cards held for
-nominated pods of equal or higher priority counted as used: :mod:`hami.core.reservations`) and book them
-at once; one JSON patch that applies only to the pod as re-read (uid, resourceVersion, annotation and
-label maps tested) writes the device lists, ``vgpu-node`` annotation and label, ``vgpu-time``,
-``bind-phase=allocating``, ``bind-time``, MIG reservations and ``hami.io/vgpu-enforcement`` (the
-enforcement of each granted card as the snapshot read it from the node; when a card UUID cannot be
-written there, the key is removed instead, so an earlier attempt's list never stands for this grant);
-create the Binding. Before
-every write the remaining time of kube-scheduler's deadline (``--bind-timeout`` from the request's arrival) is
-checked, and every write's own timeout is cut to it; past it, the attempt gives back what it took and
-answers an error.
+filter found it fits on the same unchanged snapshot); take the node lock (``hami.scheduler.bindlock``,
+compare-and-set in ``hami.kube.nodelock``; every pod with a GPU request, init-only ones included) —
+waiting for a busy lock happens outside the node's decision queue, in a per-node line of waiters of which
+only the head polls, up to ``--node-lock-wait`` (PodGroup members ``--node-lock-retry-timeout``) and
+never past the deadline; re-read the pod and judge it again (a new version is decided with its own
+request; one that no longer reads, ``invalid``), and with it read the node's pods
+(``hami.kube.pods.list_node_pods``: a consistent read, after the lock, of every grant written there
+before, another scheduler's included; when it fails the bind fails closed, nothing decided); inside the
+node's queue decide the cards with the core's ``fit_node`` on the snapshot corrected by that read
+(:mod:`hami.scheduler.fence`; the cards held for nominated pods of equal or higher priority counted as
+used: :mod:`hami.core.reservations`) and book them at once; one JSON patch that applies only to the pod
+as re-read (uid, resourceVersion, annotation and label maps tested) writes the device lists,
+``vgpu-node`` annotation and label, ``vgpu-time``, ``bind-phase=allocating``, ``bind-time``, MIG
+reservations and ``hami.io/vgpu-enforcement`` (the enforcement of each granted card as the snapshot read
+it from the node; when a card UUID cannot be written there, the key is removed instead, so an earlier
+attempt's list never stands for this grant); create the Binding. Before every write the remaining time of
+kube-scheduler's deadline (``--bind-timeout`` from the request's arrival) is checked, and every write's
+own timeout is cut to it; past it, the attempt gives back what it took and answers an error.
 
 A failed write whose outcome is unknown (5xx, timeout, reset) or a refused Binding leads to a re-read
 before anything is undone (:func:`hami.scheduler.attempt.undo`): a pod bound here with our grant is a
@@ -41,6 +42,7 @@ handed to the hold-time metric. Must not import the Kubernetes client (only
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime
 import logging
@@ -69,7 +71,14 @@ from hami.core.usage import pod_usage
 from hami.kube.client import KubeError, NotFound
 from hami.kube.nodelock import NodeLockBusy, NodeLockUnreadable
 from hami.kube.nodes import get_node
-from hami.kube.pods import bind_pod, get_pod, json_patch_pod, unchanged_tests, write_operations
+from hami.kube.pods import (
+    bind_pod,
+    get_pod,
+    json_patch_pod,
+    list_node_pods,
+    unchanged_tests,
+    write_operations,
+)
 from hami.objects import RawPod
 from hami.scheduler.attempt import (
     Attempt,
@@ -86,6 +95,7 @@ from hami.scheduler.attempt import (
 )
 from hami.scheduler.bindlock import acquire, after, count_grant, lock_wait, locks_node
 from hami.scheduler.context import Context
+from hami.scheduler.fence import fenced, read_records
 from hami.scheduler.nodecache import local_time
 from hami.scheduler.podrecords import PodRecord
 from hami.scheduler.wire import ExtenderBindingArgs, ExtenderBindingResult
@@ -189,9 +199,12 @@ async def _node_exists(ctx: Context, att: Attempt) -> None:
 
 
 async def _allocate(ctx: Context, att: Attempt, request: PodRequest, priority: int) -> ExtenderBindingResult:
-    """With the lock held: re-read, judge, decide and book, patch, bind. Raises on failure; the caller
-    gives back (before the patch was sent) or undoes (after)."""
-    pod = await _read(ctx, att)
+    """With the lock held: re-read the pod and read the node's pods, judge, decide and book, patch,
+    bind. Raises on failure; the caller gives back (before the patch was sent) or undoes (after)."""
+    # the node's pods, read now that the lock is held, with the pod: every grant written there before
+    pod, listed = await asyncio.gather(_read(ctx, att), _node_pods(ctx, att), return_exceptions=True)
+    if isinstance(pod, BaseException):
+        raise pod
     verdict, why = _judge(ctx, att, pod)
     if verdict is not Verdict.PROCEED or pod is None:
         if att.grant is not None and not att.grant.written:
@@ -202,12 +215,15 @@ async def _allocate(ctx: Context, att: Attempt, request: PodRequest, priority: i
         if verdict is Verdict.BOUND_HERE:
             return _already_bound(ctx, att, why)
         return _refused(ctx, att, why, verdict.value)
+    if isinstance(listed, BaseException):
+        raise listed  # fail closed: the grants on the node are not known
+    read = read_records(listed, now=ctx.clock(), horizon=ctx.settings.allocating_horizon)
     att.deadline.check("deciding the cards")
     request = _request_of(ctx, pod, request)
     async with ctx.binds.queue(att.node):
         # decide and book with no await in between: the next bind on this loop sees the booking
         now = max(after(ctx.clock(), _bind_time(pod)), att.locked_at or ctx.clock())
-        decision, state = _decide_on(ctx, request, att.node, att.key, priority)
+        decision, state = _decide_on(ctx, request, att.node, att.key, priority, read)
         annotations = allocation_annotations(
             node=att.node, devices=decision.devices, mig=decision.mig, now=now
         )
@@ -285,6 +301,23 @@ def _bind_time(pod: RawPod) -> datetime.datetime | None:
         return None
 
 
+async def _node_pods(ctx: Context, att: Attempt) -> list[RawPod]:
+    """The node's pods as the API server holds them now that the lock is held (bound to it, or labelled
+    ``vgpu-node`` with it): every grant written there before the lock was taken, by any scheduler. An
+    error says so: the bind fails closed."""
+    try:
+        return await list_node_pods(
+            ctx.api, att.node, label=POD_VGPU_NODE, limit=max(att.deadline.remaining(), 1.0)
+        )
+    except KubeError as exc:
+        raise KubeError(
+            exc.status,
+            exc.reason,
+            f"reading the pods of node {att.node} under its lock (another scheduler's grants there are "
+            f"not known without it; nothing is decided): {exc.message}",
+        ) from exc
+
+
 async def _patch(
     ctx: Context, att: Attempt, pod: RawPod, annotations: dict[str, str], removed: tuple[str, ...] = ()
 ) -> None:
@@ -354,12 +387,27 @@ def _decide(ctx: Context, request: PodRequest, node: str, key: tuple[str, str], 
 
 
 def _decide_on(
-    ctx: Context, request: PodRequest, node: str, key: tuple[str, str], priority: int
+    ctx: Context,
+    request: PodRequest,
+    node: str,
+    key: tuple[str, str],
+    priority: int,
+    read: Mapping[tuple[str, str], PodRecord | None] | None = None,
 ) -> tuple[Allocation, NodeState]:
-    """:func:`_decide`, and the node's state it decided on."""
+    """:func:`_decide`, and the node's state it decided on; with ``read`` (the node's pods read under
+    its lock) each pod read counts as the read shows it, not as the live view does."""
     found = ctx.snapshot.candidate(node, local_time(ctx.clock()), exclude=key, priority=priority)
     if isinstance(found, Rejection):
         raise BindFailure(found.message)
+    if read is not None:
+        counted = ((k, record) for k, record, _ in ctx.snapshot.holders(node))
+        found, behind = fenced(found, node, counted, read, key)
+        if behind:
+            logger.info(
+                "node %s: the live view was behind on %s; deciding on the pods read under the lock",
+                node,
+                ", ".join(f"{ns}/{name}" for ns, name in behind),
+            )
     quotas = ctx.snapshot.quotas_for(request.namespace, exclude=key)
     policy = ctx.snapshot.workload.policy(ctx.settings.policy)  # fragmentation's target with it
     decision = fit_node(request, found, policy, quotas=quotas)

@@ -12,7 +12,8 @@ Steps: ``Bind`` (kube-scheduler calls the extender's ``/bind``; faults armed on 
 container; faults armed on the agent's requests), ``Release`` (a parked request or answer goes through),
 ``Delete``, ``Recreate`` (same name, new uid), ``Finish`` (a running pod Succeeded), ``Kill`` (a
 scheduler replica dies at once and a new one starts from a fresh list), ``Advance`` (the clock moves on).
-With ``Program.replicas`` = 2 two scheduler replicas serve binds side by side (``Bind.replica``).
+With ``Program.replicas`` = 2 two scheduler replicas serve binds side by side (``Bind.replica``); with
+``Program.lag`` the last replica's pod watch is that many steps late (a leader hand-over, a slow watch).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from hypothesis import strategies as st
 from .faults import Mode
 
 #: The requests a bind makes, and those an Allocate makes (see ``faults.classify``).
-SCHEDULER_KINDS = ("pod-get", "pod-patch", "binding", "node-get", "node-patch")
+SCHEDULER_KINDS = ("pod-get", "pod-patch", "binding", "node-get", "node-patch", "pod-list")
 AGENT_KINDS = ("pod-get", "pod-patch", "node-get", "node-patch", "pod-list")
 LAYOUTS = ("app", "two", "init", "mixed")  # one GPU container; two; GPU only in init; init and app
 
@@ -110,6 +111,7 @@ class Program:
     steps: tuple[Step, ...]
     tick: int = 1  # seconds the clock moves with every step (0: all steps within one second)
     replicas: int = 1  # scheduler replicas running side by side, each with its own snapshot
+    lag: int = 0  # with replicas > 1: the last replica's pod watch delivers this many steps late
 
 
 # ------------------------------------------------------------------------------------- strategies
@@ -166,12 +168,16 @@ def programs(
     min_steps: int = 6,
     max_steps: int = 16,
     replicas: int = 1,
+    lag: int = 0,
 ) -> st.SearchStrategy[Program]:
-    """Programs over ``pods`` pods and ``nodes`` nodes, steps drawn from ``step`` (default: every kind)."""
+    """Programs over ``pods`` pods and ``nodes`` nodes, steps drawn from ``step`` (default: every kind),
+    served by ``replicas`` schedulers (the last one's pod watch ``lag`` steps late)."""
     return st.builds(
         Program,
         st.lists(shapes(), min_size=pods, max_size=pods).map(tuple),
-        st.lists(steps(pods, nodes) if step is None else step, min_size=min_steps, max_size=max_steps).map(
-            tuple
-        ),
+        st.lists(
+            steps(pods, nodes, replicas) if step is None else step, min_size=min_steps, max_size=max_steps
+        ).map(tuple),
+        replicas=st.just(replicas),
+        lag=st.just(lag),
     )

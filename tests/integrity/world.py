@@ -10,7 +10,9 @@ are seconds apart) and more on ``Advance``; a request parked longer than ``WRITE
 out unapplied when released (kube-apiserver's request timeout).
 
 After every step the world settles (:func:`~.settle.settle`), the scheduler's snapshot catches up
-(its watches deliver), and :func:`~.checker.check` runs on the API server's objects. The world adds
+(its watches deliver; with ``Program.lag`` the last replica's pod watch delivers the pods as they were
+that many steps earlier, its node watch on time, until the end), and :func:`~.checker.check` runs on
+the API server's objects. The world adds
 the rules only it can see:
 
 * ``lock``   a bind that started and ended within one step (so it ran alone and the lock it met is
@@ -30,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -109,6 +111,10 @@ class World:
         self._fired = 0
         self._phase = 0  # counts steps and end-phase actions
         self.final: View | None = None  # the objects at the end of a clean run
+        self.pod_lists: list[Sequence[Mapping[str, Any]]] = []  # the pods at the start and after each check
+        self.lagging = (
+            self.program.lag > 0 and self.program.replicas > 1
+        )  # until the end catches every watch up
 
     # ------------------------------------------------------------------------------------- lifecycle
     async def run(self) -> list[str]:
@@ -121,6 +127,7 @@ class World:
                 await self.store.create("nodes", node)
             for index in range(len(self.program.shapes)):
                 await self._create(index)
+            self.pod_lists.append(self.store.list("pods"))
             self.proxy = FaultProxy(store.url, clock=self.clock, limit=WRITE_LIMIT)
             self.proxy.observer = self._observe
             url = await self.proxy.start()
@@ -260,7 +267,7 @@ class World:
         actor = self._actor("bind", name, node, task)
         actor.extender, actor.lock_busy, actor.dead_lock = extender, lock_busy, dead
         for fault in faults:
-            subject = node if fault.kind.startswith("node") else name
+            subject = node if fault.kind.startswith("node") else None if fault.kind == "pod-list" else name
             self.proxy.arm(
                 Rule(
                     owner=actor.number,
@@ -355,12 +362,21 @@ class World:
                         f"{actor.dead_lock}: {outcome}"
                     )
         view = await self.view()
-        for extender in self.replicas:
-            extender.sync(view.nodes, view.pods)
+        self.pod_lists.append(view.pods)
+        for index, extender in enumerate(self.replicas):
+            extender.sync(view.nodes, self._pods_seen_by(index, view))
         problems += self.write_problems + checker.check(view)
         self.write_problems = []
         if problems:
             raise Violation(self.report(what, problems))
+
+    def _pods_seen_by(self, replica: int, view: View) -> Sequence[Mapping[str, Any]]:
+        """The pods replica ``replica``'s watch has delivered: now, or for the last replica of a program
+        with ``lag`` the pods as they were that many checks ago (its nodes stay current)."""
+        if not self.lagging or replica != len(self.replicas) - 1:
+            return view.pods
+        back = len(self.pod_lists) - 1 - self.program.lag
+        return self.pod_lists[max(back, 0)]
 
     def report(self, what: str, problems: list[str]) -> str:
         lines = ["", f"program = {self.program!r}", f"violated after {what}:"]
@@ -406,6 +422,7 @@ class World:
             await self._after(f"the lock probe on {name}")
             await self._admit(name, probe, ())
             await self._after(f"admitting the lock probe on {name}")
+        self.lagging = False  # a late watch delivers in the end
         self.clock.now += FINAL_ADVANCE
         await self._after("the clock moving an hour on")
         fresh = await self._start_extender()
