@@ -624,7 +624,7 @@ def tables(rows: list[Row], rate: float) -> list[Table]:
     else:
         targets.rows.append(("(no 1,000-node row in HAMI_BENCH_E2E_SIZES)", "-", "-"))
     mix = Table(
-        title="End to end: the GPU pods drawn (openb default trace; a pod may count under several kinds)",
+        title="End to end: the GPU pods drawn (openb gpuspec20 trace; a pod may count under several kinds)",
         columns=("nodes", *sorted({k for r in rows for k in r.mix}), "ready s"),
     )
     for row in rows:
