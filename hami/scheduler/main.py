@@ -24,12 +24,13 @@ import logging
 import ssl
 from collections.abc import Callable, Iterable
 
+from hami import objects
 from hami.annotations import POD_WAKE_UP
 from hami.core.allocate import allocate
 from hami.core.model import NodeState, PodRequest
-from hami.kube.client import KubeError
+from hami.kube.client import KubeError, NotFound
 from hami.kube.events import EventRecorder
-from hami.kube.pods import patch_pod
+from hami.kube.pods import get_pod, json_patch_pod, pointer, value_tests, write_operations
 from hami.kube.protocol import KubeApi
 from hami.process.entry import FAILED, configure_logging, reachable_api, refuse, until_signalled
 from hami.process.tasks import TaskSet
@@ -125,7 +126,8 @@ def build_context(
 
 def _wakeup(ctx: Context) -> WakeUp:
     """The wake-up (docs/scheduler.md, "Waking pending pods"): filter's own decision on the live view
-    says whether a pod fits a node now; a wake is a merge patch of one annotation, in the background."""
+    says whether a pod fits a node now; a wake is a JSON patch of one annotation guarded by the pod's uid,
+    in the background."""
     snapshot, policy = ctx.snapshot, ctx.settings.policy
 
     def fits(request: PodRequest, priority: int, node: str) -> bool:
@@ -138,11 +140,28 @@ def _wakeup(ctx: Context) -> WakeUp:
         quotas = snapshot.quotas_for(request.namespace, exclude=key)
         return allocate(request, [found], policy, quotas=quotas).fits(node)
 
-    async def write(namespace: str, name: str, value: str) -> None:
-        await patch_pod(ctx.api, namespace, name, annotations={POD_WAKE_UP: value})
+    async def write(namespace: str, name: str, uid: str, value: str) -> None:
+        # only the pod /filter rejected: one deleted and created again under its name is not touched
+        guard = [{"op": "test", "path": "/metadata/uid", "value": uid}]
+        add = {"op": "add", "path": pointer("metadata", "annotations", POD_WAKE_UP), "value": value}
+        try:
+            await json_patch_pod(ctx.api, namespace, name, [*guard, add])
+            return
+        except NotFound:
+            return
+        except KubeError:
+            pass  # another uid, or no annotations map to add to: read the pod to tell
+        try:
+            pod = await get_pod(ctx.api, namespace, name)
+        except NotFound:
+            return
+        if objects.uid(pod) != uid:
+            return
+        operations = write_operations(pod, annotations={POD_WAKE_UP: value})
+        await json_patch_pod(ctx.api, namespace, name, [*value_tests(pod, {}), *operations])
 
-    def wake(key: PodKey, value: str) -> None:
-        ctx.background.spawn(write(*key, value), f"wake the pending pod {key[0]}/{key[1]}")
+    def wake(key: PodKey, uid: str, value: str) -> None:
+        ctx.background.spawn(write(*key, uid, value), f"wake the pending pod {key[0]}/{key[1]}")
 
     return WakeUp(fits=fits, wake=wake, ticker=ctx.ticker)
 

@@ -9,21 +9,29 @@ hints on or off, is an update of the pending pod itself: :data:`~hami.annotation
 written by this service only (a merge patch of one annotation; its value is this process's own
 counter and is never read back).
 
-What is remembered: each pod ``/filter`` found no node for (``rejected``: its request, priority, the
-nodes kube-scheduler asked about, when), at most ``capacity`` of them (the least recently rejected go
-first), until the pod is bound, finishes or is deleted (``pod_event``). What wakes: ``freed(node)``,
-called by the live view whenever usage leaves a node or its registered cards change; a pass over that
-node runs at most once per ``node_interval`` seconds (changes in between are coalesced into it), wakes
-only pods whose request fits the node now (``fits``: the filter's own decision on the live view), the
-highest priority first, then the longest waiting, at most ``per_pass`` per node, and no pod more than
-once per ``pod_interval`` seconds, whatever happens meanwhile (an owner editing the annotation,
-kube-scheduler rejecting it again). The writes go through ``wake`` (the service spawns them in its
-background task set, itself bounded). No I/O here; must not import the Kubernetes client or aiohttp.
+What is remembered: each pod ``/filter`` found no node for (``rejected``: its uid, request, priority,
+when), at most ``capacity`` of them (the least recently rejected go first), until the pod is bound,
+finishes or is deleted (``pod_event``). Not the nodes kube-scheduler asked about: above 100 nodes it
+sends extenders only a sample of the feasible ones, so a card freed outside the sample must wake the pod
+too; every node is a candidate and ``fits`` decides. What wakes: ``freed(node)``, called by the live
+view whenever usage leaves a node or its registered cards change; a pass over that node runs at most
+once per ``node_interval`` seconds (changes in between are coalesced into it). A pass asks ``fits`` (the
+filter's own decision on the live view) for at most ``checks_per_pass`` pods, the least recently
+checked first (then the highest priority, then the longest waiting), so thousands of parked pods that
+never fit cost a bounded amount per pass and every pod gets its turn; of those that fit it wakes the
+highest priority first, then the longest waiting, at most ``per_pass``. No pod is woken again within its
+interval: ``pod_interval`` seconds, doubled (up to ``max_pod_interval``) by each wake that was not
+followed by a new rejection from ``/filter`` (kube-scheduler rejects it for another reason and never
+asks us: waking it is useless), back to ``pod_interval`` when ``/filter`` rejects it again; whatever its
+owner does meanwhile (editing the annotation changes nothing here). The writes go through
+``wake(key, uid, value)`` (the service writes only to the pod with that uid, in its background task
+set, itself bounded). No I/O here; must not import the Kubernetes client or aiohttp.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
@@ -43,9 +51,11 @@ class Parked:
     uid: str
     request: PodRequest
     priority: int
-    nodes: frozenset[str]  # the nodes kube-scheduler asked about
     rejected_at: float
     woken_at: float = float("-inf")
+    checked_at: float = float("-inf")  # when ``fits`` was last asked about it
+    interval: float = 0.0  # the least time from its last wake to its next one
+    answered: bool = True  # /filter rejected it again since its last wake (or it was never woken)
 
 
 class WakeUp:
@@ -55,11 +65,13 @@ class WakeUp:
         self,
         *,
         fits: Callable[[PodRequest, int, str], bool],
-        wake: Callable[[PodKey, str], None],
+        wake: Callable[[PodKey, str, str], None],
         ticker: Callable[[], float] = time.monotonic,
         node_interval: float = 1.0,
         pod_interval: float = 10.0,
+        max_pod_interval: float = 300.0,
         per_pass: int = 8,
+        checks_per_pass: int = 32,
         capacity: int = 4096,
     ) -> None:
         self._fits = fits
@@ -67,7 +79,9 @@ class WakeUp:
         self._ticker = ticker
         self._node_interval = node_interval
         self._pod_interval = pod_interval
+        self._max_pod_interval = max(max_pod_interval, pod_interval)
         self._per_pass = per_pass
+        self._checks_per_pass = checks_per_pass
         self._capacity = capacity
         self._parked: OrderedDict[PodKey, Parked] = OrderedDict()
         self._dirty: set[str] = set()
@@ -76,26 +90,29 @@ class WakeUp:
         self._counter = 0
         self.woken = 0  # pods woken, for the metrics and the tests
         self.passes = 0
+        self.checks = 0  # ``fits`` calls, for the tests
 
     def __len__(self) -> int:
         return len(self._parked)
 
     # ------------------------------------------------------------------------------- what filter saw
 
-    def rejected(self, request: PodRequest, priority: int, nodes: Iterable[str]) -> None:
-        """``/filter`` found none of ``nodes`` fit this pod: remember it (when it was last woken stays)."""
+    def rejected(self, request: PodRequest, priority: int, nodes: Iterable[str] = ()) -> None:
+        """``/filter`` found none of ``nodes`` fit this pod: remember it (when it was last woken and
+        checked stay; its interval is back to ``pod_interval``). ``nodes`` is not kept: it may be
+        kube-scheduler's sample, and every node is a candidate (the module docstring)."""
+        del nodes
         key = (request.namespace, request.name)
         previous = self._parked.pop(key, None)
-        woken_at = (
-            previous.woken_at if previous is not None and previous.uid == request.uid else float("-inf")
-        )
+        same = previous is not None and previous.uid == request.uid
         self._parked[key] = Parked(
             uid=request.uid,
             request=request,
             priority=priority,
-            nodes=frozenset(nodes),
             rejected_at=self._ticker(),
-            woken_at=woken_at,
+            woken_at=previous.woken_at if same and previous is not None else float("-inf"),
+            checked_at=previous.checked_at if same and previous is not None else float("-inf"),
+            interval=self._pod_interval,
         )
         while len(self._parked) > self._capacity:
             self._parked.popitem(last=False)
@@ -145,30 +162,43 @@ class WakeUp:
         now = self._ticker()
         due = {n for n in self._dirty if self._passed.get(n, float("-inf")) + self._node_interval <= now}
         self._dirty -= due
+        # a node's last pass matters only within node_interval: older entries (gone nodes too) go
+        self._passed = {n: t for n, t in self._passed.items() if t + self._node_interval > now}
         for node in sorted(due):
             self._passed[node] = now
             self.wake_for(node, now)
         self._arm(asyncio.get_running_loop())
 
     def wake_for(self, node: str, now: float | None = None) -> list[PodKey]:
-        """One pass over ``node``: wake the parked pods that fit it now (bounded); the keys woken."""
+        """One pass over ``node``: ask ``fits`` about at most ``checks_per_pass`` parked pods (the least
+        recently checked first), wake those that fit it now (at most ``per_pass``); the keys woken."""
         now = self._ticker() if now is None else now
         self.passes += 1
-        waiting = [
-            (key, parked)
-            for key, parked in self._parked.items()
-            if node in parked.nodes and now - parked.woken_at >= self._pod_interval
-        ]
-        waiting.sort(key=lambda item: (-item[1].priority, item[1].rejected_at))
+        waiting = (
+            (key, parked) for key, parked in self._parked.items() if now - parked.woken_at >= parked.interval
+        )
+        turn = heapq.nsmallest(
+            self._checks_per_pass,
+            waiting,
+            key=lambda item: (item[1].checked_at, -item[1].priority, item[1].rejected_at),
+        )
+        fitting: list[tuple[PodKey, Parked]] = []
+        for key, parked in turn:
+            parked.checked_at = now
+            self.checks += 1
+            if self._fits(parked.request, parked.priority, node):
+                fitting.append((key, parked))
+        fitting.sort(key=lambda item: (-item[1].priority, item[1].rejected_at))
         woken: list[PodKey] = []
-        for key, parked in waiting:
-            if len(woken) >= self._per_pass:
-                break
-            if not self._fits(parked.request, parked.priority, node):
-                continue
+        for key, parked in fitting[: self._per_pass]:
+            # a wake that brought no new rejection from /filter: the next one waits twice as long
+            parked.interval = (
+                self._pod_interval if parked.answered else min(parked.interval * 2, self._max_pod_interval)
+            )
+            parked.answered = False
             parked.woken_at = now
             self._counter += 1
-            self._wake(key, str(self._counter))
+            self._wake(key, parked.uid, str(self._counter))
             woken.append(key)
         self.woken += len(woken)
         return woken

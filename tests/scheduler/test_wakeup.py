@@ -74,7 +74,7 @@ def _wakeup(clock: Clock, fits: Any = None, **bounds: Any) -> tuple[WakeUp, list
     woken: list[PodKey] = []
     wakeup = WakeUp(
         fits=fits or (lambda request, priority, node: True),
-        wake=lambda key, value: woken.append(key),
+        wake=lambda key, uid, value: woken.append(key),
         ticker=clock,
         **bounds,
     )
@@ -83,11 +83,13 @@ def _wakeup(clock: Clock, fits: Any = None, **bounds: Any) -> tuple[WakeUp, list
 
 def test_a_pass_wakes_the_highest_priority_then_the_longest_waiting_at_most_per_pass() -> None:
     clock = Clock()
-    wakeup, woken = _wakeup(clock, per_pass=2)
+    wakeup, woken = _wakeup(
+        clock, per_pass=2, fits=lambda request, priority, node: request.name != "elsewhere"
+    )
     for name, priority in (("old-low", 0), ("new-high", 10), ("mid-low", 0)):
         wakeup.rejected(_request(name), priority, ["n1"])
         clock.now += 1
-    wakeup.rejected(_request("elsewhere"), 100, ["n2"])  # not asked about n1: not woken for it
+    wakeup.rejected(_request("elsewhere"), 100, ["n2"])  # does not fit n1: not woken for it
     assert wakeup.wake_for("n1") == [("default", "new-high"), ("default", "old-low")]
     assert woken == [("default", "new-high"), ("default", "old-low")]
 
@@ -149,3 +151,85 @@ async def test_freed_calls_coalesce_into_one_pass_per_node_interval() -> None:
     await eventually(lambda: passes, "the pass")
     assert passes == ["n1"] and woken == [("default", "p")]
     wakeup.close()
+
+
+def test_a_pass_asks_fits_about_a_bounded_number_of_pods_and_each_gets_its_turn() -> None:
+    clock = Clock()
+    asked: list[str] = []
+
+    def fits(request: PodRequest, priority: int, node: str) -> bool:
+        asked.append(request.name)
+        return request.name == "low-fits"
+
+    wakeup, woken = _wakeup(clock, fits=fits, checks_per_pass=32)
+    for i in range(1000):  # never fit, and outrank the one that does
+        wakeup.rejected(_request(f"never-{i}"), 10, ["n1"])
+    wakeup.rejected(_request("low-fits"), 0, ["n1"])
+    assert wakeup.wake_for("n1") == [] and len(asked) == 32
+    passes = 1
+    while not woken:
+        clock.now += 1
+        wakeup.wake_for("n1")
+        passes += 1
+        assert len(asked) <= 32 * passes
+    assert woken == [("default", "low-fits")]
+    assert passes <= 1001 // 32 + 1  # every parked pod was asked about once before any twice
+    assert len(set(asked[:1001])) == 1001
+
+
+def test_the_nodes_kube_scheduler_asked_about_do_not_limit_the_wake() -> None:
+    clock = Clock()
+    wakeup, _ = _wakeup(clock)
+    wakeup.rejected(_request("p"), 0, ["n1", "n2"])  # above 100 nodes, only a sample is sent
+    assert wakeup.wake_for("n500") == [("default", "p")]
+
+
+def test_each_wake_not_followed_by_a_rejection_doubles_the_pods_interval() -> None:
+    clock = Clock()
+    wakeup, _ = _wakeup(clock, pod_interval=10.0, max_pod_interval=40.0)
+    wakeup.rejected(_request("p"), 0, ["n1"])
+    times = []
+    for _ in range(200):  # kube-scheduler rejects it elsewhere: our /filter never sees it again
+        if wakeup.wake_for("n1"):
+            times.append(clock.now)
+        clock.now += 1
+    assert times[:5] == [100, 110, 130, 170, 210]  # 10, 20, 40, then the cap
+    clock.now = 300  # last woken at 290
+    wakeup.rejected(_request("p"), 0, ["n1"])  # /filter saw it again: back to the shortest interval
+    clock.now = 330
+    assert wakeup.wake_for("n1") == [("default", "p")]
+    clock.now = 340
+    assert wakeup.wake_for("n1") == [("default", "p")]
+    clock.now = 359
+    assert wakeup.wake_for("n1") == []  # that one brought no rejection: 20 s now
+
+
+async def test_a_pod_created_again_under_the_same_name_is_not_woken(start_extender: StartExtender) -> None:
+    node = make_node("full", card("full", 0, memory=10000))
+    holder = make_pod("holder", memory=9000, node="full", annotations=placed("full", "GPU-full-0", 9000, 30))
+    ext = await start_extender(nodes=[node], pods=[holder])
+    await ext.apiserver.post(POD, json=make_pod("waiter", memory=4000))
+    gone = make_pod("waiter", memory=4000)  # the pod /filter rejected, since deleted and created again
+    gone["metadata"]["uid"] = "uid-gone"
+    assert ext.ctx.wakeup is not None
+    ext.ctx.wakeup.rejected(read_pod_request(gone, DeviceConfig()), 0, ["full"])
+    await ext.apiserver.delete(f"{POD}/holder")
+    wakeup = ext.ctx.wakeup
+
+    async def written() -> bool:
+        return wakeup.woken >= 1 and len(ext.ctx.background) == 0
+
+    await eventually(written, "the wake to be tried", within=30)
+    assert not await _woken(ext, "waiter")
+
+
+async def test_a_pod_without_annotations_is_woken(start_extender: StartExtender) -> None:
+    node = make_node("full", card("full", 0, memory=10000))
+    holder = make_pod("holder", memory=9000, node="full", annotations=placed("full", "GPU-full-0", 9000, 30))
+    ext = await start_extender(nodes=[node], pods=[holder])
+    waiter = make_pod("waiter", memory=4000)
+    del waiter["metadata"]["annotations"]
+    await ext.apiserver.post(POD, json=waiter)
+    assert (await ext.filter(waiter, ["full"]))["NodeNames"] == []
+    await ext.apiserver.delete(f"{POD}/holder")
+    await eventually(lambda: _woken(ext, "waiter"), "the waiter to be woken", within=30)
