@@ -239,7 +239,12 @@ def _call_json_sync(method: Callable[..., Any], *args: Any, timeout: float, **kw
         raise error_from(exc) from exc
     if not data:
         return {}
-    return json.loads(data)
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError) as exc:  # a garbled answer fails as the API call it is
+        raise KubeError(
+            0, "InvalidResponse", f"the API server's answer is not JSON: {str(exc)[:200]}"
+        ) from None
 
 
 async def call_json(

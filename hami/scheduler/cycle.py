@@ -29,6 +29,7 @@ asyncio.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -55,9 +56,10 @@ EVALUATED = 8
 PodSlot = tuple[str, str]
 
 
-def _source(pod: Mapping[str, Any]) -> str:
-    """What the request and the priority are read from, and the version's identity, as sent (as JSON
-    text: compared whole, and never changed by a later change of ``pod``)."""
+def _source(pod: Mapping[str, Any]) -> bytes:
+    """What the request and the priority are read from, and the version's identity, as sent: a digest
+    of their JSON text (compared whole, never changed by a later change of ``pod``, and 32 bytes kept per
+    cycle however large the pod; bodies nest at most ``wire.MAX_DEPTH`` levels)."""
     meta, spec = objects.meta(pod), objects.spec(pod)
     fields = (
         objects.namespace(pod),
@@ -69,7 +71,8 @@ def _source(pod: Mapping[str, Any]) -> str:
         spec.get("initContainers"),
         spec.get("priority"),
     )
-    return json.dumps(fields, separators=(",", ":"), default=repr)
+    text = json.dumps(fields, separators=(",", ":"), default=repr)
+    return hashlib.blake2b(text.encode(), digest_size=32).digest()
 
 
 @dataclass(slots=True, eq=False)

@@ -68,6 +68,12 @@ class WireError(ValueError):
     """A request body that is not extender JSON; the message names the field."""
 
 
+#: Deepest nesting a request body may have. A Kubernetes object nests a few dozen levels at most (its
+#: managedFields mirror its structure); deeper bodies are refused here, before any verb serialises or
+#: walks them (Python's json nests about a thousand levels before RecursionError).
+MAX_DEPTH = 200
+
+
 def _object(data: bytes) -> dict[str, Any]:
     try:
         body = json.loads(data)
@@ -77,7 +83,23 @@ def _object(data: bytes) -> dict[str, Any]:
         raise WireError("request body is not JSON: nested too deeply") from None
     if not isinstance(body, dict):
         raise WireError(f"request body must be a JSON object, got {type(body).__name__}")
+    if _depth_exceeds(body, MAX_DEPTH):
+        raise WireError(f"request body nests deeper than {MAX_DEPTH} levels")
     return body
+
+
+def _depth_exceeds(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests deeper than ``limit`` levels (walked without recursion)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        if isinstance(item, dict):
+            stack.extend((child, depth + 1) for child in item.values() if isinstance(child, (dict, list)))
+        elif isinstance(item, list):
+            stack.extend((child, depth + 1) for child in item if isinstance(child, (dict, list)))
+    return False
 
 
 def parse_extender_args(data: bytes) -> ExtenderArgs:

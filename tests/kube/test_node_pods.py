@@ -60,3 +60,11 @@ async def test_a_failure_of_either_list_raises(apiserver: Emulator, api: Any, fa
     (apiserver**10)[kmock.action.LIST, PODS][failing : failing + 1] << 500
     with pytest.raises(KubeError):
         await list_node_pods(api, "n1", label=POD_VGPU_NODE)
+
+
+async def test_a_garbled_answer_is_an_api_error(apiserver: Emulator, api: Any) -> None:
+    """An answer that is not JSON fails as the API call it is (bind then fails closed and gives the
+    lock back); before, the decoder's ValueError escaped bind's error handling and left the lock held."""
+    (apiserver**10)[kmock.action.LIST, PODS] << b"{not json"
+    with pytest.raises(KubeError, match="InvalidResponse: the API server's answer is not JSON"):
+        await list_node_pods(api, "n1", label=POD_VGPU_NODE)

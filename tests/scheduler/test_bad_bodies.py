@@ -251,3 +251,30 @@ async def test_bind_ignores_unknown_fields_and_reads_keys_as_go_does(start_exten
     body = {"podname": "p", "PODNAMESPACE": "default", "PodUid": "uid-p", "node": "n1", "Extra": {"x": [1]}}
     assert await ext.post("/bind", body) == {"Error": ""}
     assert (await ext.pod("p"))["spec"]["nodeName"] == "n1"
+
+
+def _deep_body(depth: int) -> str:
+    """A /filter body whose pod's first container carries a value nested ``depth`` levels: it decodes
+    (Python's json nests about a thousand levels) but every later walk of it recurses that deep."""
+    pod = make_pod("deep")
+    pod["spec"]["containers"][0]["args"] = "DEEP"
+    return json.dumps({"Pod": pod, "NodeNames": ["n1"]}).replace('"DEEP"', nested(depth))
+
+
+async def test_a_body_nested_deeper_than_any_object_is_refused_on_every_verb(
+    start_extender: StartExtender,
+) -> None:
+    """A body nesting deeper than any Kubernetes object (600 levels: Python's json decodes it) is refused
+    by name before a verb walks it: each walk (the scheduling cycle's digest serialises the pod) would
+    recurse that deep, and near Python's recursion limit a walk deeper in the stack than the decoder
+    failed with an HTTP 500. Before, 600 levels were accepted."""
+    ext = await start_extender(nodes=[make_node("n1")])
+    body = _deep_body(600)
+    status, text = await raw(ext, "/filter", body)
+    assert status == 200, text
+    assert "nests deeper than 200 levels" in json.loads(text)["Error"]
+    status, text = await raw(ext, "/prioritize", body)
+    assert status == 400 and "nests deeper than 200 levels" in text, text
+    await still_serving(ext)
+    status, text = await raw(ext, "/filter", _deep_body(150))  # deep, but within the bound
+    assert status == 200 and json.loads(text)["NodeNames"] == ["n1"], text
