@@ -22,20 +22,17 @@ list Allocate makes itself); the ratio is the median call over the median list.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import yaml
 
+from benchmarks.childserver import apiserver_process
 from benchmarks.table import Table, ms, percentile
 from hami.annotations import BindPhase, allocation_annotations, bind_annotations
 from hami.core.model import Grant
@@ -103,33 +100,11 @@ class _Call:
         raise RuntimeError(f"Allocate refused ({code}): {details}")
 
 
-@contextlib.contextmanager
-def _apiserver() -> Iterator[str]:
-    """The embedded API server in a child process; yields its URL, stops it on exit."""
-    process = subprocess.Popen(
-        [sys.executable, "-c", SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert process.stdout is not None
-        url = process.stdout.readline().strip()
-        if not url.startswith("http"):
-            raise RuntimeError("the embedded API server did not start")
-        yield url
-    finally:
-        if process.stdin is not None:
-            process.stdin.close()
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
-
-
 async def _calls(others: int, calls: int) -> tuple[list[float], list[float]]:
     """Seconds per Allocate and per baseline LIST."""
     allocations: list[float] = []
     lists: list[float] = []
-    with tempfile.TemporaryDirectory(prefix="hb-", dir="/tmp") as tmp, _apiserver() as url:
+    with tempfile.TemporaryDirectory(prefix="hb-", dir="/tmp") as tmp, apiserver_process(SERVER) as url:
         root = Path(tmp)
         kubeconfig = write_kubeconfig(root / "kubeconfig", url)
         cards = [

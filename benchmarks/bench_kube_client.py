@@ -23,20 +23,18 @@ a tenth). Needs the optional ``lightkube`` and ``kr8s`` packages; their rows are
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
+from benchmarks.childserver import apiserver_process
 from benchmarks.table import Table, ms, percentile
 from hami.annotations import POD_BIND_PHASE, POD_BIND_TIME, POD_DEVICES_ALLOCATED, POD_VGPU_NODE
 from hami.kube import pods as kube_pods
@@ -93,28 +91,6 @@ def _pod(index: int) -> dict[str, Any]:
             ],
         },
     }
-
-
-@contextlib.contextmanager
-def _apiserver() -> Iterator[str]:
-    """The embedded API server in a child process; yields its URL, stops it on exit."""
-    process = subprocess.Popen(
-        [sys.executable, "-c", SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert process.stdout is not None
-        url = process.stdout.readline().strip()
-        if not url.startswith("http"):
-            raise RuntimeError("the embedded API server did not start")
-        yield url
-    finally:
-        if process.stdin is not None:
-            process.stdin.close()
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
 
 
 async def _closed_loop(call: Call, count: int, in_flight: int) -> tuple[list[float], float, float]:
@@ -235,7 +211,7 @@ Row = tuple[str, int, str, list[float], float, float]
 
 async def _measure(requests: int) -> list[Row]:
     rows: list[Row] = []
-    with tempfile.TemporaryDirectory() as tmp, _apiserver() as url:
+    with tempfile.TemporaryDirectory() as tmp, apiserver_process(SERVER) as url:
         kubeconfig = write_kubeconfig(Path(tmp) / "kubeconfig", url)
         await _seed(url)
         clients: list[tuple[str, tuple[dict[str, Call], Callable[[], Awaitable[None]]] | None]] = [

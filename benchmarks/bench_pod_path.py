@@ -31,17 +31,16 @@ import contextlib
 import datetime
 import random
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 from aiohttp.test_utils import TestServer
 
+from benchmarks.childserver import apiserver_process
 from benchmarks.objects import SLOTS, registered_node
 from benchmarks.table import Table, ms, percentile
 from hami.annotations import POD_DEVICES_ALLOCATED, POD_VGPU_NODE
@@ -137,28 +136,6 @@ def _candidate(index: int) -> dict[str, Any]:
     }
 
 
-@contextlib.contextmanager
-def _apiserver() -> Iterator[str]:
-    """The embedded API server in a child process; yields its URL, stops it on exit."""
-    process = subprocess.Popen(
-        [sys.executable, "-c", SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert process.stdout is not None
-        url = process.stdout.readline().strip()
-        if not url.startswith("http"):
-            raise RuntimeError("the embedded API server did not start")
-        yield url
-    finally:
-        if process.stdin is not None:
-            process.stdin.close()
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
-
-
 @contextlib.asynccontextmanager
 async def _extender(kubeconfig: Path) -> AsyncIterator[tuple[Context, str, KubeApi]]:
     """The running extender (verbs app + sync tasks) on the seeded API server; yields its context,
@@ -204,7 +181,7 @@ async def _schedule(nodes: int, pods: int) -> tuple[Samples, int]:
     samples: Samples = {k: [] for k in ("filter", "prioritize", "bind", "path", "scan", "get")}
     node_objects, holders, tuples = _cluster(nodes)
     names = [n["metadata"]["name"] for n in node_objects]
-    with tempfile.TemporaryDirectory() as tmp, _apiserver() as url:
+    with tempfile.TemporaryDirectory() as tmp, apiserver_process(SERVER) as url:
         kubeconfig = write_kubeconfig(Path(tmp) / "kubeconfig", url)
         async with aiohttp.ClientSession() as seeding:
             seeder = SimApi(seeding, url)
