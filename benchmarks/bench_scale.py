@@ -59,12 +59,14 @@ from hami.annotations import (
 )
 from hami.core.model import Device
 from hami_testkit.apiserver import write_kubeconfig
-from hami_testkit.processes import free_port
+from hami_testkit.processes import PortReservations
 
 CARDS, MEMORY_MIB, SLOTS, PER_NUMA = 8, 81920, 10, 4
 MODEL = "NVIDIA A100-SXM4-80GB"
 NAMESPACE = "default"
 WARM_UP, ROUNDS = 5, 100
+#: the scheduler's listen ports, held for the life of the bench (a child binds them)
+PORTS = PortReservations()
 SCANS = 1000  # the baseline is cheap: more samples steady its p99 on a shared machine
 POD_MIB, POD_CORES = 4000, 30
 READY_LIMIT = 600.0
@@ -232,7 +234,7 @@ async def start_scheduler(
     session: aiohttp.ClientSession, kubeconfig: Path, log: Path
 ) -> tuple[subprocess.Popen[bytes], float, str]:
     """Spawn ``hami scheduler``; (process, seconds from spawn to /readyz 200, verbs URL)."""
-    port, probes = free_port(), free_port()
+    port, probes = PORTS.take(), PORTS.take()
     argv = [
         sys.executable, "-m", "hami.cli", "scheduler",
         "--kubeconfig", str(kubeconfig),

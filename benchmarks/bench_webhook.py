@@ -24,7 +24,6 @@ import base64
 import contextlib
 import os
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -39,6 +38,7 @@ import aiohttp
 from benchmarks.table import Table, ms, percentile, summary
 from hami.kube.admissionreview import pod_create_review
 from hami_testkit.apiserver import embedded_apiserver, write_kubeconfig
+from hami_testkit.processes import PortReservations
 from webhook.config import MutationSettings
 from webhook.mutation import plan
 
@@ -63,10 +63,12 @@ PODS = (
 )
 
 
+#: the webhook's listen ports, held for the life of the bench (the child binds them)
+PORTS = PortReservations()
+
+
 def _free_port() -> int:
-    with contextlib.closing(socket.socket()) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return PORTS.take()
 
 
 async def _serve_apiserver() -> None:

@@ -1,9 +1,10 @@
 """Child processes of the simulated cluster: start by command line, wait for readiness, always stop.
 
 Owns :class:`Supervisor` (every child in its own process group with its output in a log file; stop =
-SIGTERM to the group, a bounded wait, then SIGKILL) and :func:`poll_until` (bounded polling that
-fails fast when a watched child dies). Simulation only. Must not import ``webhook``, ``nodeagent`` or
-the Kubernetes client: those run as processes started from their command lines.
+SIGTERM to the group, a bounded wait, then SIGKILL), :func:`poll_until` (bounded polling that fails
+fast when a watched child dies) and :class:`PortReservations` (ports held for the children's listeners,
+so no other process takes one before the child binds it). Simulation only. Must not import
+``webhook``, ``nodeagent`` or the Kubernetes client: those run as processes started from their command lines.
 """
 
 from __future__ import annotations
@@ -27,12 +28,44 @@ class ChildFailed(RuntimeError):
     """A child exited (or never became ready); the message carries the tail of its log."""
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """An OS-chosen free TCP port on ``host`` (for children that take a fixed --listen address)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
+class PortReservations:
+    """TCP ports held for children that take a fixed ``--listen`` address, until :meth:`close`.
+
+    A port picked by binding port 0 and closing the socket again is free only for a moment: until the
+    child binds it, the OS may hand it out again as the local port of any outgoing connection (the
+    ephemeral range is shared) or to another bind to port 0. So each port stays bound here, with
+    ``SO_REUSEADDR`` and never listening: the OS hands it to nobody else, while the child, binding it
+    with ``SO_REUSEADDR`` as aiohttp does, can still listen on it (Linux lets such sockets share a port
+    while at most one of them listens). A connection to a held port that nobody listens on is refused.
+    """
+
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self.host = host
+        self._held: list[socket.socket] = []
+
+    def take(self) -> int:
+        """A port held from now until :meth:`close`."""
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((self.host, 0))
+        except OSError:
+            sock.close()
+            raise
+        self._held.append(sock)
         port: int = sock.getsockname()[1]
         return port
+
+    def close(self) -> None:
+        """Let every held port go (a child listening on one keeps it)."""
+        while self._held:
+            self._held.pop().close()
+
+    def __enter__(self) -> PortReservations:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
 
 def python_argv(*args: str) -> list[str]:

@@ -43,7 +43,7 @@ from hami_testkit.admission_standin import AdmissionStandIn
 from hami_testkit.apiserver import REQUEST_LOG, embedded_apiserver, write_kubeconfig
 from hami_testkit.cluster import ClusterSpec, NodeFiles, node_object, write_node_files
 from hami_testkit.kubeapi import MWC_PATH, SimApi, nodes_path
-from hami_testkit.processes import Supervisor, free_port, poll_until, python_argv
+from hami_testkit.processes import PortReservations, Supervisor, poll_until, python_argv
 from hami_testkit.restapi import SERVER_VERSION
 from hami_testkit.scheduler_standin import SchedulerStandIn
 from hami_testkit.workloads_standin import WorkloadStandIn
@@ -115,8 +115,10 @@ class EmbeddedSystem:
         self.device_config = workdir / "device-config.yaml"
         self.supervisor = Supervisor(workdir / "logs")
         self.node_files: dict[str, NodeFiles] = {}
-        self.scheduler_port = free_port()  # the verbs (the kube-scheduler stand-in calls them)
-        self.scheduler_metrics_port = free_port()  # /healthz, /readyz, /metrics
+        #: every port a child listens on, held from its choice until the system stops
+        self.ports = PortReservations()
+        self.scheduler_port = self.ports.take()  # the verbs (the kube-scheduler stand-in calls them)
+        self.scheduler_metrics_port = self.ports.take()  # /healthz, /readyz, /metrics
         #: component -> its /metrics URL (scheduler, webhook, one per node agent), filled as they start
         self.metrics_urls: dict[str, str] = {}
         self.stack = contextlib.AsyncExitStack()
@@ -143,6 +145,7 @@ class EmbeddedSystem:
 
     async def __aenter__(self) -> EmbeddedSystem:
         await self.stack.__aenter__()
+        self.stack.callback(self.ports.close)  # last out: after every child has stopped
         try:
             await self._start()
         except BaseException:
@@ -255,7 +258,7 @@ class EmbeddedSystem:
             entries.append(entry)
         fleet_file = self.workdir / "fleet.yaml"
         fleet_file.write_text(yaml.safe_dump({"nodes": entries}, sort_keys=False), encoding="utf-8")
-        metrics = free_port()
+        metrics = self.ports.take()
         self.metrics_urls[FLEET] = f"http://127.0.0.1:{metrics}/metrics"
         return python_argv(
             "-m", "nodeagent.fleet",
@@ -268,7 +271,7 @@ class EmbeddedSystem:
         )  # fmt: skip
 
     def monitor_argv(self, node: str, files: NodeFiles) -> list[str]:
-        metrics = free_port()
+        metrics = self.ports.take()
         self.metrics_urls[f"agent-{node}"] = f"http://127.0.0.1:{metrics}/metrics"
         return python_argv(
             "-m", "nodeagent",
@@ -325,7 +328,7 @@ class EmbeddedSystem:
         await self.start_scheduler()
 
     async def _start_webhook(self) -> None:
-        port, health, metrics = free_port(), free_port(), free_port()
+        port, health, metrics = self.ports.take(), self.ports.take(), self.ports.take()
         argv = python_argv(
             "-m", "webhook",
             "--kubeconfig", str(self.kubeconfigs[WEBHOOK]),

@@ -45,7 +45,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from hami_testkit.cluster import ClusterSpec, load_cluster
 from hami_testkit.demo_session import default_examples_dir, load_examples, submit_all, wait_decided
 from hami_testkit.kubeapi import MWC_PATH, pods_path
-from hami_testkit.processes import free_port, python_argv
+from hami_testkit.processes import python_argv
 from hami_testkit.system import WEBHOOK, EmbeddedSystem
 from tests.eventually import eventually
 from webhook import tlsbundle
@@ -186,13 +186,13 @@ class ChartSystem(EmbeddedSystem):
         self.tls = tls = self.workdir / "tls"  # what the kubelet would mount from the Secret
         self.mount_secret(secret)
 
-        port, health = free_port(), free_port()
+        port, health = self.ports.take(), self.ports.take()
         local = {
             "listen": f"127.0.0.1:{port}",
             "tls-dir": str(tls),
             "device-config": str(self.device_config),
             "health-listen": f"127.0.0.1:{health}",
-            "metrics-listen": f"127.0.0.1:{free_port()}",
+            "metrics-listen": f"127.0.0.1:{self.ports.take()}",
         }
         chart_argv = argv(container(self.rendered.component("Deployment", "webhook"), "webhook"))
         assert chart_argv[0] == "hami-webhook" and set(local) <= set(flags({"args": chart_argv})), chart_argv

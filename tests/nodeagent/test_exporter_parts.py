@@ -5,7 +5,6 @@ point serving /metrics next to the other tasks, and docs/metrics.md listing ever
 from __future__ import annotations
 
 import asyncio
-import socket
 from pathlib import Path
 from typing import Any, cast
 
@@ -15,6 +14,7 @@ import pytest
 import yaml
 
 from hami.process.flags import Address
+from hami_testkit.processes import PortReservations
 from nodeagent.__main__ import main, run
 from nodeagent.backends.base import BackendError, LiveUsage, ProcessUsage, live_usage
 from nodeagent.backends.nvml import NvmlBackend
@@ -200,19 +200,16 @@ def test_entry_point_refuses_bad_exporter_flags(
     assert message in capsys.readouterr().err
 
 
-def _free_port() -> int:
-    # The agent binds its own --metrics-listen; ask the OS for a free port to hand it.
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 async def test_the_agent_serves_metrics_next_to_its_other_tasks(
-    apiserver: kmock.KubernetesEmulator, kubeconfig: Path, tmp_path: Path, sock_dir: Path
+    apiserver: kmock.KubernetesEmulator,
+    kubeconfig: Path,
+    tmp_path: Path,
+    sock_dir: Path,
+    ports: PortReservations,
 ) -> None:
     await create_node(apiserver, NODE)
     await create_gpu_pod(apiserver, "p", [[grant("GPU-a", 3000, 30)]], containers=["main"])
-    port = _free_port()
+    port = ports.take()  # the agent binds its own --metrics-listen
     config = AgentConfig(
         kubeconfig=str(kubeconfig),
         node_name=NODE,

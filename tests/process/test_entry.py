@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 from pathlib import Path
 
 import kmock
@@ -14,12 +13,7 @@ import pytest
 from hami.kube.client import KubeError
 from hami.process.entry import reachable_api, refuse, until_signalled
 from hami_testkit.apiserver import write_kubeconfig
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from hami_testkit.processes import PortReservations
 
 
 async def test_the_api_server_is_asked_once(kubeconfig: Path, apiserver: kmock.KubernetesEmulator) -> None:
@@ -31,8 +25,10 @@ async def test_the_api_server_is_asked_once(kubeconfig: Path, apiserver: kmock.K
     assert any(request.url.path == "/version" for request in apiserver)
 
 
-def test_an_unreachable_server_or_missing_file_is_a_kube_error(tmp_path: Path) -> None:
-    nowhere = write_kubeconfig(tmp_path / "nowhere", f"http://127.0.0.1:{closed_port()}")
+def test_an_unreachable_server_or_missing_file_is_a_kube_error(
+    tmp_path: Path, ports: PortReservations
+) -> None:
+    nowhere = write_kubeconfig(tmp_path / "nowhere", f"http://127.0.0.1:{ports.take()}")  # nobody listens
     with pytest.raises(KubeError, match=r"127\.0\.0\.1"):
         reachable_api(str(nowhere), component="hami-test", request_timeout=2.0)
     with pytest.raises(KubeError, match="kubeconfig file not found"):

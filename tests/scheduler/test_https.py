@@ -17,7 +17,7 @@ import aiohttp
 import kmock
 import pytest
 
-from hami_testkit.processes import ChildFailed, Supervisor, free_port, python_argv
+from hami_testkit.processes import ChildFailed, PortReservations, Supervisor, python_argv
 from tests.builders import make_node, make_pod
 from tests.eventually import eventually, time_scale
 from webhook import tlsbundle
@@ -48,11 +48,11 @@ def scheduler_argv(kubeconfig: Path, port: int, metrics_port: int, *tls: str) ->
 
 
 async def test_the_verbs_are_served_over_https(
-    apiserver: kmock.KubernetesEmulator, kubeconfig: Path, tmp_path: Path
+    apiserver: kmock.KubernetesEmulator, kubeconfig: Path, tmp_path: Path, ports: PortReservations
 ) -> None:
     await apiserver.post("/api/v1/nodes", json=make_node("n1"))
     ca, cert, key = issue(tmp_path)
-    port, metrics_port = free_port(), free_port()
+    port, metrics_port = ports.take(), ports.take()
     argv = scheduler_argv(kubeconfig, port, metrics_port, "--tls-cert", str(cert), "--tls-key", str(key))
     trusted = ssl.create_default_context(cafile=str(ca))
     body = {"Pod": make_pod("p"), "NodeNames": ["n1", "n2"]}
@@ -90,7 +90,11 @@ async def test_the_verbs_are_served_over_https(
 
 @pytest.mark.parametrize("problem", ["missing", "not-pem", "key-mismatch"])
 async def test_an_unusable_certificate_stops_the_start_in_one_line(
-    apiserver: kmock.KubernetesEmulator, kubeconfig: Path, tmp_path: Path, problem: str
+    apiserver: kmock.KubernetesEmulator,
+    kubeconfig: Path,
+    tmp_path: Path,
+    problem: str,
+    ports: PortReservations,
 ) -> None:
     _, cert, key = issue(tmp_path)
     if problem == "missing":
@@ -102,7 +106,7 @@ async def test_an_unusable_certificate_stops_the_start_in_one_line(
         other.mkdir()
         _, _, key = issue(other)
     argv = scheduler_argv(
-        kubeconfig, free_port(), free_port(), "--tls-cert", str(cert), "--tls-key", str(key)
+        kubeconfig, ports.take(), ports.take(), "--tls-cert", str(cert), "--tls-key", str(key)
     )
     process = await asyncio.create_subprocess_exec(
         *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import datetime
 import json
-import socket
 from pathlib import Path
 
 import kmock
@@ -25,6 +24,7 @@ from hami.core.model import Device, Grant
 from hami.simulate.replay import _Curve, replay
 from hami.simulate.trace import parse_nodes, parse_pods
 from hami.simulate.workload import target_workload
+from hami_testkit.processes import PortReservations
 from tests.builders import create_hostile_nodes
 
 NODES = "sn,cpu_milli,memory_mib,gpu,model\nn0,8000,16384,1,T4\nn1,8000,16384,1,T4\n"
@@ -262,11 +262,9 @@ def test_a_broken_kubeconfig_is_one_line_and_exit_2(
 
 
 def test_a_refused_connection_is_one_line_and_exit_2(
-    tmp_path: Path, files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, files: tuple[Path, Path], capsys: pytest.CaptureFixture[str], ports: PortReservations
 ) -> None:
-    with socket.socket() as probe:  # a port nobody listens on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = ports.take()  # held here, nobody listens on it
     config = tmp_path / "kubeconfig"
     config.write_text(
         "apiVersion: v1\nkind: Config\ncurrent-context: c\n"

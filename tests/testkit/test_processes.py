@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import sys
 from pathlib import Path
 
+import aiohttp
 import pytest
+from aiohttp import web
 
-from hami_testkit.processes import ChildFailed, Supervisor, poll_until
+from hami_testkit.processes import ChildFailed, PortReservations, Supervisor, poll_until
 from tests.eventually import eventually
 
 SLEEPER = "import time; print('up', flush=True); time.sleep(60)"
@@ -99,3 +102,39 @@ async def test_poll_until_is_bounded_and_fails_fast_on_a_dead_child(tmp_path: Pa
 
     with pytest.raises(ChildFailed):
         await poll_until(never, what="nothing", limit=30, alive=dead)
+
+
+async def test_a_held_port_is_for_the_child_alone(tmp_path: Path) -> None:
+    """The port handed to a child stays out of everyone else's reach until the child listens on it:
+    an OS-chosen port is never it, a plain bind is refused, a connection before the child listens is
+    refused; the child (aiohttp, SO_REUSEADDR) binds it and serves; after close() it is free again."""
+    with PortReservations() as ports:
+        held = {ports.take() for _ in range(20)}
+        assert len(held) == 20
+        chosen = set()
+        for _ in range(2000):
+            with socket.socket() as other:
+                other.bind(("127.0.0.1", 0))
+                chosen.add(other.getsockname()[1])
+        assert not chosen & held
+        port = min(held)
+        with socket.socket() as other, pytest.raises(OSError):
+            other.bind(("127.0.0.1", port))
+        with pytest.raises(ConnectionRefusedError):
+            await asyncio.open_connection("127.0.0.1", port)
+
+        async def mine(_: web.Request) -> web.Response:
+            return web.Response(text="mine")
+
+        app = web.Application()
+        app.router.add_get("/", mine)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, "127.0.0.1", port).start()
+            async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{port}/") as answer:
+                assert await answer.text() == "mine"
+        finally:
+            await runner.cleanup()
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", port))  # let go

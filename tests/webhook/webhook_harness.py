@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import socket
 import ssl
 import threading
 import time
@@ -26,6 +25,7 @@ import kmock
 
 from hami.kube.admissionreview import pod_create_review
 from hami.process.flags import Address
+from hami_testkit.processes import PortReservations
 from tests.eventually import eventually, time_scale
 from webhook.config import WebhookSettings
 from webhook.handlers import run
@@ -34,10 +34,12 @@ MWC_PATH = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
 WAIT = 15.0  # seconds the operator may take to start on an idle machine (stretched by the load)
 
 
+#: the operators' listen ports, held for the life of the test process (a few per operator)
+PORTS = PortReservations()
+
+
 def free_port() -> int:
-    with contextlib.closing(socket.socket()) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return PORTS.take()
 
 
 class LoopThread(threading.Thread):
