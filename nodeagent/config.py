@@ -30,6 +30,7 @@ from hami import devicefile
 from hami.core.model import DeviceMode
 from hami.process.flags import (
     KUBECONFIG,
+    LOG_LEVEL,
     Address,
     Flag,
     Flags,
@@ -109,10 +110,6 @@ def _mps_protocol(flag: str, text: str) -> int:
     if value not in ("2", "3"):
         raise ConfigError(f"--{flag} must be 2 or 3, got {value!r}")
     return int(value)
-
-
-def _upper(flag: str, text: str) -> str:
-    return text.upper()
 
 
 _INTERVAL = number(positive=True)
@@ -259,9 +256,6 @@ MPS_QUIT_ON_STOP = Flag(
     parse=boolean,
     default="false",
     help="quit the MPS daemon this agent started when the agent stops",
-)
-LOG_LEVEL = Flag(
-    name="log-level", metavar="LEVEL", parse=_upper, default="INFO", help="DEBUG, INFO, WARNING or ERROR"
 )
 
 #: The agent's schema, in ``--help`` order.

@@ -48,6 +48,9 @@ from hami.kube.admissionconfig import (
 from hami.kube.client import Conflict, KubeError, NotFound, load_api_client
 from hami.kube.protocol import KubeApi
 from hami.kube.secrets import create_secret, get_secret, patch_secret
+from hami.process.entry import configure_logging
+from hami.process.flags import KUBECONFIG, LOG_LEVEL, add_flags
+from hami.settings import ConfigError
 from webhook import tlsbundle
 from webhook.config import service_hostnames
 
@@ -323,12 +326,7 @@ def _days(text: str) -> int:
 
 def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--kubeconfig",
-        default=env.get("HAMI_KUBECONFIG"),
-        help="kubeconfig file (default: in-cluster, then ~/.kube/config) [env HAMI_KUBECONFIG]",
-    )
-    common.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
+    add_flags(common, (KUBECONFIG, LOG_LEVEL), env)  # the services' own declarations
     common.add_argument("--namespace", required=True, help="namespace of the Secret (and the Service)")
     common.add_argument("--secret", required=True, help="name of the TLS Secret")
     parser = argparse.ArgumentParser(
@@ -364,9 +362,9 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     return parser
 
 
-async def _run(args: argparse.Namespace) -> str:
+async def _run(args: argparse.Namespace, kubeconfig: str | None) -> str:
     component = "hami-cert-rotation" if args.command == "rotate" else "hami-certgen"
-    api = load_api_client(args.kubeconfig, component=component)
+    api = load_api_client(kubeconfig, component=component)
     lines: list[str] = []
     try:
         if args.command in ("secret", "rotate"):
@@ -397,13 +395,13 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     """Run one subcommand; 0 on success, 1 when the API or the Secret is at fault, 2 on bad flags."""
     parser = build_parser(os.environ if env is None else env)
     args = parser.parse_args(argv)
-    if args.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
-        parser.error(f"--log-level must be DEBUG, INFO, WARNING or ERROR, got {args.log_level!r}")
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
     try:
-        message = asyncio.run(_run(args))
+        kubeconfig, level = KUBECONFIG.read(args), LOG_LEVEL.read(args)
+    except ConfigError as exc:
+        parser.error(str(exc))
+    configure_logging(level)
+    try:
+        message = asyncio.run(_run(args, kubeconfig))
     except (KubeError, CertgenError, tlsbundle.CertificateError) as exc:
         print(f"webhook.certs {args.command}: {exc}", file=sys.stderr)
         return 1

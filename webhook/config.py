@@ -20,6 +20,7 @@ from pathlib import Path
 from hami import devicefile
 from hami.process.flags import (
     KUBECONFIG,
+    LOG_LEVEL,
     Address,
     Flag,
     Flags,
@@ -39,19 +40,12 @@ HANDLER_ID = "webhook"
 #: The webhook's name inside the MutatingWebhookConfiguration (HAMi's chart uses the same).
 WEBHOOK_NAME = "vgpu.hami.io"
 FAILURE_POLICIES = ("Fail", "Ignore")
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 def _failure_policy(flag: str, text: str) -> str:
     if text not in FAILURE_POLICIES:
         raise ConfigError(f"--{flag} must be Fail or Ignore, got {text!r}")
     return text
-
-
-def _log_level(flag: str, text: str) -> str:
-    if text.upper() not in LOG_LEVELS:
-        raise ConfigError(f"--{flag} must be DEBUG, INFO, WARNING or ERROR, got {text!r}")
-    return text.upper()
 
 
 LISTEN = Flag(
@@ -146,9 +140,6 @@ CERT_CHECK_INTERVAL = Flag(
     default="60",
     metavar="SECONDS",
     help="seconds between re-reads of the certificate files",
-)
-LOG_LEVEL = Flag(
-    name="log-level", metavar="LEVEL", parse=_log_level, default="INFO", help="DEBUG, INFO, WARNING or ERROR"
 )
 
 #: The service's schema, in ``--help`` order.

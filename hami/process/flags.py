@@ -374,3 +374,25 @@ KUBECONFIG = Flag(
     parse=optional_text,
     help="kubeconfig file (default: in-cluster, then ~/.kube/config)",
 )
+
+
+#: The log levels every service takes, in any case.
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def log_level(flag: str, text: str) -> str:
+    """One of :data:`LOG_LEVELS`, in any case (held lower-case); anything else raises ConfigError."""
+    level = text.strip().lower()
+    if level not in LOG_LEVELS:
+        raise ConfigError(f"--{flag} must be one of {', '.join(LOG_LEVELS)} (any case), got {text!r}")
+    return level
+
+
+#: How much every service logs.
+LOG_LEVEL = Flag(
+    name="log-level",
+    metavar="LEVEL",
+    parse=log_level,
+    default="info",
+    help="debug, info, warning or error (any case)",
+)

@@ -28,6 +28,7 @@ from hami.core.enforcement import LEVEL_WORDS, Level, parse_level
 from hami.core.fragmentation import TargetClass
 from hami.process.flags import (
     KUBECONFIG,
+    LOG_LEVEL,
     Address,
     Flag,
     Flags,
@@ -43,7 +44,6 @@ from hami.scheduler.workload import DEFAULT_FALLBACK, DEFAULT_HALF_LIFE, DEFAULT
 from hami.settings import ConfigError, DeviceConfig
 
 POLICIES = ("binpack", "spread", "fragmentation")
-LOG_LEVELS = ("debug", "info", "warning", "error")
 #: HAMi's env var for the node lock's expiry (a Go duration), read when --node-lock-timeout is not given.
 NODELOCK_EXPIRE = "HAMI_NODELOCK_EXPIRE"
 
@@ -58,13 +58,6 @@ def _level(flag: str, text: str) -> Level:
     level = parse_level(text)
     if level is None:
         raise ConfigError(f"--{flag} must be one of {', '.join(LEVEL_WORDS)}, got {text!r}")
-    return level
-
-
-def _log_level(flag: str, text: str) -> str:
-    level = text.lower()
-    if level not in LOG_LEVELS:
-        raise ConfigError(f"--{flag} must be one of {', '.join(LOG_LEVELS)}, got {text!r}")
     return level
 
 
@@ -271,9 +264,6 @@ RESOURCE_CORES = Flag(
     metavar="NAME",
     parse=optional_text,
     help="cores resource name (overrides the device config)",
-)
-LOG_LEVEL = Flag(
-    name="log-level", metavar="LEVEL", parse=_log_level, default="info", help="debug, info, warning or error"
 )
 
 #: The service's schema, in ``--help`` order.

@@ -6,11 +6,11 @@ text came from."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import pytest
 
-from hami.process.flags import Flag, Flags, Switch, add_flags, whole
+from hami.process.flags import LOG_LEVEL, Flag, Flags, Switch, add_flags, whole
 from hami.settings import ConfigError
 
 
@@ -96,3 +96,49 @@ def test_choices_hold_the_command_line_only() -> None:
         _args(["--mode", "c"], {}, (mode,))
     assert mode.read(_args(["--mode", "b"], {}, (mode,))) == "B"
     assert mode.read(_args([], {"HAMI_MODE": "c"}, (mode,))) == "C"  # the parser checks what it is given
+
+
+def _scheduler(argv: list[str]) -> int:
+    from hami.cli import main as hami
+
+    return hami(["scheduler", *argv])
+
+
+def _webhook(argv: list[str]) -> int:
+    from webhook.__main__ import main as webhook
+
+    return webhook(argv)
+
+
+def _agent(argv: list[str]) -> int:
+    from nodeagent.__main__ import main as agent
+
+    return agent(["--node-name", "n1", *argv])
+
+
+def _certgen(argv: list[str]) -> int:
+    from webhook.certgen import main as certgen
+
+    return certgen(["inject", "--namespace=ns", "--secret=s", "--webhook-config=w", *argv], {})
+
+
+@pytest.mark.parametrize("program", [_scheduler, _webhook, _agent, _certgen])
+def test_every_program_refuses_an_unknown_log_level_in_one_line(
+    program: Callable[[list[str]], int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One declaration of --log-level (hami.process.flags.LOG_LEVEL) for every program: a level that
+    is not one is exit 2 naming the flag, before anything starts (the agent used to take any word)."""
+    try:
+        code = program(["--log-level", "loud"])
+    except SystemExit as stopped:  # argparse's own usage error (certgen)
+        code = int(stopped.code or 0)
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "--log-level must be one of debug, info, warning, error (any case), got 'loud'" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("text", ["warning", "WARNING", "Warning", " error "])
+def test_a_log_level_is_taken_in_any_case(text: str) -> None:
+    assert LOG_LEVEL.read(_args(["--log-level", text], {}, (LOG_LEVEL,))) == text.strip().lower()
+    assert LOG_LEVEL.read(_args([], {"HAMI_LOG_LEVEL": text}, (LOG_LEVEL,))) == text.strip().lower()

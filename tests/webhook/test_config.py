@@ -85,7 +85,11 @@ def test_device_config_file(tmp_path: Path) -> None:
             "--max-cards-per-container must be a whole number, got 'two'",
         ),
         ([], {"HAMI_MANAGE_CONFIG": "maybe"}, "HAMI_MANAGE_CONFIG must be true or false, got 'maybe'"),
-        (["--log-level", "loud"], {}, "--log-level must be DEBUG, INFO, WARNING or ERROR, got 'loud'"),
+        (
+            ["--log-level", "loud"],
+            {},
+            "--log-level must be one of debug, info, warning, error (any case), got 'loud'",
+        ),
     ],
 )
 def test_bad_values_are_named(argv: list[str], env: dict[str, str], message: str) -> None:
