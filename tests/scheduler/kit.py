@@ -8,10 +8,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import kmock
+from aiohttp import ClientTimeout
 from aiohttp.test_utils import TestClient
 
 from hami.kube.events import EventRecorder
 from hami.scheduler.context import Context
+
+NO_DEADLINE = ClientTimeout(total=None, sock_connect=None, sock_read=None)
 
 
 @dataclass
@@ -23,7 +26,9 @@ class Extender:
     recorder: EventRecorder  # the aggregated FilteringFailed Events
 
     async def post(self, path: str, body: Any) -> Any:
-        response = await self.client.post(path, json=body)
+        # no client deadline: a bind may queue behind many others on a loaded machine; the test's own
+        # pytest-timeout is the guard against one that never ends
+        response = await self.client.post(path, json=body, timeout=NO_DEADLINE)
         assert response.status == 200, await response.text()
         return await response.json()
 
