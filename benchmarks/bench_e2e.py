@@ -31,17 +31,21 @@ Measured per phase (GPU pods, then baseline), with no instrument inside our comp
 * **CPU seconds per pod** of each process (user + system, every thread, ``/proc/<pid>/stat``): the
   scheduler, the webhook and the fleet (ours); the kubelet stand-in; and this process (the API server
   emulator, the admission / kube-scheduler / workload stand-ins and this driver);
-* what bounds throughput: the kube-scheduler stand-in schedules one pod at a time, as kube-scheduler's
-  scheduling cycle does, but also waits for ``/bind`` (kube-scheduler binds in a goroutine of its own);
-  the share of the span its loop spent inside ``/filter``, ``/prioritize`` and ``/bind`` calls, the
-  queue wait (creation to the stand-in's first attempt), the binds refused for a busy lock
-  (``hami_scheduler_binds_total{result="lock_busy"}``) and the CPU share of each process show which part
-  is saturated.
+* what bounds throughput: the kube-scheduler stand-in runs one scheduling cycle at a time (``/filter``,
+  ``/prioritize``, pick a node, assume) and each pod's ``/bind`` in a task of its own, as kube-scheduler
+  runs its binding cycle in a goroutine (at most ``hami_testkit.scheduler_standin.MAX_BINDING`` in
+  flight; ``HAMI_BENCH_E2E_BINDS=serial`` waits for each bind before the next pod, as the stand-in did
+  before); the share of the span the scheduling cycles were busy and spent inside ``/filter`` and
+  ``/prioritize``, the binds in flight on average (their summed wall time over the span), how often the
+  cap made the scheduling cycle wait, the queue wait (creation to the stand-in's first attempt), the
+  binds refused for a busy lock (``hami_scheduler_binds_total{result="lock_busy"}``) and the CPU share
+  of each process show which part is saturated.
 
 Target rows (issue 24): at 1,000 nodes ≥ 100 pods/s sustained to Running with our components ≤ 25 % of
 the run's CPU, and the scheduler ≤ 2 ms CPU per scheduled pod. Sizes: ``HAMI_BENCH_E2E_SIZES`` (default
 ``100,1000``); pods per row ``HAMI_BENCH_E2E_PODS`` (default 300); rate
-``HAMI_BENCH_E2E_RATE`` (default 100).
+``HAMI_BENCH_E2E_RATE`` (default 100); the stand-in's binds ``HAMI_BENCH_E2E_BINDS`` (``background``, the
+default, or ``serial``).
 """
 
 from __future__ import annotations
@@ -253,7 +257,7 @@ class StandInClock:
 
     verbs: dict[str, float] = field(default_factory=lambda: collections.defaultdict(float))  # verb -> s
     binds: list[float] = field(default_factory=list)  # each /bind call's wall seconds
-    nodes: list[str] = field(default_factory=list)  # the node of each pod bound, in order
+    nodes: list[str] = field(default_factory=list)  # the node of each pod assumed (its bind sent), in order
     attempts: float = 0.0
     first_try: dict[str, float] = field(default_factory=dict)
 
@@ -274,7 +278,7 @@ class StandInClock:
             self.first_try.setdefault(str(pod["metadata"]["name"]), started)
             try:
                 attempt = await schedule_one(pod)
-                if attempt.kind == "bound":
+                if attempt.kind in ("binding", "bound"):  # assumed on a node (bound, with serial binds)
                     self.nodes.append(attempt.node)
                 return attempt
             finally:
@@ -318,12 +322,13 @@ class Phase:
     calls: collections.Counter[str]
     cpu: dict[str, float]  # process label -> CPU seconds over the phase
     wall: float  # the phase's wall time (first create -> quiet)
-    standin_busy: float  # seconds inside schedule_one
+    standin_busy: float  # seconds inside schedule_one (the scheduling cycles; the binds too when serial)
     verbs: dict[str, float]  # verb -> seconds the stand-in waited
     queue_wait: list[float]
     scheduler: dict[str, float]  # deltas of scheduler_counters
     binds: list[float]  # the stand-in's /bind calls, wall seconds
-    nodes: list[str]  # the node of each pod bound, in order
+    nodes: list[str]  # the node of each pod assumed, in order
+    bind_waits: int  # times the scheduling cycle waited for a bind at the stand-in's cap
 
 
 def _processes(system: EmbeddedSystem) -> dict[str, Callable[[], float]]:
@@ -349,7 +354,7 @@ async def run_phase(
     cpu0 = {label: read() for label, read in procs.items()}
     calls0 = collections.Counter(tap.calls)
     holds0, busy0, verbs0 = len(tap.holds), clock.attempts, dict(clock.verbs)
-    binds0, nodes0 = len(clock.binds), len(clock.nodes)
+    binds0, nodes0, waits0 = len(clock.binds), len(clock.nodes), system.scheduler.bind_waits
     metrics0 = await scheduler_counters(system.session, system.metrics_urls[SCHEDULER])
     created: dict[str, float] = {}
     limiter = asyncio.Semaphore(IN_FLIGHT)
@@ -401,6 +406,7 @@ async def run_phase(
         scheduler={k: v - metrics0.get(k, 0.0) for k, v in metrics1.items()},
         binds=clock.binds[binds0:],
         nodes=clock.nodes[nodes0:],
+        bind_waits=system.scheduler.bind_waits - waits0,
     )
 
 
@@ -419,7 +425,12 @@ async def measure(nodes: int, count: int, rate: float) -> Row:
     pods = draw_pods(cluster, count + WARM_UP)
     warm, pods = pods[:WARM_UP], pods[WARM_UP:]
     options = SystemOptions(
-        request_log=64, register_interval=30.0, log_level="WARNING", fleet=True, ready_limit=900.0
+        request_log=64,
+        register_interval=30.0,
+        log_level="WARNING",
+        fleet=True,
+        ready_limit=900.0,
+        background_binds=_binds() == "background",
     )
     spread = os.environ.get("HAMI_START_SPREAD")
     os.environ["HAMI_START_SPREAD"] = "10"  # the fleet child reads it (Supervisor copies the environment)
@@ -451,6 +462,13 @@ async def measure(nodes: int, count: int, rate: float) -> Row:
 
 
 # ------------------------------------------------------------------------------------- tables
+
+
+def _binds() -> str:
+    binds = os.environ.get("HAMI_BENCH_E2E_BINDS", "background")
+    if binds not in ("background", "serial"):
+        raise ValueError(f"HAMI_BENCH_E2E_BINDS: 'background' or 'serial', not {binds!r}")
+    return binds
 
 
 def _p(samples: list[float], q: float) -> str:
@@ -509,14 +527,15 @@ def tables(rows: list[Row], rate: float) -> list[Table]:
         columns=("nodes", "sender", "GPU pod", "baseline", "x baseline"),
     )
     bound = Table(
-        title="End to end: what bounds throughput (GPU pods)",
+        title=f"End to end: what bounds throughput (GPU pods; the stand-in's binds: {_binds()})",
         columns=(
             "nodes",
             "wall s",
-            "stand-in loop busy %",
+            "scheduling cycles busy %",
             "in /filter %",
             "/prioritize %",
-            "/bind %",
+            "binds in flight, mean",
+            "waits at the bind cap",
             "queue wait p50/p99 ms",
             "extender ms/pod (filter/prioritize/bind)",
             "/bind p50/p99 ms (baseline p50)",
@@ -589,7 +608,8 @@ def tables(rows: list[Row], rate: float) -> list[Table]:
                 f"{g.standin_busy / g.wall * 100:.0f}",
                 f"{g.verbs.get('filter', 0.0) / g.wall * 100:.0f}",
                 f"{g.verbs.get('prioritize', 0.0) / g.wall * 100:.0f}",
-                f"{g.verbs.get('bind', 0.0) / g.wall * 100:.0f}",
+                f"{g.verbs.get('bind', 0.0) / g.wall:.2f}",
+                str(g.bind_waits),
                 f"{_p(g.queue_wait, 50)}/{_p(g.queue_wait, 99)}",
                 server_ms,
                 f"{_p(g.binds, 50)}/{_p(g.binds, 99)} ({_p(b.binds, 50)})",

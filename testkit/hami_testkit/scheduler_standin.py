@@ -8,7 +8,13 @@ plugins would keep (Ready, schedulable, ``nodeSelector`` matches), POST ``/filte
 only (a pod with ``status.nominatedNodeName`` first with that node alone, as kube-scheduler tries
 the nominated node first), POST ``/prioritize`` when more than one node is left (highest weighted
 score wins; ties go to the first node the filter returned instead of a random one, so runs repeat),
-then POST ``/bind``. The JSON is the extender v1 shape (Go field names). When no node takes the pod,
+then *assume* the pod on that node and POST ``/bind`` in a task of its own (kube-scheduler's binding
+cycle, a goroutine per pod) while the next pod is scheduled: an assumed pod is not tried again and counts
+on its node for preemption; a failed bind *forgets* it (an ``AssignedPod/Delete`` event for the parked
+pods, as kube-scheduler's ``handleBindingCycleError`` sends) and retries it after its backoff. At most
+:data:`MAX_BINDING` binds are in flight; ``background_binds=False`` waits for each bind before the next
+pod instead. Stopping :meth:`SchedulerStandIn.run` cancels and awaits every bind in flight. The JSON is
+the extender v1 shape (Go field names). When no node takes the pod,
 kube-scheduler's DefaultPreemption runs (:mod:`hami_testkit.preemption_standin`: the extender's
 ``/preempt``, victims evicted, the pod nominated; :attr:`SchedulerStandIn.preemption` records who
 was preempted for whom). An unschedulable pod gets the ``PodScheduled`` condition and a
@@ -54,6 +60,12 @@ from hami_testkit.preemption_standin import Nominated, NotNominated, PreemptionE
 
 logger = logging.getLogger("hami_testkit.scheduler_standin")
 
+#: How many binding cycles may be in flight at once. kube-scheduler has no cap (a goroutine per pod); the
+#: stand-in's binds share one aiohttp session with its watches, its ``/filter`` calls and the other
+#: in-process stand-ins (aiohttp's default: 100 connections), and a bind past that limit would wait for a
+#: connection inside aiohttp, where it could starve the scheduling cycle's own calls. At the cap the
+#: scheduling cycle waits for a bind to finish (counted in :attr:`SchedulerStandIn.bind_waits`).
+MAX_BINDING = 32
 #: The reason of the Warning Event for a pod whose scheduler does not run in the embedded cluster.
 NO_SCHEDULER = "NoScheduler"
 #: Who writes that Event (no kube-scheduler would: it is the embedded cluster telling the user).
@@ -117,7 +129,7 @@ def requeues(
 class Attempt:
     """The last scheduling attempt of one pod (by uid)."""
 
-    kind: Literal["unschedulable", "error", "bound"]
+    kind: Literal["unschedulable", "error", "binding", "bound"]
     message: str
     generation: int  # the cluster generation the attempt saw
     retry_at: float  # loop time after which the pod is tried again regardless of changes
@@ -147,7 +159,11 @@ class SchedulerStandIn:
         preempt_verb: str = "preempt",
         node_cache_capable: bool = True,
         warn_other_schedulers: bool = False,
+        background_binds: bool = True,
+        max_binding: int = MAX_BINDING,
     ) -> None:
+        if max_binding < 1:
+            raise ValueError(f"max_binding must be at least 1, not {max_binding}")
         self._api = api
         self._session = session
         self._url = extender_url.rstrip("/")
@@ -168,6 +184,12 @@ class SchedulerStandIn:
         self.attempts: dict[str, Attempt] = {}  # by pod uid (or ns/name when the pod has none)
         self._changed = asyncio.Event()
         self.calls: Counter[str] = Counter()  # verb -> how many requests were sent
+        self._background = background_binds
+        self._max_binding = max_binding
+        #: How often the scheduling cycle waited because ``max_binding`` binds were in flight.
+        self.bind_waits = 0
+        self._binds: set[asyncio.Task[Attempt]] = set()  # the binding cycles in flight
+        self._group: asyncio.TaskGroup | None = None  # run()'s: the binding cycles' tasks end with it
         self._warn_others = warn_other_schedulers
         self._warned: set[str] = set()  # pods (by uid) told that their scheduler does not run here
         self.preemption = PreemptionStandIn(
@@ -189,6 +211,11 @@ class SchedulerStandIn:
         last = self.attempt(pod)
         return last is not None and last.kind == "unschedulable" and not last.requeued
 
+    @property
+    def binding(self) -> int:
+        """How many binding cycles are in flight (pods assumed on a node, their ``/bind`` not answered)."""
+        return len(self._binds)
+
     def requeued_by(self, pod: Mapping[str, Any]) -> list[str]:
         """The events that moved this pod out of the unschedulable pool, oldest first."""
         ident = _ident(pod)
@@ -197,20 +224,32 @@ class SchedulerStandIn:
     # ------------------------------------------------------------------------------- main loop
 
     async def run(self) -> None:
-        async with asyncio.TaskGroup() as group:
-            group.create_task(self._watch_nodes(), name="standin-watch-nodes")
-            group.create_task(self._watch_pods(), name="standin-watch-pods")
-            group.create_task(self._loop(), name="standin-schedule")
+        """Watch and schedule until cancelled; cancelling it cancels and awaits every bind in flight."""
+        try:
+            async with asyncio.TaskGroup() as group:
+                self._group = group
+                group.create_task(self._watch_nodes(), name="standin-watch-nodes")
+                group.create_task(self._watch_pods(), name="standin-watch-pods")
+                group.create_task(self._loop(), name="standin-schedule")
+        finally:
+            self._group = None
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             self._changed.clear()
+            if len(self._binds) >= self._max_binding:
+                self.bind_waits += 1
+                await asyncio.wait(set(self._binds), return_when=asyncio.FIRST_COMPLETED)
+                continue
             pod, wake_at = self._next(loop.time())
             if pod is None:
                 delay = None if wake_at is None else max(wake_at - loop.time(), 0.0)
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for returns the result instead of
+                # raising when a cancel and the event arrive together, and the loop would outlive run()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), delay)
+                    async with asyncio.timeout(delay):
+                        await self._changed.wait()
                 continue
             await self.schedule_one(pod)
 
@@ -223,8 +262,8 @@ class SchedulerStandIn:
             if not self._ours(pod):
                 continue
             last = self.attempt(pod)
-            if last is not None and last.kind == "bound":
-                continue  # the binding is on its way through the watch
+            if last is not None and last.kind in ("binding", "bound"):
+                continue  # assumed (its bind in flight), or bound (the binding on its way through the watch)
             if (
                 last is not None
                 and last.kind == "unschedulable"
@@ -279,14 +318,15 @@ class SchedulerStandIn:
     # ------------------------------------------------------------------------------- one pod
 
     async def schedule_one(self, pod: JsonDict) -> Attempt:
+        """One scheduling cycle for ``pod``; with background binds it returns once the pod is assumed
+        (kind ``binding``), the bind going on in a task of its own."""
         namespace, name = objects.pod_key(pod)
-        loop = asyncio.get_running_loop()
         generation = self.generation
         previous = self.attempt(pod)
         candidates, excluded = self._candidates(pod)
         self._inflight = (_ident(pod), [])
         try:
-            return await self._try(pod, namespace, name, loop, generation, previous, candidates, excluded)
+            return await self._try(pod, namespace, name, generation, previous, candidates, excluded)
         finally:
             self._inflight = None
 
@@ -295,20 +335,47 @@ class SchedulerStandIn:
         pod: JsonDict,
         namespace: str,
         name: str,
-        loop: asyncio.AbstractEventLoop,
         generation: int,
         previous: Attempt | None,
         candidates: list[str],
         excluded: Counter[str],
     ) -> Attempt:
+        failures = previous.failures if previous is not None and previous.kind == "error" else 0
         try:
             feasible, failed, resolvable = await self._filter(pod, candidates)
             if not feasible:
                 outcome = await self.preemption.preempt(
-                    pod, sorted(self.nodes), resolvable, list(self.pods.values()), self._event
+                    pod, sorted(self.nodes), resolvable, self._with_assumed(), self._event
                 )
                 return await self._unschedulable(pod, generation, excluded, failed, outcome)
             node = feasible[0] if len(feasible) == 1 else await self._prioritize(pod, feasible)
+        except (_ExtenderError, PreemptionError, aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            return self._error(pod, failures, generation, exc)
+        # kube-scheduler's assume: the pod is on the node in its cache from now on, and the binding cycle
+        # runs on its own while the next pod is scheduled
+        assumed = Attempt(
+            kind="binding",
+            message=f"assumed on {node}, binding",
+            node=node,
+            generation=generation,
+            retry_at=float("inf"),
+            failures=failures,
+        )
+        self.attempts[_ident(pod)] = assumed
+        if not self._background or self._group is None:
+            return await self._bind(pod, assumed)
+        task = self._group.create_task(self._bind(pod, assumed), name=f"standin-bind-{namespace}/{name}")
+        self._binds.add(task)
+        task.add_done_callback(self._binds.discard)
+        return assumed
+
+    async def _bind(self, pod: JsonDict, assumed: Attempt) -> Attempt:
+        """kube-scheduler's binding cycle for a pod assumed on ``assumed.node``: the extender's ``/bind``
+        (it is the binder); on success the ``Scheduled`` Event, on failure
+        :meth:`_forget` (kube-scheduler's ``handleBindingCycleError``)."""
+        namespace, name = objects.pod_key(pod)
+        node = assumed.node
+        try:
             bound = await self._post(
                 "bind",
                 {
@@ -320,27 +387,59 @@ class SchedulerStandIn:
             )
             if bound.get("Error"):
                 raise _ExtenderError(f"bind to {node}: {bound['Error']}")
-        except (_ExtenderError, PreemptionError, aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            failures = previous.failures + 1 if previous is not None and previous.kind == "error" else 1
-            delay = min(self._backoff[0] * 2 ** (failures - 1), self._backoff[1])
-            logger.info("%s/%s: scheduling error (retry in %.1fs): %s", namespace, name, delay, exc)
-            attempt = Attempt(
-                kind="error",
-                message=str(exc),
-                generation=generation,
-                retry_at=loop.time() + delay,
-                failures=failures,
-            )
-            self.attempts[_ident(pod)] = attempt
-            return attempt
+        except (_ExtenderError, aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            return self._forget(pod, assumed, exc)
+        finally:
+            self._changed.set()  # the loop looks again: a slot is free, and a failed pod has a retry time
         logger.info("%s/%s: bound to %s", namespace, name, node)
         message = f"Successfully assigned {namespace}/{name} to {node}"
         attempt = Attempt(
-            kind="bound", message=message, node=node, generation=generation, retry_at=float("inf")
+            kind="bound", message=message, node=node, generation=assumed.generation, retry_at=float("inf")
         )
-        self.attempts[_ident(pod)] = attempt
+        if self.attempts.get(_ident(pod)) is assumed:  # else the pod was deleted meanwhile
+            self.attempts[_ident(pod)] = attempt
         await self._event(pod, "Normal", "Scheduled", attempt.message)
         return attempt
+
+    def _forget(self, pod: JsonDict, assumed: Attempt, exc: Exception) -> Attempt:
+        """The bind failed: the assumed pod leaves its node (for the parked pods an ``AssignedPod/Delete``
+        event, as the room it held is free again) and waits out its backoff, as any error does."""
+        attempt = self._error(pod, assumed.failures, assumed.generation, exc, record=False)
+        if self.attempts.get(_ident(pod)) is not assumed:
+            return attempt  # the pod was deleted meanwhile: nothing to requeue
+        self.attempts[_ident(pod)] = attempt
+        self._event_for_parked("AssignedPod", ["Delete"])
+        return attempt
+
+    def _error(
+        self, pod: JsonDict, errors: int, generation: int, exc: Exception, *, record: bool = True
+    ) -> Attempt:
+        """An error (extender down, bind refused, preemption failed) after ``errors`` consecutive ones:
+        retried after a backoff that doubles with each."""
+        failures = errors + 1
+        delay = min(self._backoff[0] * 2 ** (failures - 1), self._backoff[1])
+        namespace, name = objects.pod_key(pod)
+        logger.info("%s/%s: scheduling error (retry in %.1fs): %s", namespace, name, delay, exc)
+        attempt = Attempt(
+            kind="error",
+            message=str(exc),
+            generation=generation,
+            retry_at=asyncio.get_running_loop().time() + delay,
+            failures=failures,
+        )
+        if record:
+            self.attempts[_ident(pod)] = attempt
+        return attempt
+
+    def _with_assumed(self) -> list[JsonDict]:
+        """Every pod the stand-in knows, an assumed one on its node (kube-scheduler's cache)."""
+        out: list[JsonDict] = []
+        for pod in self.pods.values():
+            last = self.attempt(pod)
+            if last is not None and last.kind == "binding" and not objects.node_name(pod):
+                pod = {**pod, "spec": {**(pod.get("spec") or {}), "nodeName": last.node}}
+            out.append(pod)
+        return out
 
     async def _filter(
         self, pod: JsonDict, candidates: list[str]

@@ -88,6 +88,9 @@ class SystemOptions:
     #: hints are on (SchedulerQueueingHints).
     flush_after: float = 60.0
     queueing_hints: bool = True
+    #: The kube-scheduler stand-in binds in the background as kube-scheduler does (its binding cycle
+    #: runs on its own while the next pod is scheduled); False waits for each bind before the next pod.
+    background_binds: bool = True
     #: Extra flags for ``hami scheduler`` (e.g. ``--wake-pending=false``).
     scheduler_args: tuple[str, ...] = ()
 
@@ -202,6 +205,7 @@ class EmbeddedSystem:
             warn_other_schedulers=True,  # the only scheduler here: other schedulers' pods are told so
             flush_after=self.options.flush_after,
             queueing_hints=self.options.queueing_hints,
+            background_binds=self.options.background_binds,
         )
         self._scheduler_task = asyncio.create_task(self.scheduler.run(), name="kube-scheduler-standin")
         self.stack.push_async_callback(self._stop_scheduler_standin)

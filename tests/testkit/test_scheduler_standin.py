@@ -7,6 +7,7 @@ apiserver. The extender's /bind creates the Binding, as ours does.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -31,6 +32,8 @@ class FakeExtender:
         self.prioritize: Reply = lambda args: [{"Host": n, "Score": 0} for n in args["NodeNames"]]
         self.preempt: Reply = lambda args: {"NodeNameToMetaVictims": {}}
         self.bind_error = ""
+        self.bind_errors: dict[str, str] = {}  # pod name -> the Error its binds answer
+        self.held: dict[str, asyncio.Event] = {}  # pod name -> its binds answer once this is set
 
     async def handle(self, request: web.Request) -> web.Response:
         verb = request.match_info["verb"]
@@ -42,8 +45,10 @@ class FakeExtender:
             return web.json_response(self.prioritize(args))
         if verb == "preempt":
             return web.json_response(self.preempt(args))
-        if self.bind_error:
-            return web.json_response({"Error": self.bind_error})
+        if args["PodName"] in self.held:
+            await self.held[args["PodName"]].wait()
+        if self.bind_error or args["PodName"] in self.bind_errors:
+            return web.json_response({"Error": self.bind_error or self.bind_errors[args["PodName"]]})
         binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": args["PodName"]},
                    "target": {"kind": "Node", "name": args["Node"]}}  # fmt: skip
         await self.apiserver.post(pods_path(args["PodNamespace"], args["PodName"], "binding"), json=binding)
@@ -51,6 +56,11 @@ class FakeExtender:
 
     def verbs(self) -> list[str]:
         return [verb for verb, _ in self.calls]
+
+    def sent(self, verb: str) -> list[str]:
+        """The pods each call of ``verb`` was about, in order."""
+        return [args["PodName"] if verb == "bind" else args["Pod"]["metadata"]["name"]
+                for v, args in self.calls if v == verb]  # fmt: skip
 
 
 @pytest.fixture
@@ -68,15 +78,29 @@ async def extender(apiserver: kmock.KubernetesEmulator) -> AsyncIterator[tuple[F
 async def standin(
     apiserver: kmock.KubernetesEmulator, extender: tuple[FakeExtender, str]
 ) -> AsyncIterator[SchedulerStandIn]:
+    try:
+        async with _running(apiserver, extender[1]) as scheduler:
+            yield scheduler
+    finally:
+        for held in extender[0].held.values():  # a bind the test left waiting answers, and its handler ends
+            held.set()
+
+
+@contextlib.asynccontextmanager
+async def _running(
+    apiserver: kmock.KubernetesEmulator, url: str, **options: Any
+) -> AsyncIterator[SchedulerStandIn]:
     async with aiohttp.ClientSession() as session:
         scheduler = SchedulerStandIn(
-            SimApi(session, str(apiserver.url)), session, extender[1], backoff=(0.05, 0.2)
+            SimApi(session, str(apiserver.url)), session, url, backoff=(0.05, 0.2), **options
         )
         task = asyncio.create_task(scheduler.run())
-        yield scheduler
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+        try:
+            yield scheduler
+        finally:
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
 
 
 async def _node(apiserver: kmock.KubernetesEmulator, name: str, **labels: str) -> None:
@@ -445,3 +469,138 @@ async def test_a_pod_naming_a_scheduler_that_does_not_run_gets_one_warning(
     assert [e["reason"] for e in _events(apiserver, "ours")] == ["Scheduled"]
     assert _events(apiserver, "bound") == []
     assert "nodeName" not in (await _stored(apiserver, "plain"))["spec"]
+
+
+# ------------------------------------------------------------- kube-scheduler's binding cycle
+
+
+def _bind_tasks() -> list[asyncio.Task[Any]]:
+    return [t for t in asyncio.all_tasks() if t.get_name().startswith("standin-bind")]
+
+
+async def _kind(standin: SchedulerStandIn, name: str, kind: str) -> bool:
+    def probe() -> bool:
+        attempt = standin.attempts.get(f"uid-{name}")
+        return attempt is not None and attempt.kind == kind
+
+    return await eventually(probe, f"{name}'s attempt to be {kind}", within=10)
+
+
+async def test_the_next_pod_is_scheduled_while_a_bind_is_in_flight(
+    apiserver: kmock.KubernetesEmulator, extender: tuple[FakeExtender, str], standin: SchedulerStandIn
+) -> None:
+    """kube-scheduler binds in a goroutine of its own: the next scheduling cycle does not wait for it."""
+    fake, _ = extender
+    await _node(apiserver, "n1")
+    fake.held["p1"] = asyncio.Event()
+    await _pod(apiserver, "p1")
+    await eventually(lambda: fake.sent("bind") == ["p1"], "p1's bind to reach the extender", within=10)
+    await _pod(apiserver, "p2")
+    assert await _bound(apiserver, "p2") == "n1"  # while p1's bind still waits
+    attempt = standin.attempts["uid-p1"]
+    assert (attempt.kind, attempt.node) == ("binding", "n1")  # assumed on n1, not yet bound
+    assert "nodeName" not in (await _stored(apiserver, "p1"))["spec"]
+    assert fake.sent("filter") == ["p1", "p2"]  # p1 was not tried again while assumed
+    fake.held["p1"].set()
+    assert await _bound(apiserver, "p1") == "n1"
+    assert fake.sent("bind") == ["p1", "p2"]
+    await eventually(lambda: _events(apiserver, "p1"), "p1's Event", within=10)
+    assert [e["reason"] for e in _events(apiserver, "p1")] == ["Scheduled"]
+
+
+async def test_a_failed_background_bind_forgets_the_pod_and_requeues_it(
+    apiserver: kmock.KubernetesEmulator, extender: tuple[FakeExtender, str], standin: SchedulerStandIn
+) -> None:
+    """kube-scheduler's handleBindingCycleError: the assumed pod is forgotten (an AssignedPod/Delete
+    event for the parked pods: the room it held is free again) and goes to the backoff queue."""
+    fake, _ = extender
+    await _node(apiserver, "n1")
+    fake.filter = lambda args: (
+        _full(args["NodeNames"]) if args["Pod"]["metadata"]["name"] == "parked"
+        else {"NodeNames": args["NodeNames"]}
+    )  # fmt: skip
+    await _pod(apiserver, "parked")
+    await _settled(standin, "parked")
+    fake.held["p1"] = asyncio.Event()
+    fake.bind_errors["p1"] = "node n1 has been locked within 5m0s"
+    await _pod(apiserver, "p1")
+    await _kind(standin, "p1", "binding")
+    assert standin.requeued_by(standin.pods[("default", "parked")]) == []
+    fake.held["p1"].set()
+    await _kind(standin, "p1", "error")
+    attempt = standin.attempts["uid-p1"]
+    assert "locked" in attempt.message and attempt.failures == 1
+    assert "AssignedPod/Delete" in standin.requeued_by(standin.pods[("default", "parked")])
+    await eventually(lambda: fake.sent("bind").count("p1") >= 2, "p1's bind to be retried", within=10)
+    assert standin.attempts["uid-p1"].failures >= 2  # backoff doubles with each failed bind
+    del fake.bind_errors["p1"]
+    assert await _bound(apiserver, "p1") == "n1"
+
+
+async def test_an_assumed_pod_counts_on_its_node_for_the_next_pods_preemption(
+    apiserver: kmock.KubernetesEmulator, extender: tuple[FakeExtender, str], standin: SchedulerStandIn
+) -> None:
+    """The assumed pod is in kube-scheduler's cache on its node: a higher-priority pod that no node takes
+    finds it there as a possible victim while its bind is still in flight."""
+    fake, _ = extender
+    await _node(apiserver, "n1")
+    fake.held["low"] = asyncio.Event()
+    await _pod(apiserver, "low", priority=10)
+    await _kind(standin, "low", "binding")
+    fake.filter = lambda args: _full(args["NodeNames"])
+    await _pod(apiserver, "urgent", priority=100)
+    await _settled(standin, "urgent")
+    (preempt,) = [args for verb, args in fake.calls if verb == "preempt"]
+    assert preempt["Pod"]["metadata"]["name"] == "urgent"
+    assert preempt["NodeNameToMetaVictims"] == {"n1": {"Pods": [], "NumPDBViolations": 0}}
+    assert "nodeName" not in (await _stored(apiserver, "low"))["spec"]  # still only assumed
+    fake.held["low"].set()
+    assert await _bound(apiserver, "low") == "n1"
+
+
+async def test_binds_in_flight_are_capped_and_serial_binds_remain_a_switch(
+    apiserver: kmock.KubernetesEmulator, extender: tuple[FakeExtender, str]
+) -> None:
+    fake, url = extender
+    await _node(apiserver, "n1")
+    modes: list[tuple[str, dict[str, Any]]] = [
+        ("cap", {"max_binding": 1}),
+        ("serial", {"background_binds": False}),
+    ]
+    for label, options in modes:
+        first, second = f"{label}-first", f"{label}-second"
+        fake.held[first] = asyncio.Event()
+        try:
+            async with _running(apiserver, url, **options) as standin:
+                await _pod(apiserver, first)
+                await eventually(lambda: first in fake.sent("bind"), "the first bind", within=10)  # noqa: B023
+                await _pod(apiserver, second)
+                await eventually(lambda: ("default", second) in standin.pods, "the stand-in to see it")  # noqa: B023
+                assert second not in fake.sent("filter")  # it waits until the first bind is done
+                fake.held[first].set()
+                assert await _bound(apiserver, second) == "n1"
+                assert await _bound(apiserver, first) == "n1"
+                assert fake.sent("bind")[-2:] == [first, second]
+        finally:
+            fake.held[first].set()
+
+
+async def test_stopping_the_stand_in_cancels_every_bind_in_flight(
+    apiserver: kmock.KubernetesEmulator, extender: tuple[FakeExtender, str]
+) -> None:
+    fake, url = extender
+    await _node(apiserver, "n1")
+    fake.held["p1"] = asyncio.Event()
+    try:
+        async with _running(apiserver, url) as standin:
+            await _pod(apiserver, "p1")
+            await eventually(
+                lambda: fake.sent("bind") == ["p1"], "p1's bind to reach the extender", within=10
+            )
+            (task,) = _bind_tasks()
+            assert standin.binding == 1
+        assert task.cancelled()
+        assert _bind_tasks() == []
+        assert standin.binding == 0
+    finally:
+        fake.held["p1"].set()
