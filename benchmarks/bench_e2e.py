@@ -45,7 +45,8 @@ Target rows (issue 24): at 1,000 nodes ≥ 100 pods/s sustained to Running with 
 the run's CPU, and the scheduler ≤ 2 ms CPU per scheduled pod. Sizes: ``HAMI_BENCH_E2E_SIZES`` (default
 ``100,1000``); pods per row ``HAMI_BENCH_E2E_PODS`` (default 300); rate
 ``HAMI_BENCH_E2E_RATE`` (default 100); the stand-in's binds ``HAMI_BENCH_E2E_BINDS`` (``background``, the
-default, or ``serial``).
+default, or ``serial``); extra ``hami scheduler`` flags ``HAMI_BENCH_E2E_SCHEDULER_ARGS`` (e.g.
+``--node-lock-wait=5``).
 """
 
 from __future__ import annotations
@@ -431,6 +432,7 @@ async def measure(nodes: int, count: int, rate: float) -> Row:
         fleet=True,
         ready_limit=900.0,
         background_binds=_binds() == "background",
+        scheduler_args=tuple(os.environ.get("HAMI_BENCH_E2E_SCHEDULER_ARGS", "").split()),
     )
     spread = os.environ.get("HAMI_START_SPREAD")
     os.environ["HAMI_START_SPREAD"] = "10"  # the fleet child reads it (Supervisor copies the environment)
