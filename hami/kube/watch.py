@@ -14,13 +14,16 @@ without this module knowing about metrics. Stopping is not a restart.
 
 Dispatch, on the loop, one object at a time (like client-go's informer): each listed object goes to
 ``on_event("ADDED", obj)``, then ``on_list(applied)`` says the list is complete (``applied``: the listed
-objects that were handled; the consumer forgets every other object and counts itself synced); each
-watch event goes to ``on_event``. An exception from the handler for ONE object never aborts the list or
-the watch: the object is skipped (a listed one is left out of ``applied``), logged with its kind, name
-and reason, counted in ``skipped``, and reported to ``on_skip(kind, obj, error)`` (the caller records
-a Warning Event on it) once per object and reason until the object is handled well again or deleted.
-Imports ``hami.kube.client``, ``hami.kube.protocol``, ``hami.objects`` and ``urllib3``; nothing above
-``hami.kube``.
+objects that were handled; the consumer forgets every other object and counts itself synced); each watch
+event goes to ``on_event``. ``on_listing()``, when given, is delivered before each list request is sent,
+so it runs on the loop before anything the loop does after the API server took that list (what the
+consumer did since then may be newer than the list: the scheduler keeps the bookings bind made since,
+docs/scheduler.md, "The live view of the cluster"). An exception from the handler for ONE object never
+aborts the list or the watch: the object is skipped (a listed one is left out of ``applied``), logged
+with its kind, name and reason, counted in ``skipped``, and reported to ``on_skip(kind, obj, error)``
+(the caller records a Warning Event on it) once per object and reason until the object is handled well
+again or deleted. Imports ``hami.kube.client``, ``hami.kube.protocol``, ``hami.objects`` and
+``urllib3``; nothing above ``hami.kube``.
 """
 
 from __future__ import annotations
@@ -100,6 +103,7 @@ class ListWatcher:
         on_error: ErrorCallback | None = None,
         on_restart: RestartCallback | None = None,
         on_skip: SkipCallback | None = None,
+        on_listing: Callable[[], None] | None = None,
         watch_seconds: int = 300,
         backoff: float = 1.0,
         field_selector: str | None = None,
@@ -113,6 +117,7 @@ class ListWatcher:
         self._on_error = on_error
         self._on_restart = on_restart
         self._on_skip = on_skip
+        self._on_listing = on_listing
         self._watch_seconds = watch_seconds
         self._backoff = backoff
         self._stopping = threading.Event()
@@ -221,6 +226,8 @@ class ListWatcher:
                 self._stopping.wait(self._backoff)
 
     def _list(self) -> str:
+        if self._on_listing is not None:  # on the loop before the request leaves: before the list is taken
+            self._deliver(self._on_listing)
         try:
             response = self._call(
                 _preload_content=False, _request_timeout=timeout_of(self._api), **self._selector

@@ -118,6 +118,8 @@ class Snapshot:
         self.generation = 0  # bumped by every change a decision may read
         self.nodes_synced = False
         self.pods_synced = False
+        #: the bookings made before the pod list being taken now (None: no list in flight)
+        self._listing_mark: int | None = None
         self.pod_events = 0
         self.node_events = 0
 
@@ -186,10 +188,20 @@ class Snapshot:
             self._upsert_pod(obj)
         self.pods_listed(listed)
 
+    def pods_listing(self) -> None:
+        """A pod list is about to be taken: the bookings made from now on are newer than it."""
+        self._listing_mark = self.bookings.mark()
+
     def pods_listed(self, items: Iterable[Mapping[str, Any]]) -> None:
         """A pod list is complete and each of ``items`` already came through :meth:`pod_event`: forget
-        every other pod (one the watcher skipped included)."""
+        every other pod (one the watcher skipped included), but for the pods bind booked after the list
+        was taken (:meth:`pods_listing`): a pod created after the list is not in it, and the watch that
+        follows the list shows it (confirming or forgetting its booking). Forgotten at the list's
+        arrival, its cards and its namespace's quota counted as free until that watch caught up."""
         seen = {objects.pod_key(obj) for obj in items}
+        if self._listing_mark is not None:
+            seen |= self.bookings.booked_since(self._listing_mark)
+            self._listing_mark = None
         for key in [k for k in self.pods.keys() | self.bookings.keys() if k not in seen]:
             self._forget(key)
         self.pods_synced = True

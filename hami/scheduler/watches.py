@@ -93,6 +93,7 @@ def watchers(ctx: Context, loop: asyncio.AbstractEventLoop) -> dict[Kind, ListWa
             on_event=_counted(ctx, kind, on_event),
             on_restart=ctx.metrics.watch_restarted(resource),
             on_skip=on_skip,
+            on_listing=snapshot.pods_listing if resource == "pods" else None,
         )
         for resource, kind, on_list, on_event in feeds
     }

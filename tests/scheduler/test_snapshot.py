@@ -145,6 +145,27 @@ def test_relists_forget_what_is_gone() -> None:
     assert snapshot.problem("n2", LOCAL_NOW) == "node unregistered"
 
 
+def test_a_relist_keeps_the_bookings_made_after_it_was_taken() -> None:
+    """docs/scheduler.md, "The live view of the cluster": a pod booked after the list was taken (created
+    after it, so not in it) still counts when the list arrives; a booking older than the list whose pod
+    the list lacks is forgotten (the pod was deleted). Was: both forgotten, the cards free until the
+    watch caught up (tests/integrity/test_relist.py: a quota over-committed)."""
+    text = "GPU-n1-0,NVIDIA,3000,30:;"
+    record = PodRecord(
+        node="n1", usage=pod_usage(decode_pod_devices(text), 0, init_done=False), allocated=text
+    )
+    snapshot = _snapshot(make_node("n1", cards=1))
+    snapshot.book(("default", "old"), record)  # its pod is deleted before the list is taken
+    snapshot.pods_listing()
+    snapshot.book(("default", "new"), record)
+    snapshot.replace_pods([])
+    assert _used(snapshot, "n1") == [(1, 3000, 30)]
+    assert snapshot.record(("default", "new")) == record
+    assert snapshot.record(("default", "old")) is None
+    snapshot.replace_pods([])  # a later list with no listing mark: nothing booked since it
+    assert _used(snapshot, "n1") == [(0, 0, 0)]
+
+
 def test_malformed_registrations_are_reported_once_per_text() -> None:
     reports: list[tuple[str, str]] = []
     snapshot = _snapshot(
