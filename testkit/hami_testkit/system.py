@@ -83,6 +83,10 @@ class SystemOptions:
     #: Run every node's agent in one process (``python -m nodeagent.fleet``) instead of one
     #: ``hami-node-agent`` per node: the agents' own code, one API client and one pod watch for all.
     fleet: bool = False
+    #: With ``fleet``, how many fleet processes share the nodes (contiguous slices, as even as can be):
+    #: 1 is ``agent-fleet``; more are ``agent-fleet-0`` ... , so a share of the agents can be restarted
+    #: at once (:meth:`EmbeddedSystem.restart_fleet`).
+    fleets: int = 1
     #: The kube-scheduler stand-in's queue (docs/scheduler.md, "Waking pending pods"): how long a parked
     #: pod waits for the flush (kube-scheduler's podMaxInUnschedulablePodsDuration) and whether queueing
     #: hints are on (SchedulerQueueingHints).
@@ -233,8 +237,9 @@ class EmbeddedSystem:
 
         await self._wait(sockets, "the kubelet stand-in's kubelet.sock on every node", KUBELET)
         if self.options.fleet:
-            names = [FLEET]
-            await self.supervisor.start(FLEET, self.fleet_argv())
+            names = list(self.fleet_nodes())
+            for name, nodes in self.fleet_nodes().items():
+                await self.supervisor.start(name, self.fleet_argv(nodes, name))
         else:
             for node in self.cluster.nodes:
                 files = self.node_files[node.name]
@@ -246,10 +251,36 @@ class EmbeddedSystem:
             f"monitors    {len(self.cluster.nodes)} node agents {how} registered, device plugins serving"
         )
 
-    def fleet_argv(self) -> list[str]:
-        """``python -m nodeagent.fleet`` for every node, its fleet file written beside the node files."""
+    def fleet_nodes(self) -> dict[str, list[str]]:
+        """Each fleet process's name and its nodes (``SystemOptions.fleets`` contiguous slices)."""
+        names = [node.name for node in self.cluster.nodes]
+        count = max(1, min(self.options.fleets, len(names) or 1))
+        if count == 1:
+            return {FLEET: names}
+        size, extra = divmod(len(names), count)
+        out, start = {}, 0
+        for index in range(count):
+            end = start + size + (1 if index < extra else 0)
+            out[f"{FLEET}-{index}"] = names[start:end]
+            start = end
+        return out
+
+    async def restart_fleet(self, name: str, *, kill: bool = True) -> None:
+        """Stop one fleet process (SIGKILL when ``kill``, as a crash: every agent in it at once) and
+        start it again with the same nodes; returns once it is started (its nodes re-register on their
+        own, as restarted agents do)."""
+        nodes = self.fleet_nodes()[name]
+        await self.supervisor.stop(name, sig=signal.SIGKILL if kill else signal.SIGTERM)
+        await self.supervisor.start(name, self.fleet_argv(nodes, name))
+
+    def fleet_argv(self, nodes: list[str] | None = None, name: str = FLEET) -> list[str]:
+        """``python -m nodeagent.fleet`` for ``nodes`` (every node by default), its fleet file written
+        beside the node files."""
         entries = []
+        wanted = set(nodes) if nodes is not None else None
         for node in self.cluster.nodes:
+            if wanted is not None and node.name not in wanted:
+                continue
             files = self.node_files[node.name]
             entry: dict[str, str] = {
                 "name": node.name,
@@ -260,10 +291,10 @@ class EmbeddedSystem:
             if files.hook is not None:
                 entry |= {"hook_path": str(files.hook), "lock_dir": str(files.hook / "vgpulock")}
             entries.append(entry)
-        fleet_file = self.workdir / "fleet.yaml"
+        fleet_file = self.workdir / ("fleet.yaml" if name == FLEET else f"{name}.yaml")
         fleet_file.write_text(yaml.safe_dump({"nodes": entries}, sort_keys=False), encoding="utf-8")
         metrics = self.ports.take()
-        self.metrics_urls[FLEET] = f"http://127.0.0.1:{metrics}/metrics"
+        self.metrics_urls[name] = f"http://127.0.0.1:{metrics}/metrics"
         return python_argv(
             "-m", "nodeagent.fleet",
             "--fleet", str(fleet_file),
