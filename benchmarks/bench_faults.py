@@ -496,7 +496,7 @@ async def measure() -> list[Row]:
     only = set(os.environ.get("HAMI_BENCH_FAULTS_ONLY", "a,b,c").split(","))
     rows: list[Row] = []
     if "a" in only:
-        rows += await relist_rows(_env("NODES", 5000), _env("PODS", 50000), _env("STREAM", 300))
+        rows += await relist_rows(_env("NODES", 1000), _env("PODS", 10000), _env("STREAM", 120))
     if "b" in only:
         rows += await restart_rows(_env("FLEET_NODES", 200), _env("RESTART_PODS", 150))
     if "c" in only:

@@ -176,7 +176,10 @@ class WatchProxy:
                 return web.Response(status=upstream.status, body=payload, content_type=upstream.content_type)
             response = web.StreamResponse(status=upstream.status)
             response.content_type = upstream.content_type
-            await response.prepare(request)
+            try:
+                await response.prepare(request)
+            except ConnectionError:  # the caller gave up (its read timeout) before the answer came
+                return response
             streams = self._streams.setdefault(resource, set()) if resource and watching else None
             if streams is not None:
                 streams.add(upstream)
