@@ -23,7 +23,7 @@ resume answered ``410 Gone``): the scheduler lists every pod again while binds g
 fleet`` with the fleet split over ten processes (``SystemOptions.fleets``); ``RESTART_PODS`` GPU pods drawn
 from openb (``benchmarks/bench_e2e.py``'s draw) are created at ``RATE`` pods/s; a third of the way in, one
 fleet process (a tenth of the nodes) is killed (SIGKILL) and started again. Waits until every pod is
-Running, or none has started for ``STALL`` s. Also reported: node locks left at the end. Baseline: the
+Running, or none has changed for ``STALL`` s. Also reported: node locks left at the end. Baseline: the
 same number of pods, before, with no restart.
 
 **c. Quota burst.** The same system (one fleet process) with ``BURST_NODES`` nodes; namespace ``burst``
@@ -70,7 +70,7 @@ TRIES = 3
 RELISTS = 2
 FLEETS = 10
 RATE = 20.0
-STALL = 60.0
+STALL = 90.0  # longer than the kube-scheduler stand-in's flush of parked pods (60 s in the embedded system)
 LIMIT = 1200.0
 IN_FLIGHT = 32
 BURST_QUOTA = 50
@@ -344,6 +344,14 @@ async def _settle(system: EmbeddedSystem, api: SimApi, namespace: str, count: in
         await asyncio.sleep(1.0)
 
 
+def _why_pending(verdict: Audit) -> str:
+    """The most common reason a pod is still Pending, if any is."""
+    if not verdict.pending_reasons:
+        return ""
+    reason, count = max(verdict.pending_reasons.items(), key=lambda item: item[1])
+    return f"; Pending: {count} x {reason[:160]!r}"
+
+
 def _locks(nodes: list[Any]) -> int:
     return sum(bool(((n.get("metadata") or {}).get("annotations") or {}).get(NODE_LOCK)) for n in nodes)
 
@@ -404,7 +412,7 @@ async def restart_rows(nodes: int, count: int) -> list[Row]:
                     scale = (
                         f"{nodes} fleet nodes, {len(fleets)} processes; {len(batch)} openb pods, {RATE:g}/s"
                     )
-                    note = f"node locks left: {_locks(node_list)}"
+                    note = f"node locks left: {_locks(node_list)}" + _why_pending(verdict)
                     rows.append(Row(label, scale, len(batch), verdict, rss.triple, seconds, note))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -54,6 +54,8 @@ class Audit:
     running: int = 0
     bound_waiting: int = 0  # bound (or bind in flight), not Running yet
     pending_with_reason: int = 0
+    #: the reason each of those pods is Pending (kube-scheduler's message) -> how many
+    pending_reasons: dict[str, int] = field(default_factory=dict)
     #: per namespace with a quota: (memory used, memory limit, cores used, cores limit)
     quota_use: dict[str, tuple[int, int | None, int, int | None]] = field(default_factory=dict)
 
@@ -186,8 +188,9 @@ def audit(
             out.lost.append(f"pod {label}: {_phase(found)} ({(found.get('status') or {}).get('reason')})")
         elif _holding(found) is not None:
             out.bound_waiting += 1
-        elif _reason(found) is not None:
+        elif (reason := _reason(found)) is not None:
             out.pending_with_reason += 1
+            out.pending_reasons[reason] = out.pending_reasons.get(reason, 0) + 1
         else:
             out.lost.append(f"pod {label}: Pending with no reason")
     return out

@@ -70,6 +70,7 @@ def test_lost_pods_are_flagged_and_pending_pods_with_a_reason_are_not() -> None:
     expected = [("ns", "w"), ("ns", "s"), ("ns", "f"), ("ns", "gone")]
     verdict = audit([NODE], [waiting, silent, failed], [], expected)
     assert verdict.pending_with_reason == 1
+    assert verdict.pending_reasons == {"quota": 1}
     assert sorted(verdict.lost) == [
         "pod ns/f: Failed (UnexpectedAdmissionError)",
         "pod ns/gone: gone",
