@@ -30,7 +30,8 @@ Measured per phase (GPU pods, then baseline), with no instrument inside our comp
 * **API calls per pod** by sender (each component has its own token; the same wrapper counts them);
 * **CPU seconds per pod** of each process (user + system, every thread, ``/proc/<pid>/stat``): the
   scheduler, the webhook and the fleet (ours); the kubelet stand-in; and this process (the API server
-  emulator, the admission / kube-scheduler / workload stand-ins and this driver);
+  emulator, the admission / kube-scheduler / workload stand-ins and this driver); the scheduler's
+  ``/metrics``, read for its bind outcomes before and after each phase, is scraped outside that window;
 * what bounds throughput: the kube-scheduler stand-in runs one scheduling cycle at a time (``/filter``,
   ``/prioritize``, pick a node, assume) and each pod's ``/bind`` in a task of its own, as kube-scheduler
   runs its binding cycle in a goroutine (at most ``hami_testkit.scheduler_standin.MAX_BINDING`` in
@@ -352,11 +353,13 @@ async def run_phase(
     rate: float,
 ) -> Phase:
     procs = _processes(system)
+    # scraped before the CPU is read: a scrape of every card's gauges is not the pods' cost (at 1,000
+    # nodes it took the scheduler about 2 s of CPU, as much as a hundred pods)
+    metrics0 = await scheduler_counters(system.session, system.metrics_urls[SCHEDULER])
     cpu0 = {label: read() for label, read in procs.items()}
     calls0 = collections.Counter(tap.calls)
     holds0, busy0, verbs0 = len(tap.holds), clock.attempts, dict(clock.verbs)
     binds0, nodes0, waits0 = len(clock.binds), len(clock.nodes), system.scheduler.bind_waits
-    metrics0 = await scheduler_counters(system.session, system.metrics_urls[SCHEDULER])
     created: dict[str, float] = {}
     limiter = asyncio.Semaphore(IN_FLIGHT)
     names = [p["metadata"]["name"] for p in pods]

@@ -7,8 +7,10 @@ test API server), decoding raw JSON responses (``_preload_content=False``: objec
 dicts, never as client model classes) and the error hierarchy (:class:`KubeError`, :class:`NotFound`,
 :class:`Conflict`). Errors a person sees read as one line saying what to do: an unusable or absent
 kubeconfig is ``Config: ...``, a connection never made (refused, unknown host, TLS) ``Unreachable: ...``
-naming the server (:func:`check_reachable` asks once at a service's start-up). What callers may use of
-the client object is :class:`~hami.kube.protocol.KubeApi`. Imports: ``kubernetes``, ``urllib3``,
+naming the server (:func:`check_reachable` asks once at a service's start-up). The loaders' credential
+refresh hook, which the client runs before every request, runs at most once a second
+(:class:`RefreshAtMost`). What callers may use of the client object is
+:class:`~hami.kube.protocol.KubeApi`. Imports: ``kubernetes``, ``urllib3``,
 ``hami.kube.protocol``; nothing from ``hami.scheduler`` or above.
 """
 
@@ -18,6 +20,8 @@ import asyncio
 import importlib.metadata
 import json
 import os
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -95,11 +99,58 @@ def load_api_client(
                     "pass --kubeconfig FILE (or set KUBECONFIG)",
                 ) from None
             _load_kubeconfig(configuration, None)
+    RefreshAtMost.install(configuration)
     configuration.retries = urllib3.Retry(total=2, connect=2, read=0, status=0, other=0, redirect=2)
     configuration.connection_pool_maxsize = 64
     api = HamiApiClient(configuration, request_timeout=request_timeout)
     api.user_agent = f"{component}/{_version()}"
     return api
+
+
+class RefreshAtMost:
+    """A configuration's ``refresh_api_key_hook``, run at most once every ``every`` seconds.
+
+    The client calls the hook before every request. Both loaders' hooks re-read an expiring credential
+    only when it is due (the kubeconfig's five minutes before its expiry, the in-cluster token file
+    every minute) but re-apply the whole configuration on every call, ``host`` included, whose setter
+    reads every proxy variable of the environment: CPU on each request, for nothing between refreshes.
+    A loader's hook installs a new hook of its own each time it runs; that one becomes the inner hook
+    and this wrapper stays installed. A hook that fails is tried again on the next request."""
+
+    def __init__(
+        self, hook: Callable[[Any], None], *, every: float = 1.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._hook = hook
+        self._every = every
+        self._clock = clock
+        self._due = float("-inf")
+        self._guard = threading.Lock()  # the client's worker threads call it at once
+
+    @classmethod
+    def install(cls, configuration: Any, **kwargs: Any) -> None:
+        """Wrap ``configuration``'s hook, when it has one that is not wrapped already."""
+        hook = getattr(configuration, "refresh_api_key_hook", None)
+        if hook is not None and not isinstance(hook, cls):
+            configuration.refresh_api_key_hook = cls(hook, **kwargs)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> RefreshAtMost:
+        return self  # a copied configuration shares it (a lock cannot be copied; hooks are functions)
+
+    def __call__(self, configuration: Any) -> None:
+        if self._clock() < self._due:
+            return
+        with self._guard:
+            now = self._clock()
+            if now < self._due:
+                return
+            try:
+                self._hook(configuration)
+            finally:
+                fresh = getattr(configuration, "refresh_api_key_hook", None)
+                if fresh is not None and fresh is not self:
+                    self._hook = fresh
+                configuration.refresh_api_key_hook = self
+            self._due = now + self._every
 
 
 def _load_kubeconfig(configuration: Any, path: str | None) -> None:

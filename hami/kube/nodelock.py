@@ -21,7 +21,9 @@ contention``; an unreadable value is :class:`NodeLockUnreadable` instead, as HAM
 error rather than contention: not waited for (it never changes by itself) and never taken over (nobody
 can tell who holds it, or since when). Release removes the key only when this pod
 owns it (or it is a legacy value, which anyone may release), and, given ``value``, only while the
-lock still carries exactly that value. A lock value that is not a string is unreadable too; the
+lock still carries exactly that value. A caller that has just read the Node may hand it over (``read``):
+the first try decides on it instead of reading it again (the compare-and-set still applies only to the
+value as read; a lost race re-reads). A lock value that is not a string is unreadable too; the
 holder pod is read through :mod:`hami.objects` (a field of the wrong JSON type reads as absent).
 Imports ``hami.kube`` modules, :mod:`hami.objects` and the codec only.
 """
@@ -49,7 +51,7 @@ from hami.kube.client import KubeError, NotFound
 from hami.kube.nodes import annotation_cas, get_node, json_patch_node
 from hami.kube.pods import get_pod, pointer
 from hami.kube.protocol import KubeApi
-from hami.objects import RawMeta, RawPod
+from hami.objects import RawMeta, RawNode, RawPod
 
 logger = logging.getLogger(__name__)
 
@@ -187,9 +189,11 @@ async def take_node_lock(
     expiry: datetime.timedelta = DEFAULT_EXPIRY,
     refresh: bool = False,
     bind_timeout: datetime.timedelta | None = None,
+    read: RawNode | None = None,
 ) -> LockGrant:
     """Take the lock on ``node`` for ``namespace/pod`` (``refresh``: rewrite it with ``now`` when
-    this pod already holds it under another value; ``bind_timeout``: see :func:`orphan_reason`).
+    this pod already holds it under another value; ``bind_timeout``: see :func:`orphan_reason`;
+    ``read``: the Node as the caller has just read it, decided on in the first try instead of a read).
 
     Raises :class:`NodeLockBusy` when a live holder has it, :class:`NodeLockUnreadable` when its value
     cannot be read, :class:`~hami.kube.client.NotFound` when the node is gone, and :class:`KubeError`
@@ -199,7 +203,8 @@ async def take_node_lock(
     value = encode_node_lock(NodeLockValue(time=now, namespace=namespace, name=pod))
     busy = f"node {node} has been locked within {go_duration(expiry)}"
     for _ in range(CAS_ATTEMPTS):
-        obj = await get_node(api, node)
+        obj = read if read is not None else await get_node(api, node)
+        read = None  # a retry after a lost race reads again
         metadata = objects.meta(obj)  # as stored: the compare-and-set echoes it
         current = _lock_value(node, metadata)
         takeover = None

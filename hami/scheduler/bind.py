@@ -10,7 +10,8 @@ The pod's request comes from its scheduling cycle (:mod:`hami.scheduler.cycle`):
 the pod read here is the same version, else read from this version; the cycle ends when the bind
 succeeds. Order for a GPU pod: read the pod; fail fast when it cannot fit (no lock taken; skipped when
 filter found it fits on the same unchanged snapshot); take the node lock (``hami.scheduler.bindlock``,
-compare-and-set in ``hami.kube.nodelock``; every pod with a GPU request, init-only ones included) —
+compare-and-set in ``hami.kube.nodelock``, whose first try decides on the Node as read in HAMi's step 2
+rather than reading it again; every pod with a GPU request, init-only ones included) —
 waiting for a busy lock happens outside the node's decision queue, in a per-node line of waiters of which
 only the head polls, up to ``--node-lock-wait`` (PodGroup members ``--node-lock-retry-timeout``) and
 never past the deadline; re-read the pod and judge it again (a new version is decided with its own
@@ -79,7 +80,7 @@ from hami.kube.pods import (
     unchanged_tests,
     write_operations,
 )
-from hami.objects import RawPod
+from hami.objects import RawNode, RawPod
 from hami.scheduler.attempt import (
     Attempt,
     BindFailure,
@@ -155,7 +156,7 @@ async def _bind(ctx: Context, att: Attempt) -> ExtenderBindingResult:
     if request is None:
         return _failed(ctx, pod, att.node, str(cycle.error), "invalid")
     try:
-        await _node_exists(ctx, att)
+        node = await _node_exists(ctx, att)
     except (KubeError, BindFailure) as exc:
         if locks_node(request):
             await abandon(ctx, att, pod, mark=True)
@@ -168,7 +169,11 @@ async def _bind(ctx: Context, att: Attempt) -> ExtenderBindingResult:
         if not cycle.known_fit(ctx.snapshot, att.node, ctx.clock(), priority):
             _decide(ctx, request, att.node, att.key, priority)
         att.grant = await acquire(
-            ctx, att, lambda: _decide(ctx, request, att.node, att.key, priority), wait=lock_wait(ctx, pod)
+            ctx,
+            att,
+            lambda: _decide(ctx, request, att.node, att.key, priority),
+            wait=lock_wait(ctx, pod),
+            read=node,  # the lock's first try decides on this read: one node read per bind
         )
     except (KubeError, BindFailure) as exc:
         await abandon(ctx, att, pod, mark=True)
@@ -187,11 +192,12 @@ async def _bind(ctx: Context, att: Attempt) -> ExtenderBindingResult:
         return _failed_on(ctx, pod, att.node, exc)
 
 
-async def _node_exists(ctx: Context, att: Attempt) -> None:
+async def _node_exists(ctx: Context, att: Attempt) -> RawNode:
     """HAMi's step 2: the node is read before anything is written; a missing one fails the bind with
-    ``not found`` (a Binding to it would be accepted and strand the pod on a node that never runs it)."""
+    ``not found`` (a Binding to it would be accepted and strand the pod on a node that never runs it).
+    The Node as read (the lock's first try decides on it)."""
     try:
-        await get_node(ctx.api, att.node)
+        return await get_node(ctx.api, att.node)
     except NotFound:
         raise BindFailure(f"node {att.node} not found") from None
     except KubeError as exc:

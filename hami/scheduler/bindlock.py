@@ -22,6 +22,7 @@ from hami import objects
 from hami.annotations import POD_GROUP_LABEL, AnnotationError, decode_node_lock
 from hami.core.model import PodRequest
 from hami.kube.nodelock import LockGrant, NodeLockBusy, take_node_lock
+from hami.objects import RawNode
 from hami.scheduler.attempt import Attempt
 from hami.scheduler.context import Context
 
@@ -45,9 +46,10 @@ def lock_wait(ctx: Context, pod: Mapping[str, Any]) -> float:
     return ctx.settings.node_lock_wait
 
 
-async def take(ctx: Context, att: Attempt) -> LockGrant:
+async def take(ctx: Context, att: Attempt, read: RawNode | None = None) -> LockGrant:
     """One try at the lock. Its time never repeats an earlier lock of this pod here, nor comes before
-    an earlier attempt's bind-time: a lock this pod already holds is re-taken with the new time."""
+    an earlier attempt's bind-time: a lock this pod already holds is re-taken with the new time.
+    ``read``: the Node as the bind has just read it (decided on instead of reading it again)."""
     att.deadline.check("taking the node lock")
     floors = [t for t in (ctx.binds.last_lock(att.node, att.key), att.not_before) if t is not None]
     now = after(ctx.clock(), max(floors) if floors else None)
@@ -61,6 +63,7 @@ async def take(ctx: Context, att: Attempt) -> LockGrant:
         expiry=ctx.settings.node_lock_timeout,
         refresh=True,
         bind_timeout=datetime.timedelta(seconds=ctx.settings.bind_timeout),
+        read=read,
     )
     if grant.written:
         ctx.binds.stamp(att.node, att.key, now.replace(microsecond=0))
@@ -81,9 +84,12 @@ def after(now: datetime.datetime, previous: datetime.datetime | None) -> datetim
     return now  # (a time further ahead than clocks can drift is not followed)
 
 
-async def acquire(ctx: Context, att: Attempt, fits: Callable[[], object], *, wait: float) -> LockGrant:
+async def acquire(
+    ctx: Context, att: Attempt, fits: Callable[[], object], *, wait: float, read: RawNode | None = None
+) -> LockGrant:
     """Take the node lock; while another pod holds it, wait up to ``wait`` seconds (never past the
-    deadline), outside the node's decision queue.
+    deadline), outside the node's decision queue. ``read``: the Node as the bind has just read it, which
+    the first try, when made at once, decides on instead of reading it again (a later try reads).
 
     One try at once (a re-entrant or free lock never waits behind others; a bind that may wait skips
     it when the node watch already shows another pod's lock); then the bind joins the node's line of
@@ -94,7 +100,7 @@ async def acquire(ctx: Context, att: Attempt, fits: Callable[[], object], *, wai
     """
     if wait <= 0 or not _held_by_another(ctx.snapshot.lock_of(att.node), att):
         try:
-            return await take(ctx, att)
+            return await take(ctx, att, read)
         except NodeLockBusy:
             if wait <= 0:
                 raise

@@ -15,7 +15,8 @@ malformed data is reported once per distinct text through ``on_malformed`` (the 
 Event on the Node). A node's ``hami.io/node-enforcement`` is read with its registration (each card's
 enforcement, ``none`` for a card it does not list; re-read only when the text changes); an unreadable
 one does not exclude the node: its cards count as ``none`` and the problem is logged and reported once
-per distinct text through ``on_enforcement``. Handshake (docs/protocol.md, "Handshake"): a node whose
+per distinct text through ``on_enforcement``. Handshake (docs/protocol.md, "Handshake"; decoded once per
+distinct text, not on every event nor on every resync pass): a node whose
 ``hami.io/node-handshake`` lacks ``Requesting`` is reported through ``on_handshake`` (the app writes
 ``Requesting_<time>``); a node whose Requesting stamp is older than the window while its allocatable
 count is 0 is stale (its device plugin is not registered with the kubelet) and excluded until that
@@ -45,6 +46,7 @@ from hami.annotations import (
     NODE_PAIR_SCORES,
     NODE_REGISTER,
     AnnotationError,
+    Handshake,
     HandshakeKind,
     decode_handshake,
     node_shape_problem,
@@ -68,6 +70,7 @@ class NodeEntry:
     state: NodeState | None = None  # base plus every tracked pod's usage
     problem: Rejection | None = None  # why the node is excluded (set by the first _register)
     handshake: str | None = None
+    shake: Handshake | None = None  # ``handshake`` decoded (None: not decoded yet)
     allocatable: int = 0
     stale_after: datetime.datetime | None = None  # naive local time, like the handshake stamp
     reported: set[str] = field(default_factory=set)  # malformed texts already reported
@@ -131,7 +134,9 @@ class NodeCache:
         annotations = objects.annotations(obj)
         entry.allocatable = _count(objects.allocatable(obj).get(self.count_resource, "0"))
         handshake_text = annotations.get(NODE_HANDSHAKE)
-        handshake = decode_handshake(handshake_text)
+        handshake = entry.shake
+        if handshake is None or handshake_text != entry.handshake:  # decoded once per text
+            handshake = decode_handshake(handshake_text)
         if handshake.kind is not HandshakeKind.REQUESTING:
             if (fresh or handshake_text != entry.handshake) and self.on_handshake is not None:
                 self.on_handshake(name)
@@ -140,7 +145,7 @@ class NodeCache:
             entry.stale_after = handshake.time + self._window
         else:
             entry.stale_after = None
-        entry.handshake = handshake_text
+        entry.handshake, entry.shake = handshake_text, handshake
         lock = annotations.get(NODE_LOCK)
         if lock != entry.lock:
             entry.lock = lock
@@ -178,7 +183,7 @@ class NodeCache:
         """Exclude a node of a shape no API server stores (``node_shape_problem``); the next well-formed
         event of it registers it again."""
         entry.problem = node_rejection(entry.name, Reason.NODE_MALFORMED, detail=shape)
-        entry.signature = entry.handshake = None
+        entry.signature = entry.handshake = entry.shake = None
         entry.stale_after = None
         if entry.lock is not None:
             entry.lock = None
@@ -276,7 +281,7 @@ class NodeCache:
         return [
             e.name
             for e in self._nodes.values()
-            if decode_handshake(e.handshake).kind is not HandshakeKind.REQUESTING
+            if (e.shake or decode_handshake(e.handshake)).kind is not HandshakeKind.REQUESTING
             and not (e.problem is not None and Reason.NODE_MALFORMED in e.problem.reasons)
         ]
 

@@ -41,4 +41,5 @@ def handle_prioritize(ctx: Context, args: ExtenderArgs) -> list[HostPriority]:
     else:
         states = cycle.states_unreserved(ctx.snapshot, names, ctx.clock())
     scores = priorities(request, states, ctx.snapshot.workload.policy(ctx.settings.policy))
-    return [HostPriority(Host=n, Score=scores.get(n, 0)) for n in names]
+    out: list[HostPriority] = [{"Host": n, "Score": scores.get(n, 0)} for n in names]  # literal: cheaper
+    return out

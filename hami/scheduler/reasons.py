@@ -11,6 +11,7 @@ Kubernetes client or aiohttp.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
@@ -71,7 +72,13 @@ def registration_rejection(node: str, error: AnnotationError) -> Rejection:
 
 def rejection_words(rejection: Rejection) -> frozenset[str]:
     """The labels of one rejected node (card reasons counted once, whatever the card count)."""
-    return frozenset(label(reason) for reason in rejection.reasons)
+    return _words(tuple(rejection.reasons))
+
+
+@functools.lru_cache(maxsize=1024)
+def _words(reasons: tuple[Reason, ...]) -> frozenset[str]:
+    # once per set of reasons, not once per node of every /filter (a few kinds recur over 1,000 nodes)
+    return frozenset(label(reason) for reason in reasons)
 
 
 def advice(words: Iterable[frozenset[str]]) -> str:

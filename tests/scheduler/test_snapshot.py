@@ -213,6 +213,35 @@ def test_handshake_requests_and_stale_nodes() -> None:
     assert snapshot.problem("stale", LOCAL_NOW) is None
 
 
+def test_each_handshake_change_is_acted_on_while_an_unchanged_one_is_decoded_once() -> None:
+    """The handshake is decoded once per text; every change of it, or of the allocatable count beside
+    an unchanged text, still counts."""
+    asked: list[str] = []
+    snapshot = _snapshot(on_handshake=asked.append)
+    stamp = (LOCAL_NOW - datetime.timedelta(seconds=61)).strftime("%Y-%m-%d %H:%M:%S")
+    node = make_node("n1", annotations={NODE_HANDSHAKE: f"Requesting_{stamp}"})
+    node["status"]["allocatable"] = {"nvidia.com/gpu": "20"}
+    snapshot.node_event("ADDED", node)
+    assert snapshot.problem("n1", LOCAL_NOW) is None
+    assert snapshot.needs_handshake() == []
+    node["status"]["allocatable"] = {"nvidia.com/gpu": "0"}  # the same text: stale now
+    snapshot.node_event("MODIFIED", node)
+    assert "allocatable is 0" in str(snapshot.problem("n1", LOCAL_NOW))
+    node["metadata"]["annotations"][NODE_HANDSHAKE] = f"Reported {stamp}"  # the agent answered
+    snapshot.node_event("MODIFIED", node)
+    assert asked == ["n1"]
+    assert snapshot.needs_handshake() == ["n1"]
+    assert snapshot.problem("n1", LOCAL_NOW) is None  # only a Requesting stamp makes a node stale
+    snapshot.node_event("MODIFIED", node)  # unchanged: not asked again
+    assert asked == ["n1"]
+    later = (LOCAL_NOW - datetime.timedelta(seconds=1)).strftime("%Y-%m-%d %H:%M:%S")
+    node["metadata"]["annotations"][NODE_HANDSHAKE] = f"Requesting_{later}"  # our request landed
+    snapshot.node_event("MODIFIED", node)
+    assert snapshot.needs_handshake() == []
+    assert snapshot.problem("n1", LOCAL_NOW) is None  # inside the window of the new stamp
+    assert "allocatable is 0" in str(snapshot.problem("n1", LOCAL_NOW + datetime.timedelta(seconds=60)))
+
+
 async def test_lock_changes_wake_waiters() -> None:
     snapshot = _snapshot(make_node("n1"))
     waiter = snapshot.lock_change("n1")
