@@ -12,7 +12,9 @@ node's usage, app containers run in order on one shared copy that accumulates th
 containers without a request get an empty entry; the node score is the usage before the pod.
 
 Speed: the verdict of most nodes comes from :mod:`hami.core.precheck` and the node's precomputed
-summary; full allocations and rejection texts are built lazily, only for the nodes asked about.
+summary; full allocations and rejection texts are built lazily, only for the nodes asked about; a
+:class:`RejectionMemo` handed to ``allocate`` keeps the rejections of precheck-failed nodes from one call
+to the next (per node state object and pod shape: the same answer, not recomputed for the next pod).
 
 Pure: stdlib only; must not import a Kubernetes client, aiohttp, kopf, grpc, pynvml, ``logging``,
 ``os`` or ``time``.
@@ -195,10 +197,46 @@ def _place(
     return Allocation(node=node.name, devices=tuple(grants), mig=tuple(migs), score=node.summary.score)
 
 
+class RejectionMemo:
+    """Rejections of nodes the precheck failed, kept from one :func:`allocate` to the next.
+
+    Such a rejection is a function of the pod's request less who the pod is (namespace, name, uid), its
+    card policy, the policy's target, the node's state and the namespace's quota; node states are
+    immutable (a node whose usage changed has a new state object), so an entry is kept per node for
+    its current state object only (a new state drops the node's entries) and is found only for that
+    very object, at most ``per_node`` pod shapes each. Rejections under a quota are never kept. At most
+    ``nodes`` node names are held (then it starts over). Not thread-safe: one event loop uses it."""
+
+    __slots__ = ("_held", "_nodes", "_per_node")
+
+    def __init__(self, *, per_node: int = 32, nodes: int = 100_000) -> None:
+        self._per_node = per_node
+        self._nodes = nodes
+        self._held: dict[str, tuple[NodeState, dict[object, Rejection]]] = {}
+
+    def get(self, node: NodeState, shape: object) -> Rejection | None:
+        held = self._held.get(node.name)
+        return held[1].get(shape) if held is not None and held[0] is node else None
+
+    def put(self, node: NodeState, shape: object, rejection: Rejection) -> None:
+        held = self._held.get(node.name)
+        if held is None or held[0] is not node or len(held[1]) >= self._per_node:
+            if held is None and len(self._held) >= self._nodes:
+                self._held.clear()
+            held = self._held[node.name] = (node, {})
+        held[1][shape] = rejection
+
+    def __len__(self) -> int:
+        """How many rejections are kept."""
+        return sum(len(shapes) for _, shapes in self._held.values())
+
+
 class Decisions:
     """The decision for every candidate node; full Allocations/Rejections are computed on demand."""
 
-    __slots__ = ("_cache", "_fits", "_gpu", "_nodes", "_plan", "_policy", "_quotas", "_request")
+    __slots__ = (
+        "_cache", "_fits", "_gpu", "_memo", "_nodes", "_plan", "_policy", "_quotas", "_request", "_shape",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -206,6 +244,7 @@ class Decisions:
         nodes: Iterable[NodeState],
         policy: Policy,
         quotas: Mapping[str, NamespaceQuota] | None,
+        memo: RejectionMemo | None = None,
     ) -> None:
         request = required(request, policy)
         self._request = request
@@ -217,6 +256,11 @@ class Decisions:
         self._gpu = parse_gpu_policy(request.gpu_policy or policy.gpu_policy)
         quota = (quotas or {}).get(request.namespace)
         plan = self._plan = precheck.plan(request, self._gpu, quota)
+        self._memo = memo if quota is None else None
+        self._shape: object = None
+        if self._memo is not None:
+            target = policy.target if self._gpu.fragmentation else None
+            self._shape = (replace(request, namespace="", name="", uid=""), self._gpu, target)
         for node in nodes:
             self._nodes[node.name] = node
             fits = precheck.verdict(plan, node.summary) if plan is not None else None
@@ -246,12 +290,20 @@ class Decisions:
         plan = self._plan
         if plan is None or plan.numa_bind or node.summary.has_mig:
             return None
+        memo = self._memo
+        if memo is not None:
+            known = memo.get(node, self._shape)
+            if known is not None:
+                return known
         quota = (self._quotas or {}).get(self._request.namespace)
         outcome = _place(self._request, node, self._gpu, quota, ordered=False)
         if isinstance(outcome, Allocation):
             return None  # never, the precheck being exact; the full Fit decides
         target = self._policy.target if self._gpu.fragmentation else None
-        return _rejection(self._request, node, self._gpu, quota, target, outcome, plan)
+        rejection = _rejection(self._request, node, self._gpu, quota, target, outcome, plan)
+        if memo is not None:
+            memo.put(node, self._shape, rejection)
+        return rejection
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._nodes)
@@ -284,9 +336,11 @@ def allocate(
     policy: Policy,
     *,
     quotas: Mapping[str, NamespaceQuota] | None = None,
+    memo: RejectionMemo | None = None,
 ) -> Decisions:
-    """Decide the pod against every node."""
-    return Decisions(request, nodes, policy, quotas)
+    """Decide the pod against every node (``memo``: rejections kept from earlier calls, see
+    :class:`RejectionMemo`)."""
+    return Decisions(request, nodes, policy, quotas, memo)
 
 
 def priorities(request: PodRequest, nodes: Iterable[NodeState], policy: Policy) -> dict[str, int]:

@@ -7,7 +7,8 @@ bind deadlines, the metrics, the registration writes, and ``background``: the se
 delay an extender answer and are drained on shutdown. The mutable parts each have their own owner:
 ``cycles`` (:class:`~hami.scheduler.cycle.Cycles`, one scheduling cycle per pod version, shared by the
 verbs) and ``binds`` (:class:`~hami.scheduler.coordination.BindCoordination`: the nodes' decision
-queues, the lines of binds waiting for a node lock, the binds in progress, the lock times written).
+queues, the lines of binds waiting for a node lock, the binds in progress, the lock times written) and
+``rejections`` (:class:`~hami.core.allocate.RejectionMemo`: filter's rejections kept across pods).
 Must not import the Kubernetes client (only ``hami.kube``) or aiohttp.
 """
 
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hami import objects
+from hami.core.allocate import RejectionMemo
 from hami.kube.events import record_event
 from hami.kube.protocol import KubeApi
 from hami.objects import RawPod
@@ -53,6 +55,7 @@ class Context:
     disruptions: DisruptionBook = field(default_factory=DisruptionBook)  # PDBs, for /preempt
     cycles: Cycles = field(default_factory=Cycles)  # one scheduling cycle per pod version
     binds: BindCoordination = field(default_factory=BindCoordination)  # queues, lines, binds in progress
+    rejections: RejectionMemo = field(default_factory=RejectionMemo)  # filter's, kept across pods
     wakeup: WakeUp | None = None  # the pending pods to wake when cards are freed (--wake-pending)
 
     def cycle(self, pod: Mapping[str, Any]) -> Cycle:

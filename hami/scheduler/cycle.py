@@ -38,7 +38,7 @@ from typing import Any
 
 from hami import objects
 from hami.annotations import AnnotationError, read_pod_request
-from hami.core.allocate import Decisions, Policy, allocate
+from hami.core.allocate import Decisions, Policy, RejectionMemo, allocate
 from hami.core.model import NamespaceQuota, NodeState, PodRequest
 from hami.core.rejection import Rejection
 from hami.scheduler.candidates import live_candidates
@@ -178,13 +178,15 @@ class Cycle:
         """Let the last evaluation go (the next verb evaluates again)."""
         self._evaluation = None
 
-    def decisions(self, evaluation: Evaluation, policy: Policy) -> Decisions:
+    def decisions(
+        self, evaluation: Evaluation, policy: Policy, memo: RejectionMemo | None = None
+    ) -> Decisions:
         """Filter's decisions over ``evaluation`` (made once per evaluation; ``policy`` is the
-        service's, the same for every call)."""
+        service's, the same for every call; ``memo``: the service's rejections kept across pods)."""
         assert self.request is not None
         if evaluation.decisions is None:
             evaluation.decisions = allocate(
-                self.request, evaluation.candidates.states, policy, quotas=evaluation.quotas
+                self.request, evaluation.candidates.states, policy, quotas=evaluation.quotas, memo=memo
             )
         return evaluation.decisions
 

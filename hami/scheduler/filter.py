@@ -4,7 +4,9 @@ Owns the filter decision over the snapshot (names only, ``nodeCacheCapable``) or
 given in the request (template nodes: evaluated from their annotations alone, zero usage,
 :mod:`hami.scheduler.candidates`). The pod's request, the candidates' states and the core's decisions
 over them come from the pod's scheduling cycle (:mod:`hami.scheduler.cycle`): made once per pod version
-and shared with prioritize, preempt and bind, made again when the snapshot changed. Every fitting
+and shared with prioritize, preempt and bind, made again when the snapshot changed (the rejection of a
+node whose state did not change is then kept from the last pod of the same shape, the context's
+``rejections``). Every fitting
 node is returned in ``NodeNames``; the others go to ``FailedNodes`` when other pods leaving could make
 room (resolvable) and to ``FailedAndUnresolvableNodes`` otherwise (too few cards, type/uuid mismatch,
 unregistered). Every failing node is a :class:`~hami.core.rejection.Rejection` (the snapshot's
@@ -117,7 +119,7 @@ def handle_filter(ctx: Context, args: ExtenderArgs) -> Filtered:
             return Filtered(filter_result(error=NOT_SYNCED))
         evaluation = cycle.evaluate(ctx.snapshot, names or [], ctx.clock(), cycle.priority)
         excluded = evaluation.candidates.excluded
-        decisions = cycle.decisions(evaluation, ctx.settings.policy)
+        decisions = cycle.decisions(evaluation, ctx.settings.policy, ctx.rejections)
     fitting = list(decisions.fitting)
     if ctx.wakeup is not None and names is not None:
         if fitting:
