@@ -5,6 +5,7 @@ node state it was made on, a pod of the same shape (another name or namespace) a
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -45,9 +46,10 @@ def test_every_answer_with_the_memo_equals_the_one_without(
             name = f"n{node_at % len(states)}"
             live[name] = replace(states[(node_at + step) % len(states)], name=name)
         items, policy, steering = pods[pod_at % len(pods)]
+        extra: dict[str, Any] = dict(steering)
         request = make_request(
-            *items, name=f"pod-{step}", namespace=f"ns-{step % 2}", gpu_policy=policy, **steering
-        )  # type: ignore[arg-type]
+            *items, name=f"pod-{step}", namespace=f"ns-{step % 2}", gpu_policy=policy, **extra
+        )
         nodes_now = list(live.values())
         names = [n.name for n in nodes_now]
         with_memo = allocate(request, nodes_now, CLUSTER, memo=memo)
