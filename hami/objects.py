@@ -136,11 +136,16 @@ class RawList(TypedDict, total=False):
 def _object(value: object) -> Mapping[str, Any]:
     """``value`` when it is a JSON object (a mapping), else a new empty one (never shared: a caller
     that writes into what :func:`meta` returned must not write into every other absent metadata)."""
+    if type(value) is dict:  # what JSON decodes to: no abstract-class check (every accessor comes here)
+        return value
     return cast("Mapping[str, Any]", value) if isinstance(value, Mapping) else {}
 
 
 def _field(obj: object, key: str) -> Mapping[str, Any]:
     """``obj[key]`` when ``obj`` is an object and the field an object too, else an empty mapping."""
+    if type(obj) is dict:
+        value = obj.get(key)
+        return value if type(value) is dict else _object(value)
     return _object(_object(obj).get(key))
 
 
@@ -149,8 +154,17 @@ def _text(obj: Mapping[str, Any], key: str) -> str:
     return value if isinstance(value, str) else ""
 
 
+_ONLY_STR = frozenset([str])
+
+
 def _strings(value: object) -> Mapping[str, str]:
     """A string map: ``value`` itself when every entry is ``str: str``, else only those entries."""
+    if (
+        type(value) is dict
+        and _ONLY_STR.issuperset(map(type, value))
+        and _ONLY_STR.issuperset(map(type, value.values()))
+    ):
+        return value  # what the API stores: checked without a Python loop
     if not isinstance(value, Mapping):
         return {}
     if all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):

@@ -31,6 +31,9 @@ def go_int(text: str, *, bits: int = 64) -> int | None:
     number with more digits than the widest integer (``2**63`` has 19) is out of range whatever it says,
     so a hostile digit string never reaches ``int()`` (which refuses more than 4,300 digits).
     """
+    if len(text) <= _MAX_INT_DIGITS and text.isascii() and text.isdigit():
+        value = int(text)  # the common case (an unsigned decimal, no regex); the same value below
+        return value if value < 2 ** (bits - 1) else None
     if _GO_INT.fullmatch(text) is None:
         return None
     significant = text.lstrip("+-").lstrip("0")

@@ -28,6 +28,7 @@ MiB amount or a quota limit anyone means).
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from fractions import Fraction
@@ -99,6 +100,8 @@ class Quantity:
 
 def parse_quantity(text: str) -> Quantity:
     """Parse a Kubernetes quantity strictly: no spaces, known suffixes only, within the bounds above."""
+    if len(text) <= _MAX_INT64_DIGITS and text.isascii() and text.isdigit():
+        return _plain_digits(text)
     if len(text) > MAX_QUANTITY_LENGTH:
         raise QuantityError(text, f"longer than {MAX_QUANTITY_LENGTH} characters")
     match = _QUANTITY.fullmatch(text)
@@ -126,6 +129,15 @@ def parse_quantity(text: str) -> Quantity:
     negative = match["sign"] == "-"
     value = -magnitude if negative else magnitude
     return Quantity(text=text, value=value, plain_int=_go_as_int64(num, frac, base, exponent, value))
+
+
+@functools.lru_cache(maxsize=4096)
+def _plain_digits(text: str) -> Quantity:
+    """The common case (a card count, MiB, cores: ``"1"``, ``"4000"``): at most 18 ASCII digits, no sign,
+    no suffix, is its own integer, Go's fast path included (the grammar gives the same answer). The few
+    such texts a cluster writes are read once each (a quantity is immutable)."""
+    number = int(text)
+    return Quantity(text=text, value=Fraction(number), plain_int=number)
 
 
 def plain_int(text: str) -> int | None:

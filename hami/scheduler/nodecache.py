@@ -5,7 +5,9 @@ state with every counted pod's usage applied, the exclusion, the handshake, the 
 :func:`local_time`. It does not know pods: the composition (:class:`~hami.scheduler.snapshot.Snapshot`)
 hands it each change of a pod's counted usage (:meth:`NodeCache.apply`) and, when a node registers
 anew, the usages counted there (``usage_on``). A node's usage is rebuilt from its own pods only when
-its registration text changes.
+its registration text changes. The changes of a node's usage are folded into its state when it is next
+read, all at once (or every ``MAX_PENDING`` changes): booking a list of pods builds each node's state
+once.
 
 Registration (docs/protocol.md, "Registration"): a node without a readable registration is excluded, as a
 :class:`~hami.core.rejection.Rejection` whose code says how (``hami.scheduler.reasons``), and so is a
@@ -55,7 +57,7 @@ from hami.annotations import (
 )
 from hami.core.model import NodeState
 from hami.core.rejection import Reason, Rejection, node_rejection
-from hami.core.usage import PodUsage, apply_usage
+from hami.core.usage import PodUsage, apply_usages
 from hami.scheduler.reasons import registration_rejection
 
 logger = logging.getLogger(__name__)
@@ -80,6 +82,10 @@ class NodeEntry:
 def local_time(now: datetime.datetime) -> datetime.datetime:
     """``now`` as naive local wall-clock time: the handshake stamps are written and compared so."""
     return now.astimezone().replace(tzinfo=None)
+
+
+#: Usage changes kept for one node before they are folded into its state unasked (:meth:`NodeCache.apply`).
+MAX_PENDING = 64
 
 
 def _count(text: Any) -> int:
@@ -117,6 +123,8 @@ class NodeCache:
         self._on_enforcement = on_enforcement
         self.on_handshake = on_handshake
         self._nodes: dict[str, NodeEntry] = {}
+        #: per node, the usage changes not yet folded into its state, in order (see :meth:`apply`)
+        self._pending: dict[str, list[tuple[PodUsage, int]]] = {}
 
     # ---------------------------------------------------------------------------------- changes
 
@@ -164,6 +172,7 @@ class NodeCache:
     def remove(self, name: str) -> None:
         """The node is gone (deleted, or missing from a complete list)."""
         self._nodes.pop(name, None)
+        self._pending.pop(name, None)
         self._on_base(name, None)
         self._on_lock(name, None)
 
@@ -174,10 +183,26 @@ class NodeCache:
 
     def apply(self, node: str, usage: PodUsage, sign: int) -> None:
         """Add (``sign`` 1) or take off (-1) one pod's counted usage on ``node`` (nothing when the node
-        is unknown or excluded: its usage is rebuilt from ``usage_on`` when it registers)."""
+        is unknown or excluded: its usage is rebuilt from ``usage_on`` when it registers).
+
+        The change is kept and folded into the node's state when the state is next read (every query
+        does: :meth:`state`, :meth:`usable`, :meth:`entries`), all of a node's changes at once
+        (``apply_usages``), or after ``MAX_PENDING`` of them: a list of 50,000 pods builds each node's
+        state once, not once per pod."""
+        if sign not in (1, -1):
+            raise ValueError(f"sign must be 1 or -1, got {sign!r}")
         entry = self._nodes.get(node)
         if entry is not None and entry.state is not None:
-            entry.state = apply_usage(entry.state, usage, sign=sign)
+            pending = self._pending.setdefault(node, [])
+            pending.append((usage, sign))
+            if len(pending) >= MAX_PENDING:
+                self._fold(entry)
+
+    def _fold(self, entry: NodeEntry) -> None:
+        """Bring ``entry.state`` up to date with the changes :meth:`apply` kept for it."""
+        changes = self._pending.pop(entry.name, None)
+        if changes and entry.state is not None:
+            entry.state = apply_usages(entry.state, changes)
 
     def _misshapen(self, entry: NodeEntry, obj: Mapping[str, Any], shape: str) -> None:
         """Exclude a node of a shape no API server stores (``node_shape_problem``); the next well-formed
@@ -220,10 +245,10 @@ class NodeCache:
 
     def _set_base(self, entry: NodeEntry, base: NodeState | None) -> None:
         entry.base = base
+        self._pending.pop(entry.name, None)  # the state is rebuilt from every usage counted now
         state = entry.base
         if state is not None:
-            for usage in self._usage_on(entry.name):
-                state = apply_usage(state, usage)
+            state = apply_usages(state, ((usage, 1) for usage in self._usage_on(entry.name)))
         entry.state = state
         self._on_base(entry.name, base)
 
@@ -232,7 +257,11 @@ class NodeCache:
     def state(self, name: str) -> NodeState | None:
         """The node's cards with every counted pod's usage (None when unknown or excluded)."""
         entry = self._nodes.get(name)
-        return entry.state if entry is not None else None
+        if entry is None:
+            return None
+        if self._pending:
+            self._fold(entry)
+        return entry.state
 
     def exclusion(self, name: str, local_now: datetime.datetime) -> Rejection | None:
         """Why ``name`` cannot take GPU pods at ``local_now`` (naive local time, see :func:`local_time`;
@@ -259,6 +288,8 @@ class NodeCache:
             found = self.exclusion(name, local_now)
             assert found is not None  # unknown, or registered without a state: excluded
             return found
+        if self._pending:
+            self._fold(entry)
         stale = entry.stale_after
         if stale is not None and local_now >= stale:
             found = self.exclusion(name, local_now)
@@ -286,6 +317,8 @@ class NodeCache:
         ]
 
     def entries(self) -> Iterator[NodeEntry]:
+        for name in list(self._pending):
+            self._fold(self._nodes[name])
         return iter(list(self._nodes.values()))
 
     def __contains__(self, name: object) -> bool:

@@ -23,6 +23,7 @@ grow it. Must not import the Kubernetes client or aiohttp.
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from collections import Counter, OrderedDict
@@ -113,6 +114,10 @@ class Workload:
         self._refresh = refresh
         self._origin = clock()  # stored weights are scaled by 2^((t - origin) / half_life)
         self._weights: dict[ClassKey, float] = {}
+        self._order: dict[ClassKey, int] = {}  # when each class entered the histogram (ties: oldest first)
+        self._serial = 0
+        #: (weight, order, class) for every class's current weight, among outdated entries (lazy deletion)
+        self._lightest: list[tuple[float, int, ClassKey]] = []
         self._total = 0.0
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._target: Target | None = None
@@ -154,15 +159,39 @@ class Workload:
             self._rebase(now)
         weight = math.exp2((now - self._origin) / self._half_life) / len(keys)
         for key in keys:
-            if key not in self._weights and len(self._weights) >= MAX_TRACKED:
-                lightest = min(self._weights, key=self._weights.__getitem__)
-                self._total -= self._weights.pop(lightest)
-            self._weights[key] = self._weights.get(key, 0.0) + weight
+            if key not in self._weights:
+                if len(self._weights) >= MAX_TRACKED:
+                    self._evict_lightest()
+                self._serial += 1
+                self._order[key] = self._serial
+            total = self._weights[key] = self._weights.get(key, 0.0) + weight
             self._total += weight
+            heapq.heappush(self._lightest, (total, self._order[key], key))
+        if len(self._lightest) > 2 * len(self._weights) + 64:  # mostly outdated entries: rebuild
+            self._reheap()
+
+    def _evict_lightest(self) -> None:
+        """Drop the lightest class (of equal weights, the one held longest: the first ``min`` over the
+        histogram would name). The heap holds every class's current weight among outdated entries,
+        which are skipped: O(log n) amortised where a scan of the histogram cost O(MAX_TRACKED) for
+        every new class once the histogram is full (the scheduler's start read 50,000 pods of many
+        classes)."""
+        while self._lightest:
+            weight, order, key = heapq.heappop(self._lightest)
+            if self._weights.get(key) == weight and self._order.get(key) == order:
+                self._total -= self._weights.pop(key)
+                del self._order[key]
+                return
+
+    def _reheap(self) -> None:
+        self._lightest = [(w, self._order[k], k) for k, w in self._weights.items()]
+        heapq.heapify(self._lightest)
 
     def _rebase(self, now: float) -> None:
         scale = math.exp2(-(now - self._origin) / self._half_life)
         self._weights = {k: w * scale for k, w in self._weights.items() if w * scale > 1e-12}
+        self._order = {k: self._order[k] for k in self._weights}
+        self._reheap()
         self._total = math.fsum(self._weights.values())
         self._origin = now
 

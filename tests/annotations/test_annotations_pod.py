@@ -254,3 +254,23 @@ def test_read_pod_devices_raises_naming_the_allocated_key() -> None:
         read_pod_devices(pod)
     assert caught.value.key == POD_DEVICES_ALLOCATED
     assert caught.value.text == "u,NVIDIA,1:;"
+
+
+@given(st.text(alphabet="0123456789", min_size=1, max_size=24))
+def test_unsigned_memory_reads_as_the_signed_form_does(digits: str) -> None:
+    """A card's memory written as plain digits (the common case, read without the general grammar) is
+    the value the same digits behind a "+" give, leading zeros and the 32-bit bound included; both are
+    refused alike."""
+
+    def read(memory: str) -> int | None:
+        try:
+            (grants,) = decode_pod_devices(f"GPU-0,NVIDIA,{memory},30:;")
+        except AnnotationError:
+            return None
+        return grants[0].memory_mib
+
+    assert read(digits) == read("+" + digits)
+    if len(digits.lstrip("0")) <= 9:
+        assert read(digits) == int(digits)
+    elif int(digits) >= 2**31:
+        assert read(digits) is None

@@ -115,6 +115,26 @@ def test_every_plain_decimal_integer_round_trips(number: int) -> None:
     assert quantity.plain_int == number
 
 
+@given(st.text(alphabet="0123456789", min_size=1, max_size=25))
+def test_plain_digits_read_as_the_grammar_reads_them(digits: str) -> None:
+    """Unsigned digit strings (the common case, read without the grammar) give what the grammar gives
+    for the same digits behind a "+" sign: leading zeros, and 18 against 19 digits (Go's int64 fast path)
+    included."""
+    try:
+        through_grammar = parse_quantity("+" + digits)
+    except QuantityError as exc:
+        with pytest.raises(QuantityError, match="out of range"):
+            parse_quantity(digits)
+        assert "out of range" in str(exc)
+        return
+    quantity = parse_quantity(digits)
+    assert (quantity.text, quantity.value, quantity.plain_int) == (
+        digits,
+        through_grammar.value,
+        through_grammar.plain_int,
+    )
+
+
 # Go's binary fast path keeps 15 - digits - exponent*0.3 - 1 >= 0 digits of precision: 3 digits for Gi.
 @given(st.integers(min_value=0, max_value=999), st.sampled_from(["Ki", "Mi", "Gi"]))
 def test_binary_suffixes_are_plain_integers(number: int, suffix: str) -> None:

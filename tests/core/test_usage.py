@@ -3,8 +3,12 @@ rules."""
 
 from __future__ import annotations
 
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
 from hami.core.model import Grant, MigAllocation, MigPlacement, MigReservation
-from hami.core.usage import apply_usage, pod_usage
+from hami.core.usage import PodUsage, apply_usage, apply_usages, pod_usage
 
 from .builders import make_card, make_cards, mig_card, node_state
 
@@ -134,3 +138,59 @@ def test_reservation_for_a_different_card_does_not_match() -> None:
     after = apply_usage(node, usage)
     assert not after.devices[0].healthy  # entry without its reservation
     assert after.devices[1].healthy and len(after.devices[1].reservations) == 1  # left-over, booked
+
+
+# -------------------------------------------------------------------------- many changes at once
+
+UUIDS = ("GPU-0", "GPU-1", "MIG-0", "nope")
+
+
+def some_usage(draw: st.DrawFn) -> PodUsage:
+    grants = draw(
+        st.lists(st.tuples(st.sampled_from(UUIDS), st.integers(0, 5000), st.integers(0, 100)), max_size=3)
+    )
+    mig = [
+        MigAllocation(
+            container_index=0,
+            device_index=index,
+            gpu_uuid=draw(st.sampled_from(UUIDS)),
+            profile="1g.5gb",
+            placement=MigPlacement(start=draw(st.integers(0, 6)), size=1),
+        )
+        for index in range(draw(st.integers(0, 2)))
+    ]
+    return pod_usage((tuple(g(*grant) for grant in grants),), 0, init_done=False, mig=mig)
+
+
+@st.composite
+def changes(draw: st.DrawFn) -> list[tuple[PodUsage, int]]:
+    """Pods added, and some of them taken off again later (as a list and its watch events bring them)."""
+    usages = [some_usage(draw) for _ in range(draw(st.integers(0, 8)))]
+    steps: list[tuple[PodUsage, int]] = []
+    held: list[PodUsage] = []
+    for usage in usages:
+        steps.append((usage, 1))
+        held.append(usage)
+        if draw(st.booleans()):
+            steps.append((held.pop(draw(st.integers(0, len(held) - 1))), -1))
+    return steps
+
+
+@given(changes())
+def test_many_changes_at_once_give_the_node_one_by_one_gives(steps: list[tuple[PodUsage, int]]) -> None:
+    node = node_state(cards=(*make_cards(2), mig_card(index=2)))
+    one_by_one = node
+    for usage, sign in steps:
+        one_by_one = apply_usage(one_by_one, usage, sign=sign)
+    at_once = apply_usages(node, steps)
+    assert at_once == one_by_one
+    assert at_once.summary == one_by_one.summary
+    assert [card.reservations for card in at_once.devices] == [
+        card.reservations for card in one_by_one.devices
+    ]
+
+
+def test_many_changes_refuse_a_bad_sign() -> None:
+    usage = pod_usage(((g("GPU-0", 1, 1),),), 0, init_done=False)
+    with pytest.raises(ValueError, match="sign"):
+        apply_usages(node_state(cards=make_cards(1)), [(usage, 1), (usage, 0)])

@@ -17,6 +17,7 @@ from hami.annotations.holding import allocating_until
 from hami.core.model import NodeState
 from hami.core.rejection import Reason
 from hami.core.usage import pod_usage
+from hami.scheduler.nodecache import MAX_PENDING
 from hami.scheduler.snapshot import PodRecord, Snapshot, local_time
 from tests.builders import NOW, hostile_nodes, make_node, make_pod, nameless_node
 
@@ -63,6 +64,40 @@ def test_pod_events_apply_incrementally_and_idempotently() -> None:
     assert _used(snapshot, "n1") == [(0, 0, 0), (1, 2000, 40)]
     snapshot.pod_event("DELETED", moved)
     assert _used(snapshot, "n1") == [(0, 0, 0), (0, 0, 0)]
+
+
+def test_a_long_pod_list_on_one_node_books_every_pod_exactly() -> None:
+    """A list books its pods without building the node's state per pod (the changes are folded when the
+    state is read, or every MAX_PENDING of them): each way of reading the view (the verbs' walk, the
+    node entries, one node's state) sees every pod, and events after the list count as before."""
+    snapshot = _snapshot(make_node("n1", count=1000, memory=10**6), make_node("n2"))
+    pods = [
+        _gpu_pod(f"p{i}", "n1", f"GPU-n1-{i % 2},NVIDIA,{100 + i},{i % 3}:;")
+        for i in range(3 * MAX_PENDING + 5)
+    ]
+    snapshot.replace_pods(pods)
+    assert len(snapshot.nodes._pending.get("n1", ())) <= MAX_PENDING  # bounded while nobody reads
+    used = [
+        [
+            len(pods[card::2]),
+            sum(100 + i for i in range(card, len(pods), 2)),
+            sum(i % 3 for i in range(card, len(pods), 2)),
+        ]
+        for card in (0, 1)
+    ]
+    (state,) = snapshot.candidates(["n1"], LOCAL_NOW).states
+    assert [[d.used, d.used_mem, d.used_cores] for d in state.devices] == used
+    snapshot.pod_event("DELETED", pods[0])  # card 0: 100 MiB, 0 cores
+    used[0] = [used[0][0] - 1, used[0][1] - 100, used[0][2]]
+    (entry,) = [e for e in snapshot.entries() if e.name == "n1"]
+    assert entry.state is not None
+    assert [[d.used, d.used_mem, d.used_cores] for d in entry.state.devices] == used
+    snapshot.pod_event("MODIFIED", _gpu_pod("p1", "n1", "GPU-n1-0,NVIDIA,101,1:;"))  # card 1 -> card 0
+    used = [
+        [used[0][0] + 1, used[0][1] + 101, used[0][2] + 1],
+        [used[1][0] - 1, used[1][1] - 101, used[1][2] - 1],
+    ]
+    assert [list(figures) for figures in _used(snapshot, "n1")] == used
 
 
 def test_which_pods_count() -> None:

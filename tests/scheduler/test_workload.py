@@ -4,6 +4,7 @@ bounds against hostile pods, and the ``--fragmentation-fallback`` text."""
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
@@ -116,6 +117,39 @@ def test_hostile_pods_cannot_grow_the_histogram() -> None:
     assert len(workload._weights) == MAX_TRACKED
     assert workload._total == pytest.approx(sum(workload._weights.values()))
     assert len(workload.target().classes) <= 32
+
+
+def test_a_full_histogram_drops_its_lightest_class_the_oldest_of_equals_first() -> None:
+    """Replayed against the rule itself (a scan for the first lightest class) over pods of repeated and
+    new classes, first at one instant (many equal weights), then as time passes across a rebase of the
+    stored weights: the same classes kept, in the same order, with the same weights."""
+    clock = Clock()
+    workload = Workload(clock=clock, min_pods=1, half_life=HOUR)
+    expected: dict[int, float] = {}  # MiB -> weight, in insertion order, as the rule keeps it
+    origin = clock.now
+    rng = random.Random(7)
+    for i in range(4 * MAX_TRACKED):
+        # a few heavy classes, many new ones, some seen again (recent ones, and ones dropped long ago)
+        classes = [
+            1000 + rng.randrange(40),
+            5000 + i,
+            5000 + i - rng.randrange(1, 50),
+            5000 + rng.randrange(i + 1),
+        ]
+        memory = rng.choice(classes)
+        if i >= 2 * MAX_TRACKED:  # time passes (no more ties), past a rebase of the stored weights
+            clock.now += 100 * HOUR / (2 * MAX_TRACKED)
+        workload.observe(make_pod(f"p{i}", memory=memory, cores=30))
+        if (clock.now - origin) / HOUR > 64:
+            scale = 2 ** (-(clock.now - origin) / HOUR)
+            expected = {k: w * scale for k, w in expected.items() if w * scale > 1e-12}
+            origin = clock.now
+        if memory not in expected and len(expected) >= MAX_TRACKED:
+            del expected[min(expected, key=expected.__getitem__)]
+        expected[memory] = expected.get(memory, 0.0) + 2 ** ((clock.now - origin) / HOUR)
+        assert [key[1] for key in workload._weights] == list(expected), f"after pod {i}"
+    kept = {key[1]: weight for key, weight in workload._weights.items()}
+    assert kept == pytest.approx(expected)
 
 
 @pytest.mark.parametrize(
