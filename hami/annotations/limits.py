@@ -37,6 +37,7 @@ MAX_JSON_INT_DIGITS: Final = 40
 # A JSON string (escapes included), matched possessively: linear, no backtracking.
 _JSON_STRING = re.compile(r'"(?:[^"\\]++|\\.)*+"', re.DOTALL)
 _BRACKETS = re.compile(r"[\[\]{}]")
+_LONG_DIGITS = re.compile(f"[0-9]{{{MAX_JSON_INT_DIGITS + 1}}}")
 
 
 class _Refused(ValueError):
@@ -77,9 +78,13 @@ def _constant(name: str) -> Any:
 def load_json(key: str, text: str) -> Any:
     """``json.loads(text)`` within the bounds above; every failure is an AnnotationError for ``key``."""
     check_length(key, text)
-    if json_depth(text) > MAX_JSON_DEPTH:
+    # no deeper than the brackets it opens (those in strings counted too): most texts need no scan
+    opened = text.count("[") + text.count("{")
+    if opened > MAX_JSON_DEPTH and json_depth(text) > MAX_JSON_DEPTH:
         raise AnnotationError(key, text, f"invalid JSON: nested deeper than {MAX_JSON_DEPTH} levels")
     try:
+        if _LONG_DIGITS.search(text) is None:  # no integer literal can be too long: no check per number
+            return json.loads(text, parse_constant=_constant)
         return json.loads(text, parse_int=_int, parse_constant=_constant)
     except _Refused as exc:
         raise AnnotationError(key, text, str(exc)) from None

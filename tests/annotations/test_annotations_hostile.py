@@ -54,7 +54,7 @@ from hami.annotations import (
     read_pod_to_allocate,
     read_vgpu_node,
 )
-from hami.annotations.limits import MAX_JSON_DEPTH, MAX_VALUE_LENGTH
+from hami.annotations.limits import MAX_JSON_DEPTH, MAX_JSON_INT_DIGITS, MAX_VALUE_LENGTH, load_json
 from hami.annotations.podrequest import decode_gpu_policy, decode_node_policy
 from hami.settings import DeviceConfig
 
@@ -286,6 +286,20 @@ def test_json_nested_deeper_than_the_bound_is_refused_before_decoding(
     assert caught.value.key == key
     # brackets inside strings are text, not nesting
     decode_pair_scores('[{"uuid":"' + "[" * 5000 + '","score":{}}]')
+
+
+@pytest.mark.parametrize("digits", [MAX_JSON_INT_DIGITS + 1, MAX_JSON_INT_DIGITS + 2, 200])
+def test_an_integer_literal_one_digit_past_the_bound_is_refused(digits: int) -> None:
+    """The bound holds to the digit, signed or not, wherever the number sits (texts with no literal that
+    long are decoded without a check per number)."""
+    for number in ("9" * digits, "-" + "1" * digits):
+        with pytest.raises(AnnotationError, match=f"a number of {digits} digits"):
+            load_json(NODE_REGISTER, f'[{{"uuid":"GPU-0","count":{number}}}]')
+    assert load_json(NODE_REGISTER, f'[{{"count":{"9" * MAX_JSON_INT_DIGITS},"uuid":"{"1" * digits}"}}]') == [
+        {"count": int("9" * MAX_JSON_INT_DIGITS), "uuid": "1" * digits}
+    ]
+    # as deep as the bound, however many brackets its strings hold, is read
+    assert load_json(NODE_REGISTER, "[" * MAX_JSON_DEPTH + '"{{"' + "]" * MAX_JSON_DEPTH) is not None
 
 
 @pytest.mark.parametrize(
