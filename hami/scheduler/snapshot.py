@@ -100,6 +100,8 @@ class Snapshot:
         #: told the node's name whenever usage leaves a node or its registered cards change (cards may
         #: have been freed there: :mod:`hami.scheduler.wakeup`); called synchronously, must only schedule
         self.on_freed: Callable[[str], None] | None = None
+        #: told the node's name when it goes or loses its usable state (what is kept for it can go)
+        self.on_node_gone: Callable[[str], None] | None = None
         self.locks = LockWaiters()
         self.nodes = NodeCache(
             count_resource=count_resource,
@@ -114,6 +116,10 @@ class Snapshot:
         self.pods = PodCache(clock=clock, allocating_horizon=allocating_horizon)
         self.bookings = BookingLedger()
         self._applied: dict[PodKey, PodRecord] = {}  # what each pod counts with now
+        #: bookings a pod list kept only because they were made after it was taken, each with the time by
+        #: which the watch must have shown its pod (else the pod went before the list: forgotten)
+        self._unseen: dict[PodKey, datetime.datetime] = {}
+        self._allocating_horizon = allocating_horizon
         self._node_pods: dict[str, set[PodKey]] = {}  # the same, by node
         self.generation = 0  # bumped by every change a decision may read
         self.nodes_synced = False
@@ -139,6 +145,8 @@ class Snapshot:
         return (self._applied[key].usage for key in self._node_pods.get(name, ()))
 
     def _base_changed(self, name: str, base: NodeState | None) -> None:
+        if base is None and self.on_node_gone is not None:
+            self.on_node_gone(name)
         self.workload.register(name, base)
         self.nominations.touch(name)
         if base is not None and self.on_freed is not None:
@@ -197,11 +205,17 @@ class Snapshot:
         every other pod (one the watcher skipped included), but for the pods bind booked after the list
         was taken (:meth:`pods_listing`): a pod created after the list is not in it, and the watch that
         follows the list shows it (confirming or forgetting its booking). Forgotten at the list's
-        arrival, its cards and its namespace's quota counted as free until that watch caught up."""
+        arrival, its cards and its namespace's quota counted as free until that watch caught up. Such a
+        booking is kept for one allocating horizon: a pod deleted before the list was taken is never
+        shown by that watch (it starts after the deletion), and its booking must not count forever."""
         seen = {objects.pod_key(obj) for obj in items}
         if self._listing_mark is not None:
-            seen |= self.bookings.booked_since(self._listing_mark)
+            kept = self.bookings.booked_since(self._listing_mark) - seen
             self._listing_mark = None
+            seen |= kept
+            if kept and self.pods.clock is not None:
+                until = self.pods.clock() + self._allocating_horizon
+                self._unseen.update(dict.fromkeys(kept, until))
         for key in [k for k in self.pods.keys() | self.bookings.keys() if k not in seen]:
             self._forget(key)
         self.pods_synced = True
@@ -214,6 +228,7 @@ class Snapshot:
             self._upsert_pod(obj)
 
     def _forget(self, key: PodKey) -> None:
+        self._unseen.pop(key, None)
         self.generation += 1
         self.pods.forget(key)
         self.bookings.forget(key)
@@ -224,6 +239,7 @@ class Snapshot:
         self.generation += 1
         self.workload.observe(obj)
         key = objects.pod_key(obj)
+        self._unseen.pop(key, None)  # the watch shows it: an ordinary booking again
         record = self.pods.observe(key, obj)
         if record is not None:
             self.bookings.confirm(key, record)
@@ -263,6 +279,11 @@ class Snapshot:
         if self.pods.due():
             assert self.pods.clock is not None
             self.expire(self.pods.clock())
+        if self._unseen:
+            assert self.pods.clock is not None  # only filled with a clock
+            now = self.pods.clock()
+            for key in [k for k, until in self._unseen.items() if until <= now]:
+                self._forget(key)  # its pod went before the list was taken
 
     # ------------------------------------------------------------------------------------ quotas
 

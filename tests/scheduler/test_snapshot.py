@@ -201,6 +201,32 @@ def test_a_relist_keeps_the_bookings_made_after_it_was_taken() -> None:
     assert _used(snapshot, "n1") == [(0, 0, 0)]
 
 
+def test_a_booking_kept_by_a_relist_goes_when_the_watch_never_shows_its_pod() -> None:
+    """A booking made after the list was taken, for a pod deleted before the API server took the list:
+    the list lacks it and the watch that follows (from the list's resourceVersion, after the deletion)
+    never shows it. It counts for one allocating horizon, then goes; a pod the watch shows stays booked.
+    Was: counted until some later relist (found by review)."""
+    text = "GPU-n1-0,NVIDIA,3000,30:;"
+    record = PodRecord(
+        node="n1", usage=pod_usage(decode_pod_devices(text), 0, init_done=False), allocated=text
+    )
+    now = [NOW]
+    snapshot = _snapshot(make_node("n1", cards=1), clock=lambda: now[0])
+    snapshot.pods_listing()
+    snapshot.book(("default", "gone"), record)  # then force-deleted before the list is taken
+    snapshot.book(("default", "new"), record)  # created after the list was taken
+    snapshot.replace_pods([])
+    snapshot.pod_event("ADDED", make_pod("new"))  # the watch shows "new" (not yet bound), never "gone"
+    assert _used(snapshot, "n1") == [(2, 6000, 60)]
+    now[0] = NOW + datetime.timedelta(seconds=59)
+    assert snapshot.record(("default", "gone")) == record
+    now[0] = NOW + datetime.timedelta(seconds=60)  # the allocating horizon (2 x the bind timeout)
+    snapshot.current()
+    assert snapshot.record(("default", "gone")) is None
+    assert snapshot.record(("default", "new")) == record
+    assert _used(snapshot, "n1") == [(1, 3000, 30)]
+
+
 def test_malformed_registrations_are_reported_once_per_text() -> None:
     reports: list[tuple[str, str]] = []
     snapshot = _snapshot(
