@@ -204,8 +204,9 @@ class RejectionMemo:
     card policy, the policy's target, the node's state and the namespace's quota; node states are
     immutable (a node whose usage changed has a new state object), so an entry is kept per node for
     its current state object only (a new state drops the node's entries) and is found only for that
-    very object, at most ``per_node`` pod shapes each. Rejections under a quota are never kept. At most
-    ``nodes`` node names are held (then it starts over). Not thread-safe: one event loop uses it."""
+    very object, at most ``per_node`` pod shapes each. Rejections under a quota are never kept. A node
+    that goes is forgotten (:meth:`forget`, told by the live view); at most ``nodes`` node names are held
+    (then it starts over). Not thread-safe: one event loop uses it."""
 
     __slots__ = ("_held", "_nodes", "_per_node")
 
@@ -225,6 +226,10 @@ class RejectionMemo:
                 self._held.clear()
             held = self._held[node.name] = (node, {})
         held[1][shape] = rejection
+
+    def forget(self, name: str) -> None:
+        """The node is gone (or has no usable state): drop what is kept for it."""
+        self._held.pop(name, None)
 
     def __len__(self) -> int:
         """How many rejections are kept."""

@@ -58,6 +58,9 @@ class Context:
     rejections: RejectionMemo = field(default_factory=RejectionMemo)  # filter's, kept across pods
     wakeup: WakeUp | None = None  # the pending pods to wake when cards are freed (--wake-pending)
 
+    def __post_init__(self) -> None:
+        self.snapshot.on_node_gone = self.rejections.forget  # a departed node's rejections go with it
+
     def cycle(self, pod: Mapping[str, Any]) -> Cycle:
         """The scheduling cycle of this pod version (its request read once: :mod:`hami.scheduler.cycle`)."""
         return self.cycles.of(pod, self.settings.device_config)
