@@ -134,7 +134,10 @@ class RefreshAtMost:
             configuration.refresh_api_key_hook = cls(hook, **kwargs)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> RefreshAtMost:
-        return self  # a copied configuration shares it (a lock cannot be copied; hooks are functions)
+        """A copied configuration gets its own wrapper, due at once: the hook writes the credential into
+        the configuration it is called with, so a shared timer would keep the copy's from ever being
+        refreshed while the original's calls kept it inside the window (a lock cannot be copied)."""
+        return type(self)(self._hook, every=self._every, clock=self._clock)
 
     def __call__(self, configuration: Any) -> None:
         if self._clock() < self._due:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import copy as copy_module
 import time
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,19 @@ def test_a_failing_hook_is_tried_again_on_the_next_request() -> None:
     loader.fail = False
     assert configuration.get_api_key_with_prefix("BearerToken") == "token-2"  # no wait for a second
     assert isinstance(configuration.refresh_api_key_hook, RefreshAtMost)
+
+
+def test_a_copied_configuration_is_refreshed_on_its_own_timer() -> None:
+    """A deep copy gets its own wrapper: with a shared one, the original's calls inside each second kept
+    the copy's token from ever being written (found by review)."""
+    loader, now = LoaderLike(), [100.0]
+    original = _configuration(loader, now)
+    assert original.get_api_key_with_prefix("BearerToken") == "token-1"
+    copy = copy_module.deepcopy(original)
+    copy.api_key["BearerToken"] = "expired"
+    assert copy.refresh_api_key_hook is not original.refresh_api_key_hook
+    assert copy.get_api_key_with_prefix("BearerToken") == "token-2"  # due at once, in the copy itself
+    assert original.get_api_key_with_prefix("BearerToken") == "token-1"  # the original's second not up
 
 
 def test_a_configuration_without_a_hook_is_left_alone() -> None:
