@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 from collections import Counter, deque
 from collections.abc import Iterable, Mapping
@@ -125,6 +126,10 @@ def requeues(
     return False
 
 
+#: The order pods entered the scheduling queue (first seen, or queued again after a failed attempt).
+_QUEUE_ORDER = itertools.count()
+
+
 @dataclass(slots=True)
 class Attempt:
     """The last scheduling attempt of one pod (by uid)."""
@@ -140,6 +145,8 @@ class Attempt:
     rejectors: frozenset[str] = frozenset()  # kube-scheduler's UnschedulablePlugins
     requeued: str = ""  # the event that moved it out of the unschedulable pool ("" while parked)
     backoff_until: float = 0.0  # loop time before which a requeued pod is not tried
+    #: kube-scheduler's queue timestamp, as an order: the attempt was made (its pod queued again) now
+    queued: int = field(default_factory=lambda: next(_QUEUE_ORDER))
 
 
 class SchedulerStandIn:
@@ -182,6 +189,7 @@ class SchedulerStandIn:
         self._fingerprints: dict[str, Any] = {}
         self.generation = 0
         self.attempts: dict[str, Attempt] = {}  # by pod uid (or ns/name when the pod has none)
+        self._arrived: dict[str, int] = {}  # by pod ident: the queue order of its first sight
         self._changed = asyncio.Event()
         self.calls: Counter[str] = Counter()  # verb -> how many requests were sent
         self._background = background_binds
@@ -254,10 +262,14 @@ class SchedulerStandIn:
             await self.schedule_one(pod)
 
     def _next(self, now: float) -> tuple[JsonDict | None, float | None]:
-        """The pod due for an attempt with the highest priority (the oldest of those), else when the
-        next one becomes due."""
+        """The pod due for an attempt with the highest priority, of those the one queued first, else when
+        the next one becomes due. As kube-scheduler's PrioritySort: equal priorities go by the time the
+        pod entered the queue, which a failed attempt renews (a pod tried and rejected goes behind the
+        pods that arrived before its rejection and were never tried; by creation time instead, a burst's
+        rejected pods were tried again and again ahead of the untried ones)."""
         wake_at: float | None = None
         due: JsonDict | None = None
+        due_key: tuple[int, int] = (0, 0)
         for pod in self.pods.values():
             if not self._ours(pod):
                 continue
@@ -276,8 +288,10 @@ class SchedulerStandIn:
                 or (last.kind == "unschedulable" and last.requeued and now >= last.backoff_until)
                 or (last.kind == "error" and now >= last.retry_at)
             ):
-                if due is None or objects.priority(pod) > objects.priority(due):
-                    due = pod
+                order = last.queued if last is not None else self._arrived.get(_ident(pod), 0)
+                key = (-objects.priority(pod), order)
+                if due is None or key < due_key:
+                    due, due_key = pod, key
                 continue
             at = last.backoff_until if last.kind == "unschedulable" and last.requeued else last.retry_at
             wake_at = at if wake_at is None else min(wake_at, at)
@@ -610,12 +624,14 @@ class SchedulerStandIn:
             if kind == "DELETED":
                 self.pods.pop(key, None)
                 self.attempts.pop(_ident(pod), None)
+                self._arrived.pop(_ident(pod), None)
                 self._warned.discard(_ident(pod))
                 old_phase = ((old or pod).get("status") or {}).get("phase")
                 if (pod.get("spec") or {}).get("nodeName") and old_phase not in objects.FINISHED_PHASES:
                     self._event_for_parked("AssignedPod", ["Delete"])  # its cards are free again
             else:
                 self.pods[key] = pod
+                self._arrived.setdefault(_ident(pod), next(_QUEUE_ORDER))
                 phase = (pod.get("status") or {}).get("phase")
                 old_phase = ((old or {}).get("status") or {}).get("phase")
                 if objects.node_name(pod):
