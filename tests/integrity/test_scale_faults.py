@@ -64,11 +64,14 @@ async def test_a_tenth_of_the_agents_killed_at_once_loses_no_pod_and_overcommits
 ) -> None:
     """Ten fleet processes of one node each; 30 pods created, the first fleet (a tenth of the agents)
     killed (SIGKILL) and started again after the tenth: every pod ends Running, no card is over-committed
-    and no node lock is left."""
+    and no node lock is left. Except, as kubelet does it: a pod the kubelet admits on the restarted node
+    while its device plugin is down fails admission (``UnexpectedAdmissionError``; a controller would make
+    a new one), and only there."""
     options = SystemOptions(fleet=True, fleets=10, log_level="WARNING")
     async with EmbeddedSystem(CLUSTER, workdir, options) as system:
         fleets = list(system.fleet_nodes())
         assert len(fleets) == 10 and all(len(nodes) == 1 for nodes in system.fleet_nodes().values())
+        restarted = set(system.fleet_nodes()[fleets[0]])
         names = [f"p{i:02d}" for i in range(30)]
         for index, name in enumerate(names):
             await system.api.create(pods_path("default"), gpu_pod(name, "default"))
@@ -76,13 +79,24 @@ async def test_a_tenth_of_the_agents_killed_at_once_loses_no_pod_and_overcommits
                 await system.restart_fleet(fleets[0])
 
         seen: list[Audit] = []
+        refused: set[str] = set()  # failed admission on the restarted node while its plugin was down
 
         async def settled() -> Audit | None:
             system.supervisor.check()
             system.check_standin()
             found = await verdict(system, "default", names)
+            for pod in await system.api.list_objects(pods_path("default")):
+                status = pod.get("status") or {}
+                if (
+                    status.get("phase") == "Failed"
+                    and status.get("reason") == "UnexpectedAdmissionError"
+                    and (pod.get("spec") or {}).get("nodeName") in restarted
+                ):
+                    refused.add(pod["metadata"]["name"])
             seen.append(found)
-            return found if found.running == len(names) or final_loss(found) else None
+            lost = [line for line in found.lost if not any(f"/{name}:" in line for name in refused)]
+            done = found.running + len(refused) == len(names)
+            return found if done or any("Pending with no reason" not in line for line in lost) else None
 
         final = await eventually(
             settled,
@@ -90,8 +104,9 @@ async def test_a_tenth_of_the_agents_killed_at_once_loses_no_pod_and_overcommits
             within=120,
             progress=lambda: seen[-1].running if seen else 0,
         )
-        assert final.problems == [], final.problems
-        assert final.running == len(names)
+        unexplained = [line for line in final.lost if not any(f"/{name}:" in line for name in refused)]
+        assert final.cards == final.quotas == unexplained == [], final.problems
+        assert final.running == len(names) - len(refused)
 
         async def unlocked() -> bool | None:
             nodes = await system.api.list_objects(nodes_path())
