@@ -1,8 +1,7 @@
 """Shared fixtures and suite-wide settings.
 
-Fixtures: an embedded API server (kmock's emulator at a constant cost per request, plus the test kit's
-reactions) per test, a kubeconfig pointing at it, and ports held for the listeners a test's children
-bind (``ports``).
+Fixtures: an embedded API server (kmock + reactions) per test, a kubeconfig pointing at it, and ports
+held for the listeners a test's children bind (``ports``).
 
 Hypothesis runs without its per-example deadline and its too-slow health check: both are wall-clock
 budgets that a loaded machine breaks (``make test`` runs the suite in parallel, maybe beside another
@@ -14,25 +13,18 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import kmock
 import pytest
 from hypothesis import HealthCheck, settings
 
-from hami_testkit.apiserver import LeanEmulator, add_reactions, write_kubeconfig
+from hami_testkit.apiserver import add_reactions, write_kubeconfig
 from hami_testkit.processes import PortReservations
 
 settings.register_profile(
     "suite", deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True
 )
 settings.load_profile("suite")
-
-
-@pytest.fixture
-def kmock_options(kmock_options: dict[str, Any]) -> dict[str, Any]:
-    """kmock's own options, its emulator class replaced by ``LeanEmulator`` (constant cost per request)."""
-    return {**kmock_options, "cls": LeanEmulator}
 
 
 @pytest.fixture

@@ -70,12 +70,6 @@ PODS = kmock.resource("v1/pods")
 REQUEST_LOG = 2000
 
 
-class LeanEmulator(kmock.KubernetesEmulator, LeanHandler):
-    """kmock's own emulator at a constant cost per request (:class:`~hami_testkit.lean.LeanHandler`),
-    nothing else changed: the tests' default API server (kmock's matches each request against every
-    request it served before, per reaction, so a test's thousandth request cost a thousand checks)."""
-
-
 class AdmittingEmulator(kmock.KubernetesEmulator, LeanHandler):
     """kmock's emulator with token authentication and ValidatingAdmissionPolicies on pod writes, at a
     constant cost per request (:class:`~hami_testkit.lean.LeanHandler` sits between kmock's emulator and its
