@@ -208,7 +208,11 @@ async def test_a_pod_created_again_under_the_same_name_is_not_woken(start_extend
     node = make_node("full", card("full", 0, memory=10000))
     holder = make_pod("holder", memory=9000, node="full", annotations=placed("full", "GPU-full-0", 9000, 30))
     ext = await start_extender(nodes=[node], pods=[holder])
+    seen = ext.ctx.snapshot.pod_events
     await ext.apiserver.post(POD, json=make_pod("waiter", memory=4000))
+    # the service has seen the new pod before the rejection of the old one is remembered: a later event of
+    # the new pod would drop it (another uid), and the wake's own uid guard would go untested
+    await eventually(lambda: ext.ctx.snapshot.pod_events > seen, "the new waiter to be seen")
     gone = make_pod("waiter", memory=4000)  # the pod /filter rejected, since deleted and created again
     gone["metadata"]["uid"] = "uid-gone"
     assert ext.ctx.wakeup is not None
