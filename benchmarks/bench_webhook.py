@@ -1,8 +1,8 @@
 """Admission latency of ``hami-webhook`` over loopback HTTPS at a fixed arrival rate.
 
 Set-up: three processes, as in a cluster. The embedded API server (kmock) runs in a child process
-(``python -m benchmarks.bench_webhook --apiserver``, which prints its URL and serves until its stdin
-closes); ``python -m webhook --manage-config`` is another; the load client is this process alone, so
+(``benchmarks.childserver``: it prints its URL and serves until its stdin closes); ``python -m webhook
+--manage-config`` is another; the load client is this process alone, so
 neither the API server's work (the webhook's ResourceQuota list + watch, Kopf's watch of its
 configuration) nor the webhook's can stall the client's clock. The client reads the URL and caBundle
 from the MutatingWebhookConfiguration the webhook published and POSTs AdmissionReview v1 requests, open
@@ -35,9 +35,10 @@ from typing import Any
 
 import aiohttp
 
+from benchmarks.childserver import apiserver_process
 from benchmarks.table import Table, ms, percentile, summary
 from hami.kube.admissionreview import pod_create_review
-from hami_testkit.apiserver import embedded_apiserver, write_kubeconfig
+from hami_testkit.apiserver import write_kubeconfig
 from hami_testkit.processes import PortReservations
 from webhook.config import MutationSettings
 from webhook.mutation import plan
@@ -71,31 +72,18 @@ def _free_port() -> int:
     return PORTS.take()
 
 
-async def _serve_apiserver() -> None:
-    """The child process: kmock on an OS-chosen port; prints its URL, serves until stdin closes."""
-    async with embedded_apiserver() as emulator:
-        print(str(emulator.url).rstrip("/"), flush=True)
-        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+#: The child process: the embedded API server on an OS-chosen port; prints its URL, serves until stdin closes.
+SERVER = """
+import asyncio, sys
+from hami_testkit.apiserver import embedded_apiserver
 
+async def main():
+    async with embedded_apiserver() as k:
+        print(str(k.url).rstrip("/"), flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until stdin closes
 
-@contextlib.contextmanager
-def _apiserver() -> Iterator[str]:
-    """The embedded API server in a child process; yields its URL."""
-    command = [sys.executable, "-m", "benchmarks.bench_webhook", "--apiserver"]
-    process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-    assert process.stdin is not None and process.stdout is not None
-    try:
-        url = process.stdout.readline().decode().strip()  # "" when the child died
-        if not url.startswith("http"):
-            raise RuntimeError("the embedded API server did not start")
-        yield url
-    finally:
-        process.stdin.close()
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
+asyncio.run(main())
+"""
 
 
 @contextlib.contextmanager
@@ -183,7 +171,7 @@ async def _load(url: str, ca: bytes, seconds: float, *, keep_alive: bool) -> tup
 async def _measure(seconds: float) -> list[tuple[str, list[float], int]]:
     with (
         tempfile.TemporaryDirectory() as tmp,
-        _apiserver() as api_url,
+        apiserver_process(SERVER) as api_url,
         _webhook_process(api_url, Path(tmp)) as process,
     ):
         url, ca = await _published(api_url, process)
@@ -225,8 +213,5 @@ def run() -> list[Table]:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--apiserver"]:
-        asyncio.run(_serve_apiserver())
-    else:
-        for result in run():
-            print(result.render())
+    for result in run():
+        print(result.render())
