@@ -9,9 +9,10 @@ background :class:`~hami.process.tasks.TaskSet`, the metrics, the registration w
 (``--wake-pending``) the :class:`~hami.scheduler.wakeup.WakeUp` the snapshot tells of freed cards.
 :func:`serve` runs the named tasks: ``listeners`` (the verbs on ``--listen``, loopback by default, plain
 HTTP unless ``--tls-cert``/``--tls-key``; probes and metrics on ``--metrics-listen``),
-``watch-nodes``, ``watch-pods``, ``watch-resourcequotas``, ``watch-poddisruptionbudgets`` and
-``registration-resync`` (:mod:`hami.scheduler.watches`); on the way out the background writes are
-drained. Process set-up (logging, one-line errors, signals) is the shared :mod:`hami.process.entry`.
+``watch-nodes``, ``watch-pods``, ``watch-resourcequotas``, ``watch-poddisruptionbudgets``,
+``registration-resync`` and ``workload-learning`` (:mod:`hami.scheduler.watches`); on the way out the
+background writes are drained. Process set-up (logging, one-line errors, signals) is the shared
+:mod:`hami.process.entry`.
 Must not import the Kubernetes client (only ``hami.kube``).
 """
 

@@ -237,7 +237,7 @@ class Snapshot:
 
     def _upsert_pod(self, obj: Mapping[str, Any]) -> PodKey:
         self.generation += 1
-        self.workload.observe(obj)
+        self.workload.defer(obj)  # read later, before the target is
         key = objects.pod_key(obj)
         self._unseen.pop(key, None)  # the watch shows it: an ordinary booking again
         record = self.pods.observe(key, obj)

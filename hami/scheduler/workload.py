@@ -7,7 +7,12 @@ pod watch shows, and the :class:`~hami.core.fragmentation.Target` built from it)
 A *class* is what one container asks of each card: the card count, the memory (MiB, or a percentage of
 each card), the cores, and the card types the pod allows (``nvidia.com/use-gputype``). Every pod is read
 once, when the watch first shows it (by uid; a bounded memory of uids); one that asks for cards counts
-as one observation, shared among its app containers with a device request. Weights decay with time: an
+as one observation, shared among its app containers with a device request. The snapshot hands its pods
+over with :meth:`Workload.defer`: queued with the time they were shown and read later, a chunk at a
+time by the ``workload-learning`` task (:meth:`Workload.learn_pending`), and in full before anything
+reads the histogram or the target, so no answer ever sees a part of them and each pod weighs what it
+would have weighed read at once. Reading 50,000 listed pods' requests is a third of the scheduler's
+start; deferred, it comes after ``/readyz`` says ready instead of before. Weights decay with time: an
 observation ``t`` seconds old weighs ``2^(-t / half_life)``. The target is the most frequent classes
 covering 95 % of the weight (at most ``MAX_CLASSES``), each class's probability its share of their
 weight; while the decayed weight of everything seen is below ``min_pods``, it is the configured fallback
@@ -26,7 +31,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
@@ -124,18 +129,61 @@ class Workload:
         self._built_at = -math.inf
         self._offers: dict[str, Counter[str]] = {}  # per node: its cards per type
         self._supply: Counter[str] = Counter()  # the sum of ``_offers``
-        self.observed = 0  # pods counted since the start
+        self._counted = 0  # pods counted since the start
+        self._pending: deque[tuple[Mapping[str, Any], float]] = deque()  # (pod, when shown), unread
+        #: called when the queue of deferred pods stops being empty (the learning task's wake-up)
+        self.on_pending: Callable[[], None] | None = None
 
     # -------------------------------------------------------------------------------- the histogram
 
     def observe(self, pod: Mapping[str, Any]) -> None:
-        """Count ``pod`` (a raw Pod) if it asks for cards and was not counted before."""
+        """Count ``pod`` (a raw Pod) now if it asks for cards and was not counted before."""
+        if self._first_sight(pod):
+            self._learn_pending()
+            self._learn(pod, self._clock())
+
+    def defer(self, pod: Mapping[str, Any]) -> None:
+        """Count ``pod`` as :meth:`observe` does, weighed as of now, but read it later: before the next
+        read of the histogram or the target, or by :meth:`learn_pending`."""
+        if self._first_sight(pod):
+            self._pending.append((pod, self._clock()))
+            if len(self._pending) == 1 and self.on_pending is not None:
+                self.on_pending()
+
+    @property
+    def pending(self) -> int:
+        """Deferred pods not read yet."""
+        return len(self._pending)
+
+    def learn_pending(self, limit: int) -> int:
+        """Read up to ``limit`` deferred pods, the oldest first; the number still deferred after."""
+        pending = self._pending
+        for _ in range(min(limit, len(pending))):
+            pod, when = pending.popleft()
+            self._learn(pod, when)
+        return len(pending)
+
+    def _learn_pending(self) -> None:
+        while self._pending:
+            pod, when = self._pending.popleft()
+            self._learn(pod, when)
+
+    @property
+    def observed(self) -> int:
+        """Pods counted since the start (the deferred ones read first)."""
+        self._learn_pending()
+        return self._counted
+
+    def _first_sight(self, pod: Mapping[str, Any]) -> bool:
         uid = objects.uid(pod) or "/".join(pod_key(pod))
         if uid in self._seen:
-            return
+            return False
         self._seen[uid] = None  # counted or not, it is read once
         if len(self._seen) > MAX_SEEN:
             self._seen.popitem(last=False)
+        return True
+
+    def _learn(self, pod: Mapping[str, Any], now: float) -> None:
         try:
             request = read_pod_request(pod, self._config)
         except AnnotationError:
@@ -153,8 +201,7 @@ class Workload:
         ]
         if not keys:
             return
-        self.observed += 1
-        now = self._clock()
+        self._counted += 1
         if (now - self._origin) / self._half_life > _REBASE:
             self._rebase(now)
         weight = math.exp2((now - self._origin) / self._half_life) / len(keys)
@@ -197,10 +244,12 @@ class Workload:
 
     def weight(self) -> float:
         """The decayed weight of everything seen (pods, each container its share), now."""
+        self._learn_pending()
         return self._total * math.exp2(-(self._clock() - self._origin) / self._half_life)
 
     def learned(self) -> tuple[TargetClass, ...]:
         """The most frequent classes covering ``COVERAGE`` of the weight (at most ``MAX_CLASSES``)."""
+        self._learn_pending()
         ranked = sorted(self._weights.items(), key=lambda kv: (-kv[1], kv[0]))
         kept: list[TargetClass] = []
         covered = 0.0
@@ -252,6 +301,7 @@ class Workload:
         now = self._clock()
         if self._target is not None and now - self._built_at < self._refresh:
             return self._target
+        self._learn_pending()
         self._built_at = now
         fresh = Target(self.learned(), supply=self._supply) if self.is_learned else self._fallback
         if self._target is None or not _close(self._target, fresh):

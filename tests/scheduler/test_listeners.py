@@ -75,6 +75,7 @@ async def test_every_loop_is_a_named_task(running: Listeners) -> None:
         "watch-resourcequotas",
         "watch-poddisruptionbudgets",
         "registration-resync",
+        "workload-learning",
     } <= names
     assert {t.name for t in threading.enumerate() if t.name.startswith("hami-watch-")} == {
         "hami-watch-nodes",

@@ -4,6 +4,7 @@ bounds against hostile pods, and the ``--fragmentation-fallback`` text."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 from typing import Any
 
@@ -209,3 +210,82 @@ def test_the_supply_follows_the_registered_nodes() -> None:
     for pod in pods("t", 3, annotations={"nvidia.com/use-gputype": "A100"}):
         workload.observe(pod)
     assert workload.target().reserve == pytest.approx({"nvidia a100": 1.0})  # every card's demand is A100's
+
+
+# ------------------------------------------------------------------ pods deferred by the snapshot
+
+
+def test_the_snapshot_leaves_the_pods_unread_until_the_workload_is_read() -> None:
+    """A list of pods is booked without reading their requests for the workload (a third of the
+    scheduler's start); the first read of the target reads them all, each weighed as of when it was
+    shown."""
+    clock = Clock()
+    workload = Workload(clock=clock, min_pods=1, half_life=HOUR, refresh=0)
+    snapshot = Snapshot(workload=workload)
+    snapshot.replace_pods(pods("a", 4))
+    assert workload.pending == 4
+    clock.now += HOUR  # read an hour later: each weighs what it weighed when shown, halved since
+    assert [(c.nums, c.memory_mib) for c in workload.target().classes] == [(1, 3000)]
+    assert workload.pending == 0
+    assert workload.weight() == pytest.approx(2.0)
+    assert workload.observed == 4
+
+
+def test_learning_a_few_at_a_time_keeps_the_order_and_the_weights() -> None:
+    """Any interleaving of deferred pods, pods read at once, time passing (across a rebase of the
+    stored weights) and partial reads gives the histogram reading every pod when shown gives."""
+    rng = random.Random(11)
+    clock, reference_clock = Clock(), Clock()
+    deferred = Workload(clock=clock, min_pods=1, half_life=HOUR)
+    reference = Workload(clock=reference_clock, min_pods=1, half_life=HOUR)
+    for i in range(3 * MAX_TRACKED):
+        pod = make_pod(f"p{i}", memory=1000 + rng.randrange(2 * MAX_TRACKED), cores=30)
+        again = make_pod(f"p{rng.randrange(i + 1)}", memory=1000, cores=30)  # a uid seen before
+        step = rng.uniform(0, 100 * HOUR / MAX_TRACKED)
+        clock.now += step
+        reference_clock.now += step
+        for shown in (pod, again):
+            reference.observe(shown)
+            if rng.random() < 0.1:
+                deferred.observe(shown)  # read at once: the deferred ones before it first
+            else:
+                deferred.defer(shown)
+        if rng.random() < 0.05:
+            deferred.learn_pending(rng.randrange(1, 40))
+    assert deferred.pending > 0
+    assert deferred.observed == reference.observed  # reads the rest
+    assert list(deferred._weights) == list(reference._weights)
+    assert deferred._weights == pytest.approx(reference._weights)
+    assert deferred.weight() == pytest.approx(reference.weight())
+
+
+def test_learn_pending_reads_at_most_its_limit_oldest_first() -> None:
+    workload = Workload(clock=Clock(), min_pods=1)
+    for pod in [*pods("a", 3, memory=1000), *pods("b", 2, memory=2000)]:
+        workload.defer(pod)
+    assert workload.learn_pending(3) == 2
+    assert {key[1] for key in workload._weights} == {1000}
+    assert workload.learn_pending(10) == 0
+    assert {key[1] for key in workload._weights} == {1000, 2000}
+
+
+async def test_the_learning_task_reads_deferred_pods_without_any_read() -> None:
+    """``workload-learning``: pods deferred before it starts and after it waits are read, a chunk per
+    turn of the loop, with nobody reading the workload."""
+    from hami.scheduler.watches import LEARNING_CHUNK, learn_workload
+    from tests.eventually import eventually
+
+    workload = Workload(clock=Clock(), min_pods=1)
+    for pod in pods("early", LEARNING_CHUNK + 7):
+        workload.defer(pod)
+    task = asyncio.create_task(learn_workload(workload))
+    try:
+        await eventually(lambda: workload.pending == 0, "the early pods read")
+        for pod in pods("late", 3):
+            workload.defer(pod)
+        await eventually(lambda: workload.pending == 0, "the late pods read")
+        assert workload._counted == LEARNING_CHUNK + 10
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert workload.on_pending is None
