@@ -47,7 +47,10 @@ the run's CPU, and the scheduler ≤ 2 ms CPU per scheduled pod. Sizes: ``HAMI_B
 ``100,1000``); pods per row ``HAMI_BENCH_E2E_PODS`` (default 300); rate
 ``HAMI_BENCH_E2E_RATE`` (default 100); the stand-in's binds ``HAMI_BENCH_E2E_BINDS`` (``background``, the
 default, or ``serial``); extra ``hami scheduler`` flags ``HAMI_BENCH_E2E_SCHEDULER_ARGS`` (e.g.
-``--node-lock-wait=5``).
+``--node-lock-wait=5``); the stand-in's ``percentageOfNodesToScore`` ``HAMI_BENCH_E2E_PERCENTAGE`` (an
+integer 0..100; default 100, what the chart renders: the extender is sent every node kube-scheduler's
+own filters keep; 0 is kube-scheduler's adaptive default, 420 of 1,000 nodes per attempt; see
+docs/scale.md, "End to end").
 """
 
 from __future__ import annotations
@@ -435,6 +438,7 @@ async def measure(nodes: int, count: int, rate: float) -> Row:
         fleet=True,
         ready_limit=900.0,
         background_binds=_binds() == "background",
+        percentage_of_nodes_to_score=_percentage(),
         scheduler_args=tuple(os.environ.get("HAMI_BENCH_E2E_SCHEDULER_ARGS", "").split()),
     )
     spread = os.environ.get("HAMI_START_SPREAD")
@@ -474,6 +478,18 @@ def _binds() -> str:
     if binds not in ("background", "serial"):
         raise ValueError(f"HAMI_BENCH_E2E_BINDS: 'background' or 'serial', not {binds!r}")
     return binds
+
+
+def _percentage() -> int:
+    """``HAMI_BENCH_E2E_PERCENTAGE``: the stand-in's percentageOfNodesToScore (default 100)."""
+    text = os.environ.get("HAMI_BENCH_E2E_PERCENTAGE", "100")
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 100:
+        raise ValueError(f"HAMI_BENCH_E2E_PERCENTAGE: an integer from 0 (adaptive) to 100, not {text!r}")
+    return value
 
 
 def _p(samples: list[float], q: float) -> str:
@@ -532,7 +548,8 @@ def tables(rows: list[Row], rate: float) -> list[Table]:
         columns=("nodes", "sender", "GPU pod", "baseline", "x baseline"),
     )
     bound = Table(
-        title=f"End to end: what bounds throughput (GPU pods; the stand-in's binds: {_binds()})",
+        title=f"End to end: what bounds throughput (GPU pods; the stand-in's binds: {_binds()}, "
+        f"percentageOfNodesToScore: {_percentage()})",
         columns=(
             "nodes",
             "wall s",

@@ -13,6 +13,8 @@ import argparse
 import importlib
 from pathlib import Path
 
+from hami.process.flags import parse_whole
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -50,6 +52,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="one node-agent process per node, or one fleet process for all (default: fleet with --generate)",
     )
     parser.add_argument(
+        "--percentage-of-nodes-to-score",
+        type=_percentage,
+        default=100,
+        metavar="PCT",
+        help="the nodes the kube-scheduler stand-in sends the extender, as kube-scheduler's"
+        " percentageOfNodesToScore: 100 (the default, what the chart renders) every node its own filters"
+        " keep, 0 its adaptive sample (420 of 1,000 nodes)",
+    )
+    parser.add_argument(
         "--examples",
         type=Path,
         default=None,
@@ -71,6 +82,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--log-level", default="INFO", help="components' log level (their logs are in workdir)"
+    )
+
+
+def _percentage(text: str) -> int:
+    return parse_whole(
+        "percentage-of-nodes-to-score", text, minimum=0, maximum=100, error=argparse.ArgumentTypeError
     )
 
 

@@ -74,14 +74,7 @@ async def _main(args: argparse.Namespace) -> int:
         print(f"hami demo: {exc}", file=sys.stderr)
         return 2
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="hami-demo-"))
-    agents = getattr(args, "agents", None) or ("fleet" if generated else "process")
-    options = SystemOptions(
-        register_interval=args.register_interval,
-        log_level=args.log_level,
-        request_log=DEMO_REQUEST_LOG,
-        fleet=agents == "fleet",
-        ready_limit=max(60.0, 0.1 * len(cluster.nodes)),  # a thousand nodes register in well under that
-    )
+    options = demo_options(args, cluster)
     ok = False
     try:
         started = time.monotonic()
@@ -134,6 +127,20 @@ async def _bare(args: argparse.Namespace) -> int:
         print("\nhami demo: interrupted", file=sys.stderr)
         return 130
     return 0
+
+
+def demo_options(args: argparse.Namespace, cluster: ClusterSpec) -> SystemOptions:
+    """The embedded system's knobs the demo's flags set."""
+    generated = getattr(args, "generate", None) is not None
+    agents = getattr(args, "agents", None) or ("fleet" if generated else "process")
+    return SystemOptions(
+        register_interval=args.register_interval,
+        log_level=args.log_level,
+        request_log=DEMO_REQUEST_LOG,
+        fleet=agents == "fleet",
+        ready_limit=max(60.0, 0.1 * len(cluster.nodes)),  # a thousand nodes register in well under that
+        percentage_of_nodes_to_score=getattr(args, "percentage_of_nodes_to_score", 100),
+    )
 
 
 def demo_cluster(args: argparse.Namespace) -> ClusterSpec:

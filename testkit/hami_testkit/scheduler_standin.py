@@ -14,8 +14,15 @@ on its node for preemption; a failed bind *forgets* it (an ``AssignedPod/Delete`
 pods, as kube-scheduler's ``handleBindingCycleError`` sends) and retries it after its backoff. At most
 :data:`MAX_BINDING` binds are in flight; ``background_binds=False`` waits for each bind before the next
 pod instead. Stopping :meth:`SchedulerStandIn.run` cancels and awaits every bind in flight. The JSON is
-the extender v1 shape (Go field names). When no node takes the pod,
-kube-scheduler's DefaultPreemption runs (:mod:`hami_testkit.preemption_standin`: the extender's
+the extender v1 shape (Go field names). Which nodes go to ``/filter`` follows kube-scheduler's
+``percentageOfNodesToScore`` (``percentage_of_nodes_to_score``; 100, the default, is what our chart
+renders): its in-tree filters walk the nodes (sorted by name) from a start index that rotates across
+attempts and stop once :func:`feasible_nodes_to_find` nodes passed; only those are sent, and the start
+moves on by the nodes the walk processed (kept or dropped), as ``findNodesThatPassFilters`` and
+``nextStartNodeIndex`` do (the nominated node is still tried alone first). Below 100 a pod that fits
+few nodes can be refused for a sample that missed them and placed on a later attempt, as kube-scheduler
+does (docs/install.md, "Scheduling on large clusters"). When no node takes the pod, kube-scheduler's
+DefaultPreemption runs (:mod:`hami_testkit.preemption_standin`: the extender's
 ``/preempt``, victims evicted, the pod nominated; :attr:`SchedulerStandIn.preemption` records who
 was preempted for whom). An unschedulable pod gets the ``PodScheduled`` condition and a
 ``FailedScheduling`` event and waits in the *unschedulable pool* the way kube-scheduler's queue keeps
@@ -67,6 +74,11 @@ logger = logging.getLogger("hami_testkit.scheduler_standin")
 #: connection inside aiohttp, where it could starve the scheduling cycle's own calls. At the cap the
 #: scheduling cycle waits for a bind to finish (counted in :attr:`SchedulerStandIn.bind_waits`).
 MAX_BINDING = 32
+#: kube-scheduler's ``minFeasibleNodesToFind``: it looks for at least this many feasible nodes (every node,
+#: in a smaller cluster), whatever ``percentageOfNodesToScore`` says.
+MIN_FEASIBLE_NODES = 100
+#: kube-scheduler's ``minFeasibleNodesPercentageToFind``: the floor of its adaptive percentage.
+MIN_FEASIBLE_PERCENTAGE = 5
 #: The reason of the Warning Event for a pod whose scheduler does not run in the embedded cluster.
 NO_SCHEDULER = "NoScheduler"
 #: Who writes that Event (no kube-scheduler would: it is the embedded cluster telling the user).
@@ -126,6 +138,39 @@ def requeues(
     return False
 
 
+def feasible_nodes_to_find(percentage: int, nodes: int) -> int:
+    """kube-scheduler's ``numFeasibleNodesToFind``: after how many feasible nodes (of ``nodes``) its in-tree
+    filters stop. Every node below :data:`MIN_FEASIBLE_NODES`; else ``percentage`` of them (0: adaptive,
+    ``50 - nodes/125`` percent, at least :data:`MIN_FEASIBLE_PERCENTAGE`), at least
+    :data:`MIN_FEASIBLE_NODES`: 144 of 300 nodes, 420 of 1,000 adaptively."""
+    if nodes < MIN_FEASIBLE_NODES:
+        return nodes
+    if percentage == 0:
+        percentage = max(50 - nodes // 125, MIN_FEASIBLE_PERCENTAGE)
+    return max(nodes * percentage // 100, MIN_FEASIBLE_NODES)
+
+
+def checked_percentage(value: object) -> int:
+    """``percentage_of_nodes_to_score`` as kube-scheduler's validation takes it: an integer 0..100."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 100:
+        raise ValueError(
+            f"percentage_of_nodes_to_score must be an integer from 0 (adaptive) to 100, not {value!r}"
+        )
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """What kube-scheduler's in-tree filters made of the nodes for one attempt."""
+
+    nodes: list[str]  # the feasible nodes found, in walk order: what /filter is sent
+    excluded: Counter[str]  # why the processed nodes they dropped were dropped
+    start: int  # where the walk began
+    processed: int  # how many nodes it looked at (kept or dropped)
+    total: int  # how many nodes there were
+    nominated_passes: bool  # the pod's nominated node passes the in-tree filters
+
+
 #: The order pods entered the scheduling queue (first seen, or queued again after a failed attempt).
 _QUEUE_ORDER = itertools.count()
 
@@ -168,9 +213,13 @@ class SchedulerStandIn:
         warn_other_schedulers: bool = False,
         background_binds: bool = True,
         max_binding: int = MAX_BINDING,
+        percentage_of_nodes_to_score: int = 100,
     ) -> None:
         if max_binding < 1:
             raise ValueError(f"max_binding must be at least 1, not {max_binding}")
+        #: kube-scheduler's percentageOfNodesToScore (0: adaptive); see :func:`feasible_nodes_to_find`.
+        self.percentage_of_nodes_to_score = checked_percentage(percentage_of_nodes_to_score)
+        self._next_start = 0  # kube-scheduler's nextStartNodeIndex
         self._api = api
         self._session = session
         self._url = extender_url.rstrip("/")
@@ -337,10 +386,10 @@ class SchedulerStandIn:
         namespace, name = objects.pod_key(pod)
         generation = self.generation
         previous = self.attempt(pod)
-        candidates, excluded = self._candidates(pod)
+        sample = self._candidates(pod)
         self._inflight = (_ident(pod), [])
         try:
-            return await self._try(pod, namespace, name, generation, previous, candidates, excluded)
+            return await self._try(pod, namespace, name, generation, previous, sample)
         finally:
             self._inflight = None
 
@@ -351,17 +400,16 @@ class SchedulerStandIn:
         name: str,
         generation: int,
         previous: Attempt | None,
-        candidates: list[str],
-        excluded: Counter[str],
+        sample: Sample,
     ) -> Attempt:
         failures = previous.failures if previous is not None and previous.kind == "error" else 0
         try:
-            feasible, failed, resolvable = await self._filter(pod, candidates)
+            feasible, failed, resolvable = await self._filter(pod, sample)
             if not feasible:
                 outcome = await self.preemption.preempt(
                     pod, sorted(self.nodes), resolvable, self._with_assumed(), self._event
                 )
-                return await self._unschedulable(pod, generation, excluded, failed, outcome)
+                return await self._unschedulable(pod, generation, sample.excluded, failed, outcome)
             node = feasible[0] if len(feasible) == 1 else await self._prioritize(pod, feasible)
         except (_ExtenderError, PreemptionError, aiohttp.ClientError, TimeoutError, ValueError) as exc:
             return self._error(pod, failures, generation, exc)
@@ -455,19 +503,23 @@ class SchedulerStandIn:
             out.append(pod)
         return out
 
-    async def _filter(
-        self, pod: JsonDict, candidates: list[str]
-    ) -> tuple[list[str], dict[str, str], set[str]]:
+    async def _filter(self, pod: JsonDict, sample: Sample) -> tuple[list[str], dict[str, str], set[str]]:
         """``/filter``: the feasible nodes, every failed node's reason, and the nodes whose failure
-        removing pods may resolve (``FailedNodes``). A nominated node is asked alone first."""
-        if not candidates:
-            return [], {}, set()
+        removing pods may resolve (``FailedNodes``). A nominated node that passes the in-tree filters is
+        asked alone first (kube-scheduler's ``evaluateNominatedNode``: taken, no walk is made and the start
+        index stays); else the sample, the start index moved on past the nodes its walk processed."""
         nominated = str(objects.status(pod).get("nominatedNodeName") or "")
-        if nominated in candidates and len(candidates) > 1:
+        reply: Mapping[str, Any] | None = None
+        if sample.nominated_passes:
             reply = await self._filter_call(pod, [nominated])
             if nominated in [str(n) for n in reply.get("NodeNames") or []]:
                 return [nominated], {}, set()
-        reply = await self._filter_call(pod, candidates)
+        if sample.total:
+            self._next_start = (sample.start + sample.processed) % sample.total
+        if not sample.nodes:
+            return [], {}, set()
+        if reply is None or sample.nodes != [nominated]:  # the lone nominated node is not asked twice
+            reply = await self._filter_call(pod, sample.nodes)
         resolvable = {str(n): str(r) for n, r in (reply.get("FailedNodes") or {}).items()}
         failed = {**resolvable, **(reply.get("FailedAndUnresolvableNodes") or {})}
         return [str(n) for n in reply.get("NodeNames") or []], failed, set(resolvable)
@@ -480,27 +532,29 @@ class SchedulerStandIn:
             raise _ExtenderError(f"filter: {reply['Error']}")
         return reply
 
-    def _candidates(self, pod: Mapping[str, Any]) -> tuple[list[str], Counter[str]]:
-        """Nodes kube-scheduler's own filters keep, sorted by name, and why the others were dropped."""
+    def _candidates(self, pod: Mapping[str, Any]) -> Sample:
+        """kube-scheduler's ``findNodesThatPassFilters``: its own filters over the nodes (sorted by name)
+        from the start index on, until :func:`feasible_nodes_to_find` nodes passed; why the processed
+        others were dropped. The start index moves only once the sample is used (:meth:`_filter`)."""
         selector = (pod.get("spec") or {}).get("nodeSelector") or {}
+        names = sorted(self.nodes)
+        total = len(names)
+        to_find = feasible_nodes_to_find(self.percentage_of_nodes_to_score, total)
+        start = self._next_start % total if total else 0
         kept: list[str] = []
         excluded: Counter[str] = Counter()
-        for name in sorted(self.nodes):
-            node = self.nodes[name]
-            labels = objects.labels(node)
-            ready = any(
-                c.get("type") == "Ready" and c.get("status") == "True"
-                for c in objects.status(node).get("conditions") or []
-            )
-            if not ready:
-                excluded["node(s) were not ready"] += 1
-            elif (node.get("spec") or {}).get("unschedulable"):
-                excluded["node(s) were unschedulable"] += 1
-            elif any(labels.get(k) != v for k, v in selector.items()):
-                excluded["node(s) didn't match Pod's node affinity/selector"] += 1
+        processed = 0
+        while len(kept) < to_find and processed < total:
+            name = names[(start + processed) % total]
+            processed += 1
+            reason = _dropped(self.nodes[name], selector)
+            if reason:
+                excluded[reason] += 1
             else:
                 kept.append(name)
-        return kept, excluded
+        nominated = str(objects.status(pod).get("nominatedNodeName") or "")
+        nominated_passes = nominated in self.nodes and not _dropped(self.nodes[nominated], selector)
+        return Sample(kept, excluded, start, processed, total, nominated_passes)
 
     async def _prioritize(self, pod: JsonDict, feasible: list[str]) -> str:
         reply = await self._post("prioritize", {"Pod": pod, "Nodes": None, "NodeNames": feasible})
@@ -679,6 +733,22 @@ class SchedulerStandIn:
 
 class _ExtenderError(Exception):
     """The extender answered with an error (or not in the expected shape)."""
+
+
+def _dropped(node: Mapping[str, Any], selector: Mapping[str, Any]) -> str:
+    """Why kube-scheduler's own filters drop ``node`` for a pod with this ``nodeSelector`` ("" if not)."""
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in objects.status(node).get("conditions") or []
+    )
+    if not ready:
+        return "node(s) were not ready"
+    if (node.get("spec") or {}).get("unschedulable"):
+        return "node(s) were unschedulable"
+    labels = objects.labels(node)
+    if any(labels.get(k) != v for k, v in selector.items()):
+        return "node(s) didn't match Pod's node affinity/selector"
+    return ""
 
 
 def _ident(pod: Mapping[str, Any]) -> str:

@@ -95,6 +95,9 @@ class SystemOptions:
     #: The kube-scheduler stand-in binds in the background as kube-scheduler does (its binding cycle
     #: runs on its own while the next pod is scheduled); False waits for each bind before the next pod.
     background_binds: bool = True
+    #: The nodes the kube-scheduler stand-in sends the extender: kube-scheduler's percentageOfNodesToScore
+    #: (100, what the chart renders: every node its in-tree filters keep; 0: its adaptive percentage).
+    percentage_of_nodes_to_score: int = 100
     #: Extra flags for ``hami scheduler`` (e.g. ``--wake-pending=false``).
     scheduler_args: tuple[str, ...] = ()
 
@@ -210,6 +213,7 @@ class EmbeddedSystem:
             flush_after=self.options.flush_after,
             queueing_hints=self.options.queueing_hints,
             background_binds=self.options.background_binds,
+            percentage_of_nodes_to_score=self.options.percentage_of_nodes_to_score,
         )
         self._scheduler_task = asyncio.create_task(self.scheduler.run(), name="kube-scheduler-standin")
         self.stack.push_async_callback(self._stop_scheduler_standin)

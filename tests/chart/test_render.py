@@ -87,6 +87,16 @@ def test_schema_check_catches_a_bad_object() -> None:
         ({"scheduler": {"metricsPort": 0}}, "/scheduler/metricsPort"),
         ({"networkPolicy": {"enabled": "yes"}}, "/networkPolicy/enabled"),
         ({"networkPolicy": {"metricsFrom": [{"namespaceSelectr": {}}]}}, "/networkPolicy/metricsFrom/0"),
+        ({"scheduler": {"percentageOfNodesToScore": 101}}, "/scheduler/percentageOfNodesToScore': maximum"),
+        ({"scheduler": {"percentageOfNodesToScore": -1}}, "/scheduler/percentageOfNodesToScore': minimum"),
+        (
+            {"scheduler": {"percentageOfNodesToScore": "x"}},
+            "/scheduler/percentageOfNodesToScore': got string, want integer",
+        ),
+        (
+            {"scheduler": {"percentageOfNodesToScore": 42.5}},
+            "/scheduler/percentageOfNodesToScore': got number, want integer",
+        ),
     ],
 )
 def test_values_schema_names_the_bad_key(values: dict[str, Any], complaint: str) -> None:

@@ -188,6 +188,20 @@ def test_kube_scheduler_calls_the_extender_beside_it(values: dict[str, Any], tmp
     assert [m["name"] for m in managed] == list(expected_names(values).managed)
 
 
+@pytest.mark.parametrize(("given", "rendered"), [(None, 100), (0, 0), (42, 42), (100, 100)])
+def test_kube_scheduler_sends_the_extender_the_share_of_nodes_the_values_say(
+    given: int | None, rendered: int
+) -> None:
+    """percentageOfNodesToScore, top level (our one profile sets none, so it applies to it): by default
+    100, so our extender sees every node kube-scheduler's own filters keep; kube-scheduler's own default
+    would be its adaptive sample (docs/install.md, "Scheduling on large clusters")."""
+    values = {} if given is None else {"scheduler": {"percentageOfNodesToScore": given}}
+    _, config = kube_scheduler_config(render(values))
+    assert config["percentageOfNodesToScore"] == rendered
+    assert isinstance(config["percentageOfNodesToScore"], int)
+    assert all("percentageOfNodesToScore" not in profile for profile in config["profiles"])
+
+
 @SETS
 def test_leader_election_uses_the_profile_lease(values: dict[str, Any]) -> None:
     rendered = render(values)

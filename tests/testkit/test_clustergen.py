@@ -22,7 +22,7 @@ from hami_testkit.clustergen import (
     mix_from_nodes,
     parse_mix,
 )
-from hami_testkit.demo_session import demo_cluster
+from hami_testkit.demo_session import demo_cluster, demo_options
 from tests.simulate.shipped import OPENB
 
 
@@ -99,3 +99,14 @@ def test_the_demo_takes_a_cluster_file_or_a_generated_cluster(tmp_path: Path) ->
     assert describe_mix(demo_cluster(_args("--generate", "3", "--node-list", str(listed)))) == "3 x V100M32x4"
     with pytest.raises(ClusterFileError, match="--nodes and --generate"):
         demo_cluster(_args("--generate", "3", "--nodes", str(listed)))
+
+
+def test_the_demo_passes_its_percentage_of_nodes_to_score_to_the_kube_scheduler_stand_in() -> None:
+    cluster = demo_cluster(_args())
+    assert demo_options(_args(), cluster).percentage_of_nodes_to_score == 100  # what the chart renders
+    adaptive = _args("--percentage-of-nodes-to-score", "0")
+    assert demo_options(adaptive, cluster).percentage_of_nodes_to_score == 0
+    assert demo_options(_args("--generate", "3"), cluster).fleet  # the other knobs as before
+    for bad in ("101", "-1", "x"):
+        with pytest.raises(SystemExit):
+            _args("--percentage-of-nodes-to-score", bad)
