@@ -2,7 +2,9 @@
 
 Owns :func:`card_score`, :func:`parse_gpu_policy`, :func:`order_cards`, :func:`node_score` and
 :func:`node_priority`, the one node ranking: HAMi's node score mapped onto kube-scheduler's 0..10 under
-the node policy (what ``/prioritize`` answers). Scores use float32 arithmetic like HAMi's Go code
+the node policy (what ``/prioritize`` answers), and :func:`demote_busy`, which ranks the nodes a bind
+would find busy now below the others (not HAMi's: docs/compatibility.md, "Scheduler extender", item
+30; which nodes are busy is the scheduler's to say). Scores use float32 arithmetic like HAMi's Go code
 (:func:`hami.core.gocompat.f32`), so ties (which decide the card) fall the same way.
 
 Pure: stdlib only; must not import a Kubernetes client, aiohttp, kopf, grpc, pynvml, ``logging``,
@@ -11,7 +13,7 @@ Pure: stdlib only; must not import a Kubernetes client, aiohttp, kopf, grpc, pyn
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from dataclasses import dataclass
 
 from hami.core.gocompat import f32
@@ -145,3 +147,21 @@ def node_priority(score: float, node_policy: str) -> int:
     """
     fullness = max(0, min(MAX_PRIORITY, round(score / 3)))
     return MAX_PRIORITY - fullness if node_policy == SPREAD else fullness
+
+
+def demote_busy(priorities: dict[str, int], busy: Set[str]) -> int:
+    """Rank the nodes of ``busy`` below every other node of ``priorities`` (0..10 by node), in place:
+    each busy node 0, each other at least 1 (their order among themselves otherwise kept). Nothing
+    changes when no node of ``priorities`` is busy, nor when every one is (a busy node still takes the
+    pod when it is the only choice). Returns how many nodes were demoted (0: nothing changed).
+
+    Example: binpack's ``{a: 4, b: 0, c: 2}`` with ``a`` busy -> ``{a: 0, b: 1, c: 2}``."""
+    hit = [name for name in busy if name in priorities]
+    if not hit or len(hit) == len(priorities):
+        return 0
+    for name, value in priorities.items():  # values only: the keys stay as they are
+        if value < 1:
+            priorities[name] = 1
+    for name in hit:
+        priorities[name] = 0
+    return len(hit)

@@ -4,7 +4,10 @@ Writes only to a pending pod of ours (:func:`hami.scheduler.attempt.judge`): a p
 naming another scheduler (GPU-less ones included), not Pending, being deleted, recreated, or with
 another bind of it in flight is refused and never written to (no Event either); a pod already bound
 to this node with our grant for it is a success without a write (kube-scheduler retrying after a lost
-answer). A second bind of a pod while one is in progress in this process is refused.
+answer). A second bind of a pod while one is in progress in this process is refused. A GPU bind counts
+on its node from its start (when the pod's kept cycle asks for GPUs, else once the pod is read) until
+it answers (``BindCoordination.locking``): ``/prioritize`` ranks that node below the free ones for the
+other pods meanwhile, before the node watch shows its lock (docs/scheduler.md, "What each step does").
 
 The pod's request comes from its scheduling cycle (:mod:`hami.scheduler.cycle`): the one filter read when
 the pod read here is the same version, else read from this version; the cycle ends when the bind
@@ -114,6 +117,9 @@ async def handle_bind(ctx: Context, args: ExtenderBindingArgs) -> ExtenderBindin
     )
     if not ctx.binds.claim(att.key):
         return _refused(ctx, att, f"pod {att.ref} has a bind in progress here: refused", "refused")
+    kept = ctx.cycles.kept(att.key)  # filter's cycle of the pod: does it ask for GPUs?
+    if kept is not None and kept.request is not None and locks_node(kept.request):
+        ctx.binds.locking(att.key, att.node)  # the node is busy for the others' /prioritize from now
     try:
         result = await _bind(ctx, att)
     finally:
@@ -155,6 +161,8 @@ async def _bind(ctx: Context, att: Attempt) -> ExtenderBindingResult:
     request = cycle.request
     if request is None:
         return _failed(ctx, pod, att.node, str(cycle.error), "invalid")
+    if locks_node(request):
+        ctx.binds.locking(att.key, att.node)  # (once per bind: already so when filter's cycle said)
     try:
         node = await _node_exists(ctx, att)
     except (KubeError, BindFailure) as exc:

@@ -7,7 +7,11 @@ Owns :class:`BindCoordination`, the one mutable owner of what the binds of this 
 - per node, the line of binds waiting for a busy node lock (:meth:`BindCoordination.line`: only the
   head of a line polls the API);
 - the pods with a bind in progress (:meth:`BindCoordination.claim` / :meth:`BindCoordination.done`: a
-  second bind of the same pod in this process is refused);
+  second bind of the same pod in this process is refused), and per node the GPU binds in progress there
+  (:meth:`BindCoordination.locking`, from when a bind is known to take the node's lock until it
+  answers: ``/prioritize`` ranks such a node below the free ones for every other pod,
+  :meth:`BindCoordination.busy_for`, before the node watch can show the lock; docs/scheduler.md, "What
+  each step does", Prioritize);
 - the time of the last node lock this process wrote for a pod on a node (:meth:`BindCoordination.stamp`,
   bounded, the oldest entries going first), so that a pod's next lock never repeats it.
 
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+from collections.abc import Collection
 
 #: Lock times remembered at most (the oldest go first).
 STAMPS = 4096
@@ -46,6 +51,8 @@ class BindCoordination:
         self._queues = NodeQueues()
         self._lines = NodeQueues()
         self._binding: set[PodKey] = set()
+        self._locking: dict[PodKey, str] = {}  # the GPU binds in progress: pod -> its node
+        self._on_node: dict[str, int] = {}  # the same, counted per node (no entry: none)
         self._stamps: dict[tuple[str, str, str], datetime.datetime] = {}
 
     def queue(self, node: str) -> asyncio.Lock:
@@ -66,6 +73,32 @@ class BindCoordination:
     def done(self, pod: PodKey) -> None:
         """The bind of ``pod`` is over (whatever its outcome)."""
         self._binding.discard(pod)
+        node = self._locking.pop(pod, None)
+        if node is not None:
+            left = self._on_node[node] - 1
+            if left:
+                self._on_node[node] = left
+            else:
+                del self._on_node[node]
+
+    def locking(self, pod: PodKey, node: str) -> None:
+        """The bind of ``pod`` in progress takes the lock of ``node`` (a GPU bind): the node is busy for
+        every other pod until :meth:`done`. Counted once per bind; nothing without a bind in progress."""
+        if pod not in self._binding or pod in self._locking:
+            return
+        self._locking[pod] = node
+        self._on_node[node] = self._on_node.get(node, 0) + 1
+
+    def busy_for(self, node: str, pod: PodKey) -> bool:
+        """Whether a GPU bind of a pod other than ``pod`` to ``node`` is in progress here."""
+        count = self._on_node.get(node, 0)
+        if count and self._locking.get(pod) == node:
+            count -= 1
+        return count > 0
+
+    def locking_nodes(self) -> Collection[str]:
+        """The nodes with a GPU bind in progress here (a live view: not to be kept across an await)."""
+        return self._on_node.keys()
 
     def binding(self, pod: PodKey) -> bool:
         return pod in self._binding

@@ -20,7 +20,8 @@ the same version, gets a new cycle: a decision is never reused for a pod it was 
 holds one cycle per pod, at most :data:`CAPACITY` (the least recently used goes first), and only the
 :data:`EVALUATED` cycles evaluated last keep their evaluation (it holds a state per candidate node,
 which the snapshot may since have replaced); a bound or deleted pod's cycle is evicted
-(:meth:`Cycles.forget`).
+(:meth:`Cycles.forget`). :meth:`Cycles.kept` peeks at a pod's cycle whatever its version (bind, before
+it has read the pod, to know whether it will take a node lock).
 
 Pure apart from the snapshot it reads: must not import the Kubernetes client, aiohttp, logging, time or
 asyncio.
@@ -266,6 +267,10 @@ class Cycles:
             _, gone = self._cycles.popitem(last=False)
             self._evaluated.pop(id(gone), None)
         return cycle
+
+    def kept(self, slot: PodSlot) -> Cycle | None:
+        """The pod's kept cycle, of whichever version (its place in the cache unchanged); None: none."""
+        return self._cycles.get(slot)
 
     def _keeps(self, cycle: Cycle) -> None:
         """``cycle`` keeps a new evaluation: the cycles evaluated longest ago let theirs go."""

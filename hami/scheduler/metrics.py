@@ -2,12 +2,12 @@
 
 Owns the request counters and latency histograms of the extender verbs, the filter's rejections by
 reason (labels from the closed vocabulary of ``hami.scheduler.reasons``) and unschedulable pods, bind
-outcomes, watch restarts, node-lock hold times (:class:`LockHolds`: from a bind's acquire until the
-node watch shows the lock gone or held by another pod), and a collector that derives HAMi's
-allocation gauges (docs/metrics.md, "Scheduler": ``hami_gpu_memory_limit_bytes``,
-``hami_gpu_memory_allocated_bytes``, ``hami_gpu_shared_count``, ...) and the snapshot's sizes from
-the snapshot on each scrape. Every labelled counter starts with all its label values at 0.
-Must not import the Kubernetes client or aiohttp.
+outcomes, the nodes ``/prioritize`` demoted for a busy node lock, watch restarts, node-lock hold
+times (:class:`LockHolds`: from a bind's acquire until the node watch shows the lock gone or held by
+another pod), and a collector that derives HAMi's allocation gauges (docs/metrics.md, "Scheduler":
+``hami_gpu_memory_limit_bytes``, ``hami_gpu_memory_allocated_bytes``, ``hami_gpu_shared_count``,
+...) and the snapshot's sizes from the snapshot on each scrape. Every labelled counter starts with
+all its label values at 0. Must not import the Kubernetes client or aiohttp.
 """
 
 from __future__ import annotations
@@ -224,6 +224,12 @@ class Metrics:
             "hami_scheduler_node_lock_takeovers",
             "node locks a bind took over from a holder that can never be allocated there, by reason",
             ["reason"],
+            registry=self.registry,
+        )
+        self.prioritize_demoted = Counter(
+            "hami_scheduler_prioritize_demoted_nodes",
+            "candidate nodes /prioritize scored 0 because their node lock was busy for the pod "
+            "(another pod's, or a bind in progress here) while another candidate was free",
             registry=self.registry,
         )
         self.preemptions = Counter(

@@ -24,7 +24,8 @@ distinct text, not on every event nor on every resync pass): a node whose
 count is 0 is stale (its device plugin is not registered with the kubelet) and excluded until that
 changes. Every change of a node's registered cards (``None`` when excluded or gone) goes to
 ``on_base`` and every change of its ``hami.io/mutex.lock`` (``None`` when removed or the node is gone)
-to ``on_lock``.
+to ``on_lock``; the nodes whose lock is set now are kept apart (:meth:`NodeCache.held_locks`), so a
+question about the held locks costs what is held, not what is known.
 
 No I/O: callbacks are called synchronously and must only schedule work. Must not import the
 Kubernetes client, aiohttp or asyncio.
@@ -125,6 +126,7 @@ class NodeCache:
         self._nodes: dict[str, NodeEntry] = {}
         #: per node, the usage changes not yet folded into its state, in order (see :meth:`apply`)
         self._pending: dict[str, list[tuple[PodUsage, int]]] = {}
+        self._held: dict[str, str] = {}  # the nodes whose lock annotation is set (not empty) now
 
     # ---------------------------------------------------------------------------------- changes
 
@@ -157,6 +159,10 @@ class NodeCache:
         lock = annotations.get(NODE_LOCK)
         if lock != entry.lock:
             entry.lock = lock
+            if lock:
+                self._held[name] = lock
+            else:
+                self._held.pop(name, None)
             self._on_lock(name, lock)
         signature = (
             annotations.get(NODE_REGISTER),
@@ -173,6 +179,7 @@ class NodeCache:
         """The node is gone (deleted, or missing from a complete list)."""
         self._nodes.pop(name, None)
         self._pending.pop(name, None)
+        self._held.pop(name, None)
         self._on_base(name, None)
         self._on_lock(name, None)
 
@@ -306,6 +313,11 @@ class NodeCache:
         """The node's ``hami.io/mutex.lock`` as the watch last showed it."""
         entry = self._nodes.get(name)
         return entry.lock if entry is not None else None
+
+    def held_locks(self) -> Mapping[str, str]:
+        """The nodes whose ``hami.io/mutex.lock`` the watch last showed set (not empty), with its value
+        (a live view: not to be kept across an await)."""
+        return self._held
 
     def needs_handshake(self) -> list[str]:
         """Nodes whose handshake does not (yet) say Requesting."""

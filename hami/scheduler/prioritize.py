@@ -10,6 +10,14 @@ ones; ``fragmentation`` scores the pod's best placement on each node by how litt
 fragmentation against the learned target workload (:mod:`hami.core.fragmentation`, the target from
 :mod:`hami.scheduler.workload`). The pod annotation ``hami.io/node-scheduler-policy`` overrides the flag.
 Unknown or excluded nodes, and pods without a device request, score 0.
+
+Not HAMi's (docs/compatibility.md, "Scheduler extender", item 30): a candidate whose node lock is busy
+for this pod now (another pod's live lock as the node watch shows it, an unreadable one, or a GPU bind
+of this process to it in progress: :mod:`hami.scheduler.busy`) scores 0 and every other candidate at
+least 1 (the core's :func:`hami.core.score.demote_busy`), so kube-scheduler sends the pod where its bind
+can take the lock instead of to the fullest node whose previous bind still holds it; counted in
+``hami_scheduler_prioritize_demoted_nodes_total``. With no busy candidate, or only busy ones, the
+scores are HAMi's.
 Must not import the Kubernetes client or aiohttp.
 """
 
@@ -18,6 +26,8 @@ from __future__ import annotations
 from hami import objects
 from hami.core.allocate import priorities
 from hami.core.model import NodeState
+from hami.core.score import demote_busy
+from hami.scheduler.busy import busy_nodes
 from hami.scheduler.candidates import template_states
 from hami.scheduler.context import Context
 from hami.scheduler.wire import ExtenderArgs, HostPriority
@@ -36,10 +46,23 @@ def handle_prioritize(ctx: Context, args: ExtenderArgs) -> list[HostPriority]:
     if request is None or not request.has_devices:
         return [HostPriority(Host=n, Score=0) for n in names]
     states: list[NodeState]
+    now = ctx.clock()
     if args["NodeNames"] is None and nodes is not None:
         states, _, _ = template_states(nodes)
     else:
-        states = cycle.states_unreserved(ctx.snapshot, names, ctx.clock())
+        states = cycle.states_unreserved(ctx.snapshot, names, now)
     scores = priorities(request, states, ctx.snapshot.workload.policy(ctx.settings.policy))
+    busy = busy_nodes(
+        scores,
+        (request.namespace, request.name),
+        locks=ctx.snapshot.held_locks(),
+        binds=ctx.binds,
+        now=now,
+        expiry=ctx.settings.node_lock_timeout,
+    )
+    if busy:
+        demoted = demote_busy(scores, busy)
+        if demoted:
+            ctx.metrics.prioritize_demoted.inc(demoted)
     out: list[HostPriority] = [{"Host": n, "Score": scores.get(n, 0)} for n in names]  # literal: cheaper
     return out

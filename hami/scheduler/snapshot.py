@@ -331,6 +331,10 @@ class Snapshot:
         """The node's ``hami.io/mutex.lock`` as the watch last showed it."""
         return self.nodes.lock_of(name)
 
+    def held_locks(self) -> Mapping[str, str]:
+        """The nodes whose lock the watch last showed set, with its value (:meth:`NodeCache.held_locks`)."""
+        return self.nodes.held_locks()
+
     def lock_change(self, name: str) -> asyncio.Future[None]:
         """A future resolved the next time the node's lock annotation changes (or the node goes)."""
         return self.locks.change(name)

@@ -7,7 +7,7 @@ import pytest
 from hami.core.allocate import Policy, fit_node, priorities
 from hami.core.gocompat import f32
 from hami.core.model import Allocation, DeviceState, PodRequest, ScoringWeights
-from hami.core.score import card_score, node_priority, node_score
+from hami.core.score import card_score, demote_busy, node_priority, node_score
 
 from .builders import make_card, make_cards, make_container, make_request, node_state
 
@@ -188,3 +188,21 @@ def test_equal_scores_rank_equal() -> None:
     for node_policy in ("binpack", "spread"):
         ranks = priorities(make_request(make_container(mem=1)), nodes, Policy(node_policy=node_policy))
         assert list(ranks) == ["b", "c", "a"] and len(set(ranks.values())) == 1
+
+
+@pytest.mark.parametrize(
+    ("scores", "busy", "expected", "demoted"),
+    [
+        ({"a": 4, "b": 0, "c": 2}, {"a"}, {"a": 0, "b": 1, "c": 2}, 1),  # the free ones above, in order
+        ({"a": 10, "b": 0, "c": 0}, {"a", "b"}, {"a": 0, "b": 0, "c": 1}, 2),
+        ({"a": 4, "b": 0}, {"a", "b"}, {"a": 4, "b": 0}, 0),  # every node busy: unchanged
+        ({"a": 4, "b": 0}, set(), {"a": 4, "b": 0}, 0),  # none busy: unchanged
+        ({"a": 4, "b": 0}, {"ghost"}, {"a": 4, "b": 0}, 0),  # a busy name not ranked: nothing
+        ({"a": 4, "b": 0}, {"a", "ghost"}, {"a": 0, "b": 1}, 1),
+    ],
+)
+def test_demote_busy_ranks_busy_nodes_below_every_free_one(
+    scores: dict[str, int], busy: set[str], expected: dict[str, int], demoted: int
+) -> None:
+    assert demote_busy(scores, busy) == demoted
+    assert scores == expected
