@@ -3,13 +3,20 @@
 Owns :func:`busy_nodes`, what ``/prioritize`` steers pods away from (docs/scheduler.md, "What each step
 does", Prioritize; docs/compatibility.md, "Scheduler extender", item 30). A node is busy for a pod when
 
-- the node watch last showed its ``hami.io/mutex.lock`` held by another pod (a legacy value, which
-  names nobody, included) and not older than ``--node-lock-timeout`` (an expired lock is taken over by
-  the next bind: not busy), or holding a value nobody can read (it never expires; an empty value holds
-  nothing); the pod's own lock is not busy for it; or
 - a GPU bind of another pod to it is in progress in this process
   (:meth:`~hami.scheduler.coordination.BindCoordination.busy_for`): its lock may not be written yet, or
-  not shown by the watch yet.
+  not shown by the watch yet; or
+- the node watch last showed its ``hami.io/mutex.lock`` held by another pod, not older than
+  ``--node-lock-timeout`` (an expired lock is taken over by the next bind), and that pod's grant counts
+  on the node in the live view (it is being allocated there), or the lock is younger than
+  :data:`FRESH` (a bind elsewhere that has not written its grant yet, or whose grant the watch has not
+  shown yet). A live lock of a pod that counts nowhere on the node after that (deleted, finished,
+  refused by the kubelet, bound elsewhere, its bind failed: the next bind takes such a lock over at
+  once, ``hami.kube.nodelock.orphan_reason``) is not busy, or a lost holder would keep its node empty
+  until the lock expires; or
+- its lock value names nobody (a live legacy lock: a bind cannot check a holder) or cannot be read
+  (a bind fails on it, and it never expires). An empty value holds nothing; the pod's own lock is not
+  busy for it.
 
 Cost: what is held, not what is asked: the held locks and the nodes with a bind in progress are walked
 (each looked up among the candidates in O(1)), never the candidates; each distinct lock value is
@@ -20,14 +27,18 @@ from __future__ import annotations
 
 import datetime
 import functools
-from collections.abc import Container, Mapping
+from collections.abc import Container
 
 from hami.annotations import AnnotationError, NodeLockValue, decode_node_lock
 from hami.scheduler.coordination import BindCoordination, PodKey
+from hami.scheduler.snapshot import Snapshot
 
 #: A lock value longer than this is decoded every time, never kept (a real one is under 400 characters:
 #: a time, a namespace and a pod name).
 CACHED_LENGTH = 512
+#: How long a lock whose holder's grant the live view does not show counts as a bind on its way (lock
+#: times have whole seconds: 1 to 2 s in fact). A bind of this process is known without it.
+FRESH = datetime.timedelta(seconds=2)
 
 
 def _decode(text: str) -> NodeLockValue | None:
@@ -41,30 +52,49 @@ def _decode(text: str) -> NodeLockValue | None:
 _decoded = functools.lru_cache(maxsize=1024)(_decode)  # the values seen last, each decoded once
 
 
-def lock_busy(text: str, pod: PodKey, now: datetime.datetime, expiry: datetime.timedelta) -> bool:
-    """Whether a lock annotation ``text`` (not empty) keeps ``pod``'s bind out at ``now`` (aware)."""
+def lock_busy(
+    text: str,
+    node: str,
+    pod: PodKey,
+    *,
+    snapshot: Snapshot,
+    now: datetime.datetime,
+    expiry: datetime.timedelta,
+) -> bool:
+    """Whether the lock annotation ``text`` (not empty) of ``node`` keeps ``pod``'s bind out at ``now``
+    (aware; see the module docstring)."""
     value = _decoded(text) if len(text) <= CACHED_LENGTH else _decode(text)
     if value is None:
         return True  # unreadable: a bind fails on it, and it never expires
-    if value.owned_by(*pod):
+    if value.namespace is None or value.name is None:
+        return not value.expired(now, expiry)  # legacy: nobody to check
+    holder = (value.namespace, value.name)
+    if holder == pod or value.expired(now, expiry):
         return False
-    return not value.expired(now, expiry)
+    if now - value.time < FRESH:
+        return True
+    record = snapshot.record(holder)
+    return record is not None and record.node == node
 
 
 def busy_nodes(
     candidates: Container[str],
     pod: PodKey,
     *,
-    locks: Mapping[str, str],
+    snapshot: Snapshot,
     binds: BindCoordination,
     now: datetime.datetime,
     expiry: datetime.timedelta,
 ) -> set[str]:
-    """The nodes among ``candidates`` busy for ``pod`` (see the module docstring): ``locks`` the held
-    lock annotations by node (the watch's, ``Snapshot.held_locks``), ``binds`` this process's binds in
-    progress, ``expiry`` ``--node-lock-timeout``."""
+    """The nodes among ``candidates`` busy for ``pod`` (see the module docstring): ``snapshot`` the live
+    view (the held locks, the holders' grants), ``binds`` this process's binds in progress, ``expiry``
+    ``--node-lock-timeout``."""
     busy = {node for node in binds.locking_nodes() if node in candidates and binds.busy_for(node, pod)}
-    for node, text in locks.items():
-        if node in candidates and node not in busy and lock_busy(text, pod, now, expiry):
+    for node, text in snapshot.held_locks().items():
+        if (
+            node in candidates
+            and node not in busy
+            and lock_busy(text, node, pod, snapshot=snapshot, now=now, expiry=expiry)
+        ):
             busy.add(node)
     return busy

@@ -12,12 +12,12 @@ fragmentation against the learned target workload (:mod:`hami.core.fragmentation
 Unknown or excluded nodes, and pods without a device request, score 0.
 
 Not HAMi's (docs/compatibility.md, "Scheduler extender", item 30): a candidate whose node lock is busy
-for this pod now (another pod's live lock as the node watch shows it, an unreadable one, or a GPU bind
-of this process to it in progress: :mod:`hami.scheduler.busy`) scores 0 and every other candidate at
-least 1 (the core's :func:`hami.core.score.demote_busy`), so kube-scheduler sends the pod where its bind
-can take the lock instead of to the fullest node whose previous bind still holds it; counted in
-``hami_scheduler_prioritize_demoted_nodes_total``. With no busy candidate, or only busy ones, the
-scores are HAMi's.
+for this pod now (another pod's live lock as the node watch shows it, held for a grant there; an
+unreadable one; or a GPU bind of this process to it in progress: :mod:`hami.scheduler.busy`) scores 0
+and every other candidate at least 1 (the core's :func:`hami.core.score.demote_busy`), so kube-scheduler
+sends the pod where its bind can take the lock instead of to the fullest node whose previous bind still
+holds it; counted in ``hami_scheduler_prioritize_demoted_nodes_total``. With no busy candidate, or only
+busy ones, the scores are HAMi's.
 Must not import the Kubernetes client or aiohttp.
 """
 
@@ -55,7 +55,7 @@ def handle_prioritize(ctx: Context, args: ExtenderArgs) -> list[HostPriority]:
     busy = busy_nodes(
         scores,
         (request.namespace, request.name),
-        locks=ctx.snapshot.held_locks(),
+        snapshot=ctx.snapshot,
         binds=ctx.binds,
         now=now,
         expiry=ctx.settings.node_lock_timeout,

@@ -1,8 +1,9 @@
 """/prioritize steers a pod away from a node whose lock is held (docs/scheduler.md, "What each step
 does", Prioritize; docs/compatibility.md, "Scheduler extender", item 30): a candidate whose node lock
-another pod holds now, as the node watch shows it or because a bind of this process to it is in
-progress, scores 0, and every other candidate at least 1; with no busy candidate, or only busy ones,
-the scores are HAMi's. Over HTTP against the embedded API server, and BindCoordination's count of the
+another pod holds now for a grant there, as the node watch shows it, or that a bind of this process to
+it is in progress for, scores 0, and every other candidate at least 1; with no busy candidate, or only
+busy ones, the scores are HAMi's. A lock whose holder counts nowhere on the node (the next bind takes
+it over) is not busy. Over HTTP against the embedded API server, and BindCoordination's count of the
 binds in progress per node directly."""
 
 from __future__ import annotations
@@ -62,12 +63,12 @@ def _demoted(ext: Extender) -> float:
 @pytest.mark.parametrize(
     "value",
     [
-        lock(1, "default", "other"),  # another pod's live lock
-        lock(299, "default", "other"),  # still live: --node-lock-timeout is 5 min
-        lock(1, None, None),  # a live legacy lock names nobody: not this pod's
+        lock(1, "default", "other"),  # another pod's, just taken: its grant is not shown yet
+        lock(299, "default", "used"),  # held for the grant of a pod counted there; --node-lock-timeout 5 min
+        lock(100, None, None),  # a live legacy lock names nobody: no holder to check
         "not a lock",  # unreadable: never expires (docs/compatibility.md, scheduler item 23)
     ],
-    ids=["other-pod", "nearly-expired", "legacy", "unreadable"],
+    ids=["just-taken", "held-for-a-grant-there", "legacy", "unreadable"],
 )
 async def test_a_node_whose_lock_another_pod_holds_ranks_below_the_others(
     start_extender: StartExtender, value: str
@@ -80,12 +81,13 @@ async def test_a_node_whose_lock_another_pod_holds_ranks_below_the_others(
 @pytest.mark.parametrize(
     "value",
     [
-        lock(301, "default", "other"),  # expired: the next bind takes it over
+        lock(301, "default", "used"),  # expired: the next bind takes it over
         lock(301, None, None),
+        lock(10, "default", "gone"),  # its holder counts nowhere: the next bind takes it over
         lock(1, "default", "p"),  # the scheduled pod's own
         "",  # an empty value holds nothing
     ],
-    ids=["expired", "expired-legacy", "own", "empty"],
+    ids=["expired", "expired-legacy", "holder-gone", "own", "empty"],
 )
 async def test_an_expired_lock_or_the_pods_own_keeps_the_binpack_order(
     start_extender: StartExtender, value: str
@@ -95,9 +97,34 @@ async def test_an_expired_lock_or_the_pods_own_keeps_the_binpack_order(
     assert _demoted(ext) == 0.0
 
 
+async def test_a_lock_whose_holder_the_kubelet_refused_is_not_busy(start_extender: StartExtender) -> None:
+    """The holder of n-full's lock failed admission there (the node agent was down, nobody released
+    it): it counts nowhere, and the next bind takes the lock over at once."""
+    status = {"reason": "UnexpectedAdmissionError"}
+    refused = make_pod("refused", node="n-full", phase="Failed", status=status)
+    refused["metadata"]["annotations"] = {
+        POD_VGPU_NODE: "n-full",
+        POD_DEVICES_ALLOCATED: "GPU-n-full-0,NVIDIA,1000,30:;",
+    }
+    ext = await _start(start_extender, full={NODE_LOCK: lock(10, "default", "refused")}, pods=(refused,))
+    assert await ext.prioritize(make_pod("p"), NAMES) == BINPACK
+    assert _demoted(ext) == 0.0
+
+
+async def test_a_lock_whose_holder_counts_on_another_node_is_not_busy(start_extender: StartExtender) -> None:
+    """n-empty's lock names the pod counted on n-full: the next bind takes it over at once."""
+    ext = await _start(start_extender, empty={NODE_LOCK: lock(10, "default", "used")})
+    spread = make_pod("q", annotations={"hami.io/node-scheduler-policy": "spread"})
+    assert await ext.prioritize(spread, NAMES) == [
+        {"Host": "n-full", "Score": 6},
+        {"Host": "n-empty", "Score": 10},
+    ]
+    assert _demoted(ext) == 0.0
+
+
 async def test_only_busy_candidates_keep_their_scores(start_extender: StartExtender) -> None:
     held = {NODE_LOCK: lock(1, "default", "other")}
-    ext = await _start(start_extender, full=held, empty={NODE_LOCK: lock(2, "default", "another")})
+    ext = await _start(start_extender, full=held, empty={NODE_LOCK: lock(0, "default", "another")})
     assert await ext.prioritize(make_pod("p"), NAMES) == BINPACK
     assert await ext.prioritize(make_pod("p"), ["n-full"]) == [{"Host": "n-full", "Score": 4}]
     assert _demoted(ext) == 0.0
@@ -155,7 +182,7 @@ async def test_a_bind_in_progress_demotes_its_node_until_it_answers(start_extend
     bound, the lock the bind left for the agent keeps it busy; once the agent released it, nothing."""
     ext = await _start(start_extender, pods=(make_pod("b"),))
     release, reached = asyncio.Event(), asyncio.Event()
-    (ext.apiserver**10)["get", PODS] << _holding("b", release, reached, None)
+    (ext.apiserver**10)[kmock.action.FETCH, PODS] << _holding("b", release, reached, None)
     assert (await ext.filter(make_pod("b"), NAMES))["NodeNames"] == NAMES  # kube-scheduler's cycle
     binding = asyncio.create_task(ext.bind("b", "n-full"))
     try:
@@ -185,7 +212,7 @@ async def test_a_failed_bind_leaves_its_node_free(start_extender: StartExtender)
     ext = await _start(start_extender, pods=(make_pod("b"),))
     release, reached = asyncio.Event(), asyncio.Event()
     missing = Response(status=404, payload={"kind": "Status", "code": 404, "reason": "NotFound"})
-    (ext.apiserver**10)["get", NODES] << _holding("n-full", release, reached, missing)
+    (ext.apiserver**10)[kmock.action.FETCH, NODES] << _holding("n-full", release, reached, missing)
     binding = asyncio.create_task(ext.bind("b", "n-full"))
     try:
         await eventually(lambda: reached.is_set() or binding.done(), "the bind to read its node")
