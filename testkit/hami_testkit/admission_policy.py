@@ -25,8 +25,8 @@ Must not import ``webhook``, ``nodeagent`` or the Kubernetes client.
 
 from __future__ import annotations
 
-import copy
 import functools
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -109,13 +109,43 @@ def _program(expression: str) -> Any:
     return cel.compile(expression)
 
 
-def _evaluate(expression: str, activation: Mapping[str, Any]) -> Any:
-    context = cel.Context(variables=dict(activation))
-    cel.stdlib.add_stdlib_to_context(context)
-    try:
-        return _program(expression).execute(context)
-    except (RuntimeError, ValueError, TypeError, KeyError) as exc:
-        raise _EvaluationError(f"expression {expression!r} resulted in error: {exc}") from exc
+_MENTION = re.compile(r"\bvariables\b")
+_REFERENCE = re.compile(r"\bvariables\s*\.\s*([A-Za-z_][A-Za-z0-9_]*)")
+
+
+@functools.lru_cache(maxsize=512)
+def _references(expression: str) -> frozenset[str] | None:
+    """The names ``expression`` reads as ``variables.<name>`` (a superset: a string literal counts too),
+    or None when it mentions ``variables`` any other way (it may read any of them)."""
+    names = _REFERENCE.findall(expression)
+    return frozenset(names) if len(names) == len(_MENTION.findall(expression)) else None
+
+
+class _Scope:
+    """One CEL context for every expression of one request: ``object``, ``oldObject`` and ``request`` are
+    converted to CEL values once (the conversion of a whole pod is most of an expression's cost), and
+    ``variables`` is bound again only when an expression reads one not bound yet (each binding makes the
+    engine rebuild its environment)."""
+
+    def __init__(self, activation: Mapping[str, Any]) -> None:
+        self._context = cel.Context(variables=dict(activation))
+        cel.stdlib.add_stdlib_to_context(self._context)
+        self._bound: frozenset[str] | None = None  # the names ``variables`` holds (None: not bound)
+
+    def evaluate(self, expression: str, variables: Mapping[str, Any] | None = None) -> Any:
+        """The value of ``expression``; with ``variables`` (those evaluated so far, in order), it reads
+        them as ``variables.<name>``: it sees the ones it names, with the values they have there, and
+        all of them when it reads ``variables`` any other way or names one not evaluated yet (so its
+        value or error is the one of a context holding exactly ``variables``)."""
+        if variables is not None:
+            needs = _references(expression)
+            if needs is None or not needs <= (self._bound or frozenset()):
+                self._context.add_variable("variables", dict(variables))
+                self._bound = frozenset(variables)
+        try:
+            return _program(expression).execute(self._context)
+        except (RuntimeError, ValueError, TypeError, KeyError) as exc:
+            raise _EvaluationError(f"expression {expression!r} resulted in error: {exc}") from exc
 
 
 def _rule_matches(rule: Mapping[str, Any], request: Mapping[str, Any]) -> bool:
@@ -151,24 +181,21 @@ def _activation(request: Mapping[str, Any]) -> JsonDict:
 
 def _verdict(spec: Mapping[str, Any], request: Mapping[str, Any]) -> tuple[str, str] | None:
     """``(message, reason)`` of the first failed validation, or None; raises _EvaluationError."""
-    activation = _activation(request)
+    scope = _Scope(_activation(request))  # matchConditions see no ``variables``, as in Kubernetes
     for condition in spec.get("matchConditions") or []:
-        if _evaluate(str(condition["expression"]), activation) is not True:
+        if scope.evaluate(str(condition["expression"])) is not True:
             return None
     variables: JsonDict = {}
     for variable in spec.get("variables") or []:
-        variables[str(variable["name"])] = _evaluate(
-            str(variable["expression"]), {**activation, "variables": variables}
-        )
-    activation["variables"] = variables
+        variables[str(variable["name"])] = scope.evaluate(str(variable["expression"]), variables)
     for validation in spec.get("validations") or []:
         expression = str(validation["expression"])
-        if _evaluate(expression, activation) is True:
+        if scope.evaluate(expression, variables) is True:
             continue
         message = str(validation.get("message") or f"failed expression: {expression}")
         if validation.get("messageExpression"):
             try:
-                text = _evaluate(str(validation["messageExpression"]), activation)
+                text = scope.evaluate(str(validation["messageExpression"]), variables)
             except _EvaluationError:
                 text = None
             if isinstance(text, str) and text.strip():
@@ -180,10 +207,10 @@ def _verdict(spec: Mapping[str, Any], request: Mapping[str, Any]) -> tuple[str, 
 def conditions_hold(conditions: Iterable[Mapping[str, Any]], request: Mapping[str, Any]) -> bool:
     """Do all ``matchConditions`` (CEL over ``object``, ``oldObject``, ``request``) hold for an
     AdmissionRequest-shaped dict? A condition that fails to evaluate raises :class:`ConditionError`."""
-    activation = _activation(copy.deepcopy(dict(request)))
+    scope = _Scope(_activation(request))  # the engine converts (copies) what it reads
     for condition in conditions:
         try:
-            result = _evaluate(str(condition.get("expression", "")), activation)
+            result = scope.evaluate(str(condition.get("expression", "")))
         except _EvaluationError as exc:
             raise ConditionError(f"matchCondition {condition.get('name', '?')!r}: {exc}") from exc
         if result is not True:
@@ -212,7 +239,7 @@ def review(
             continue
         policy_name, binding_name = objects.name(policy), objects.name(binding)
         try:
-            verdict = _verdict(policy_spec, copy.deepcopy(dict(request)))
+            verdict = _verdict(policy_spec, request)  # read only: the engine converts it
         except _EvaluationError as exc:
             if policy_spec.get("failurePolicy", "Fail") == "Ignore":
                 continue

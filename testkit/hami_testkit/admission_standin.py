@@ -115,6 +115,9 @@ class AdmissionStandIn:
         self._api = api
         self._session = session
         self._server_admits = server_admits
+        #: The TLS client context of each webhook CA bundle ("" for the system's), built once: loading
+        #: the system's CAs costs milliseconds, and a pod CREATE calls the webhook every time.
+        self._tls: dict[str, ssl.SSLContext] = {}
 
     async def submit(self, pod: Mapping[str, Any]) -> Outcome:
         body = apply_defaults(pod)
@@ -242,9 +245,7 @@ class AdmissionStandIn:
             raise ValueError(
                 f"clientConfig has no url (service references need cluster DNS): {client_config}"
             )
-        context = ssl.create_default_context()
-        if client_config.get("caBundle"):
-            context = ssl.create_default_context(cadata=base64.b64decode(client_config["caBundle"]).decode())
+        context = self._tls_context(str(client_config.get("caBundle") or ""))
         review = pod_create_review(pod, username=username, namespace=pod["metadata"]["namespace"])
         timeout = aiohttp.ClientTimeout(total=float(hook.get("timeoutSeconds") or 10))
         async with self._session.post(url, json=review, ssl=context, timeout=timeout) as response:
@@ -252,6 +253,15 @@ class AdmissionStandIn:
                 raise ValueError(f"HTTP {response.status}: {(await response.text())[:300]}")
             answer: JsonDict = await response.json(content_type=None)
             return answer
+
+    def _tls_context(self, ca_bundle: str) -> ssl.SSLContext:
+        """The client context trusting ``ca_bundle`` (base64 PEM; "" for the system's CAs), built once."""
+        context = self._tls.get(ca_bundle)
+        if context is None:
+            cadata = base64.b64decode(ca_bundle).decode() if ca_bundle else None
+            context = ssl.create_default_context(cadata=cadata)
+            self._tls[ca_bundle] = context
+        return context
 
 
 def _webhook_named(message: str) -> str | None:

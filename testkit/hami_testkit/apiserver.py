@@ -54,6 +54,7 @@ from hami_testkit.restapi import (
 from hami_testkit.reviews import ANONYMOUS, groups
 from hami_testkit.reviews import answer as review_answer
 from hami_testkit.scale import install_scale
+from hami_testkit.store_index import KeyedAnswers, index_store, resources, stored
 from hami_testkit.subresources import Subresources
 from hami_testkit.tls import ServingTLS
 from hami_testkit.writes import before_store, error_status
@@ -70,10 +71,11 @@ PODS = kmock.resource("v1/pods")
 REQUEST_LOG = 2000
 
 
-class AdmittingEmulator(kmock.KubernetesEmulator, LeanHandler):
+class AdmittingEmulator(KeyedAnswers, LeanHandler):
     """kmock's emulator with token authentication and ValidatingAdmissionPolicies on pod writes, at a
     constant cost per request (:class:`~hami_testkit.lean.LeanHandler` sits between kmock's emulator and its
-    request handler)."""
+    request handler) and per object stored (:mod:`hami_testkit.store_index`: kmock's fallbacks answered by
+    key, each resource's objects read without a walk over the others)."""
 
     identities: dict[str, str]
     #: The cluster's last resourceVersion (every write takes the next one).
@@ -86,6 +88,7 @@ class AdmittingEmulator(kmock.KubernetesEmulator, LeanHandler):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        index_store(self)
         #: The subresources served; the others answered as kube-apiserver answers (a stand-in that
         #: serves one more adds it here: ``emulator.subresources.serve(...)``).
         self.subresources = Subresources()
@@ -165,8 +168,10 @@ class AdmittingEmulator(kmock.KubernetesEmulator, LeanHandler):
     def _stored(self, plural: str) -> list[dict[str, Any]]:
         return [
             dict(obj.raw)
-            for (resource, _, _), obj in list(self.objects.items())
-            if resource.group == _POLICY_GROUP and resource.plural == plural and not obj.deleted
+            for resource in resources(self)
+            if resource.group == _POLICY_GROUP and resource.plural == plural
+            for _, obj in stored(self, resource)
+            if not obj.deleted
         ]
 
     def _admission_request(self, request: kmock.Request) -> dict[str, Any] | None:
@@ -306,10 +311,8 @@ async def add_reactions(k: kmock.KubernetesEmulator) -> None:
         assert request.resource is not None  # guaranteed by is_listing
         items = [
             obj.raw
-            for (resource, namespace, _), obj in list(k.objects.items())
-            if resource == request.resource
-            and not obj.deleted
-            and (request.namespace is None or namespace == request.namespace)
+            for (_, namespace, _), obj in stored(k, request.resource)
+            if not obj.deleted and (request.namespace is None or namespace == request.namespace)
         ]
         group = request.resource.group
         group_version = "v1" if group == "" else f"{group}/{request.resource.version}"

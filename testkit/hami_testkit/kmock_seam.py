@@ -7,6 +7,10 @@ the test kit uses, and only through the object :func:`internals` returns:
 * the **store lock and watch buses** of ``KubernetesEmulator`` (``_lock``, ``_buses``): a write kmock
   lacks (PUT, an Event expiring) must change the store under kmock's lock and tell the watchers, and a
   watch with ``resourceVersion`` and selectors streams from the same bus;
+* the **store's dict** (``KubernetesEmulator._objects._objects``, the ``ObjectsArray``'s plain dict):
+  :mod:`hami_testkit.store_index` puts a dict that also indexes the keys by resource in its place, and
+  answers kmock's fallbacks (``_serve_fetch``, ``_serve_create``, ``_serve_update``, ``_serve_delete``,
+  overridden) by key instead of kmock's walk over every object;
 * the **reaction list and each reaction's source, disabled flag and log** (``Root._payloads``,
   ``Chained._source``, ``Reaction._disabled``, ``Reaction._requests``) and the handler's request and
   error logs (``Root._requests``, ``RawHandler._errors``): kmock matches a request by walking its whole
@@ -49,11 +53,15 @@ _CLASS_NAMES: tuple[tuple[Any, str], ...] = (
     (kmock.KubernetesEmulator, "_handle"),
     (kmock.KubernetesScaffold, "_serve_version"),
     (kmock.KubernetesEmulator, "_get_resources"),
+    (kmock.KubernetesEmulator, "_serve_fetch"),
+    (kmock.KubernetesEmulator, "_serve_create"),
+    (kmock.KubernetesEmulator, "_serve_update"),
+    (kmock.KubernetesEmulator, "_serve_delete"),
     (_rendering.Request, "_parse"),
     (_rendering, "StreamingError"),
     (_parsing, "parse_path"),
 )
-_INSTANCE_NAMES = ("_payloads", "_requests", "_errors", "_lock", "_buses")
+_INSTANCE_NAMES = ("_payloads", "_requests", "_errors", "_lock", "_buses", "_objects")
 _REACTION_NAMES = ("_source", "_disabled", "_requests")
 
 _checked: list[str] | None = None
@@ -78,6 +86,8 @@ def missing(handler: kmock.KubernetesEmulator | None = None) -> list[str]:
             problems.append(f"{getattr(owner, '__name__', owner)}.{name}")
     emulator = handler if handler is not None else kmock.KubernetesEmulator()
     problems += [f"KubernetesEmulator().{n}" for n in _INSTANCE_NAMES if not hasattr(emulator, n)]
+    if not isinstance(getattr(getattr(emulator, "_objects", None), "_objects", None), dict):
+        problems.append("KubernetesEmulator()._objects._objects (the store's dict)")
     reactions = list(getattr(emulator, "_payloads", []))
     if not reactions:
         problems.append("KubernetesEmulator() has no fallback reactions in _payloads")
@@ -127,6 +137,17 @@ class Internals:
         """Held by kmock around every change of the store (``KubernetesEmulator._lock``)."""
         lock: asyncio.Lock = self.handler._lock
         return lock
+
+    @property
+    def object_table(self) -> dict[Any, Any]:
+        """The store's dict, ``(resource, namespace, name)`` -> kmock's object view
+        (``KubernetesEmulator._objects._objects``; reading it walks nothing)."""
+        table: dict[Any, Any] = self.handler._objects._objects
+        return table
+
+    def replace_object_table(self, table: dict[Any, Any]) -> None:
+        """Replace the store's dict (with one holding the same items)."""
+        object.__setattr__(self.handler._objects, "_objects", table)  # an attrs frozen class
 
     def bus(self, resource: kmock.resource) -> Any:
         """The watch events of ``resource`` (``KubernetesEmulator._buses``: ``put`` an event, or

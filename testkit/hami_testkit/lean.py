@@ -13,6 +13,8 @@ every request each reaction served, and every version of every object forever.
 * answers "does this reaction see this request" from the request itself for the chains that depend on
   nothing else (filters, priorities: everything the embedded cluster and the tests' fault injection
   use), and falls back to kmock's own walk over the history for the others (slices, groups, streams);
+  a criterion that reads only the request's method, action, resource or subresource (most of them) is
+  asked once per value of those and its answer remembered;
 * keeps, when :attr:`LeanHandler.request_log` is set, only about that many of the latest requests (the
   root's and each reaction's; each one logged holds its aiohttp request, body and parsed data, some
   10 KiB), only each object's latest version, and no deleted object at all (kmock keeps its last
@@ -56,12 +58,71 @@ EVENT_LIMIT = 1000
 _WRITES = (kmock.action.CREATE, kmock.action.UPDATE, kmock.action.DELETE)
 
 
+#: The request fields kmock's HTTP and K8s criteria read for each of their own fields, for those with a
+#: few values only (a method, an action, a resource, a subresource): a criterion that sets only these
+#: gives the same answer for every request with the same values (:func:`_criterion_holds`).
+_FEW_VALUED: dict[type, dict[str, Any]] = {
+    getattr(kmock, "HTTPCriteria"): {"method": lambda request: request.method},  # noqa: B009  (not in __all__)
+    getattr(kmock, "K8sCriteria"): {  # noqa: B009
+        "method": lambda request: request.method,
+        "action": lambda request: request.action,
+        "resource": lambda request: request.resource,
+        "subresource": lambda request: request.subresource,
+    },
+}
+#: criterion -> the fields it sets, when all of them are few-valued; None when one is not.
+_READS: dict[Any, tuple[str, ...] | None] = {}
+#: (criterion, the request's values of those fields) -> kmock's answer.
+_HOLDS: dict[tuple[Any, tuple[Any, ...]], bool] = {}
+_MEMO_LIMIT = 4096
+
+
+def _reads(criteria: Any) -> tuple[str, ...] | None:
+    """The few-valued fields ``criteria`` sets, if it sets no other field (else None: not memoised)."""
+    try:
+        return _READS[criteria]
+    except KeyError:
+        pass
+    except TypeError:  # unhashable (a dict of params or headers): never memoised
+        return None
+    fields = _FEW_VALUED.get(type(criteria))
+    reads: tuple[str, ...] | None = None
+    if fields is not None:
+        declared = getattr(type(criteria), "__attrs_attrs__", ())  # attrs' public field list
+        names = [a.name for a in declared if getattr(criteria, a.name) is not ...]
+        reads = tuple(names) if all(name in fields for name in names) else None
+    if len(_READS) < _MEMO_LIMIT:
+        _READS[criteria] = reads
+    return reads
+
+
+def _criterion_holds(criteria: Any, request: kmock.Request) -> bool:
+    """kmock's answer of ``criteria`` for ``request``, remembered for the criteria that read only
+    few-valued fields (kmock's matching of an enum runs regular expressions: some 10 µs a criterion, and a
+    request passes some twenty reactions' criteria)."""
+    reads = _reads(criteria)
+    if reads is None:
+        return bool(criteria(request))
+    fields = _FEW_VALUED[type(criteria)]
+    key = (criteria, tuple(fields[name](request) for name in reads))
+    try:
+        return _HOLDS[key]
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable value: ask kmock
+        return bool(criteria(request))
+    holds = bool(criteria(request))
+    if len(_HOLDS) < _MEMO_LIMIT:
+        _HOLDS[key] = holds
+    return holds
+
+
 def sees(view: kmock.View, request: kmock.Request, root: kmock.Root) -> bool:
     """Does ``view`` see ``request`` (which arrived at ``root``)? kmock's answer, in O(chain)."""
     if isinstance(view, kmock.Root):
         return view is root
     if type(view) is kmock.Filter:
-        return sees(Internals.source(view), request, root) and bool(view.criteria(request))
+        return sees(Internals.source(view), request, root) and _criterion_holds(view.criteria, request)
     if type(view) is kmock.Priority:
         return sees(Internals.source(view), request, root)
     return request in view  # kmock's own answer (walks the history the chain sees)

@@ -32,6 +32,7 @@ import kmock
 from hami import objects
 from hami_testkit.kmock_seam import Internals, internals
 from hami_testkit.selectors import Selector, SelectorError
+from hami_testkit.store_index import stored
 from hami_testkit.tables import as_table, wants_table
 from hami_testkit.watching import watch_stream
 
@@ -129,11 +130,19 @@ class Store:
         self.k = emulator
 
     def objects(self, request: kmock.Request) -> list[JsonDict]:
+        """The stored objects of the request's resource, namespace (None: all) and name (None: all), in
+        the store's order; one named in a namespace is read by its key, the others from the resource's
+        own keys (:mod:`hami_testkit.store_index`), never by a walk over every object stored."""
+        if request.resource is not None and request.name is not None and request.namespace is not None:
+            try:
+                found = self.k.objects[request.resource, request.namespace, request.name]
+            except KeyError:
+                return []
+            return [] if found.deleted else [found.raw]
         return [
             obj.raw
-            for (resource, namespace, name), obj in list(self.k.objects.items())
-            if resource == request.resource
-            and not obj.deleted
+            for (_, namespace, name), obj in stored(self.k, request.resource)
+            if not obj.deleted
             and (request.namespace is None or namespace == request.namespace)
             and (request.name is None or name == request.name)
         ]

@@ -103,4 +103,4 @@ def install_scale(k: kmock.KubernetesEmulator) -> None:
         payload = json.dumps(scale_of(k.objects[key].raw)).encode()
         return _RESPONSE(status=200, headers={"Content-Type": "application/json"}, payload=payload)
 
-    (k**2)[is_scale] << answer
+    (k**2)[kmock.subresource("scale")][is_scale] << answer  # the cheap criterion first: every request

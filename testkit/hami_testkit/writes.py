@@ -46,6 +46,7 @@ from hami_testkit.deletion import DeleteRefused, delete_options, precondition_fa
 from hami_testkit.kmock_seam import internals
 from hami_testkit.restapi import JsonDict, kind_of, not_found, now_utc, stamp_create, stamp_update, status
 from hami_testkit.smp import merge_patch_between, strategic_merge
+from hami_testkit.store_index import stored
 
 APPLY_PATCH = "application/apply-patch+yaml"
 STRATEGIC = "application/strategic-merge-patch+json"
@@ -195,9 +196,7 @@ async def _create(k: Writable, request: kmock.Request, body: JsonDict) -> aiohtt
     stamp_create(body, request.namespace, k.revision + 1, now_utc())  # the name, for what follows
     if request.resource.group == "" and request.resource.plural == "pods" and k.admission is not None:
         pod = apply_defaults(body)
-        configs = [
-            obj.raw for (res, _, _), obj in list(k.objects.items()) if res == _MWCS and not obj.deleted
-        ]
+        configs = [obj.raw for _, obj in stored(k, _MWCS) if not obj.deleted]
         mutated = await k.admission.mutate(pod, configs, k.username(request))
         if isinstance(mutated, Refused):
             return _json(mutated.code, status(mutated.code, reason_for(mutated), mutated.message))

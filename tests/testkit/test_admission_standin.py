@@ -508,6 +508,36 @@ def test_review_messages_conditions_variables_and_failure_policy() -> None:
     assert review([_policy(validations=[erroring], failurePolicy="Ignore")], [_binding()], _request()) is None
 
 
+def test_each_expression_sees_exactly_the_variables_evaluated_before_it() -> None:
+    """Variables are bound in order (the engine binds them again only when an expression reads one it
+    lacks): one that reads ``variables`` whole sees those before it, one that names a later one fails."""
+    counting = _policy(
+        variables=[
+            {"name": "a", "expression": "1"},
+            {"name": "b", "expression": "variables.a + 1"},
+            {"name": "seen", "expression": "size(variables)"},  # a and b, not itself nor c
+            {"name": "c", "expression": "variables.b + variables.seen"},
+        ],
+        validations=[{**NO_X, "expression": "false", "messageExpression": "string(variables.c)"}],
+    )
+    assert review([counting], [_binding()], _request()).message.endswith(": 4")  # type: ignore[union-attr]
+    early = _policy(
+        variables=[
+            {"name": "a", "expression": "variables.b"},  # b is not evaluated yet
+            {"name": "b", "expression": "1"},
+        ],
+        validations=[NO_X],
+    )
+    failing = review([early], [_binding()], _request())
+    assert failing is not None and failing.code == 500
+    assert "expression 'variables.b' resulted in error" in failing.message
+    later = _policy(
+        variables=[{"name": "a", "expression": "1"}, {"name": "b", "expression": "variables.a + 1"}],
+        validations=[{**NO_X, "expression": "size(variables) == 2 && variables.b == 2"}],
+    )
+    assert review([later], [_binding()], _request()) is None
+
+
 # ---------------------------------------------- the embedded apiserver calls the webhooks itself
 
 

@@ -100,3 +100,25 @@ async def test_a_binary_body_is_answered_415_not_500(
         status = await r.json()
         assert r.status == 415
     assert status["kind"] == "Status" and status["reason"] == "UnsupportedMediaType"
+
+
+async def test_remembered_criteria_still_tell_requests_apart(
+    server: tuple[AdmittingEmulator, aiohttp.ClientSession, str],
+) -> None:
+    """A criterion reading only the method, action, resource or subresource is asked once per value and
+    its answer remembered (hami_testkit.lean): each request still gets the reaction that names it."""
+    emulator, session, url = server
+    (emulator**10)["patch", NODES] << 503
+    (emulator**10)[kmock.resource("v1/pods"), kmock.subresource("status")] << 418
+    headers = {"Content-Type": "application/merge-patch+json"}
+    seen = []
+    for _ in range(3):  # the same values again: the remembered answers
+        async with session.get(f"{url}/api/v1/nodes/n1") as response:
+            seen.append(("get node", response.status))
+        async with session.patch(f"{url}/api/v1/nodes/n1", json={}, headers=headers) as response:
+            seen.append(("patch node", response.status))
+        async with session.get(f"{url}/api/v1/namespaces/default/pods/p/status") as response:
+            seen.append(("pod status", response.status))
+        async with session.get(f"{url}/api/v1/namespaces/default/pods/p") as response:
+            seen.append(("pod", response.status))
+    assert seen == [("get node", 200), ("patch node", 503), ("pod status", 418), ("pod", 404)] * 3
