@@ -147,6 +147,18 @@ class Store:
             and (request.name is None or name == request.name)
         ]
 
+    def cluster_scoped(self, request: kmock.Request) -> list[JsonDict]:
+        """The objects a read by name without a namespace finds: those of that name with no namespace
+        (the one stored under no namespace read by its key; the others only when it is not there)."""
+        if request.resource is not None and request.name is not None:
+            try:
+                found = self.k.objects[request.resource, None, request.name]
+            except KeyError:
+                found = None
+            if found is not None and not found.deleted and not objects.namespace(found.raw):
+                return [found.raw]
+        return [o for o in self.objects(request) if not objects.namespace(o)]
+
     def revision(self) -> str:
         return str(getattr(self.k, "revision", 0))
 
@@ -192,9 +204,8 @@ def install(k: kmock.KubernetesEmulator, clock: Callable[[], datetime.datetime] 
 
     def fetch(request: kmock.Request) -> Any:
         assert request.resource is not None and request.name is not None
-        found = store.objects(request)
-        if request.namespace is None:  # cluster-scoped only: a namespaced object needs its namespace
-            found = [o for o in found if not objects.namespace(o)]
+        # without a namespace, cluster-scoped objects only: a namespaced object needs its namespace
+        found = store.cluster_scoped(request) if request.namespace is None else store.objects(request)
         if not found:
             plural, group = str(request.resource.plural), str(request.resource.group or "")
             return answer(404, not_found(plural, request.name, group))

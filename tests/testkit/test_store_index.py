@@ -14,7 +14,7 @@ import aiohttp
 import kmock
 import pytest
 
-from hami_testkit import store_index
+from hami_testkit import restapi, store_index
 from hami_testkit.apiserver import AdmittingEmulator, embedded_apiserver
 from hami_testkit.store_index import ResourceIndex, resources, stored
 
@@ -108,6 +108,19 @@ async def test_no_request_walks_the_whole_store(
     await _call(session, "DELETE", f"{url}{PODS_PATH}/p1")
     assert [p["metadata"]["name"] for p in listed["items"]] == ["p1"]
     assert walks == []
+    resource_reads: list[Any] = []
+    real_stored = restapi.stored
+
+    def counted(k: Any, resource: Any) -> Any:
+        resource_reads.append(resource)
+        return real_stored(k, resource)
+
+    monkeypatch.setattr(restapi, "stored", counted)
+    await _call(session, "POST", f"{url}{PODS_PATH}", _pod("p2"))
+    resource_reads.clear()
+    await _call(session, "GET", f"{url}/api/v1/nodes/n7")  # cluster-scoped: by its key too
+    await _call(session, "GET", f"{url}{PODS_PATH}/p2")
+    assert resource_reads == []  # reads by name look at one key, not at every node or pod
     assert (PODS, "default", "p1") not in emulator.objects  # gone (the emulator keeps no deleted object)
 
 
