@@ -109,7 +109,7 @@ async def test_no_request_walks_the_whole_store(
     assert [p["metadata"]["name"] for p in listed["items"]] == ["p1"]
     assert walks == []
     resource_reads: list[Any] = []
-    real_stored = restapi.stored
+    real_stored = store_index.stored
 
     def counted(k: Any, resource: Any) -> Any:
         resource_reads.append(resource)
