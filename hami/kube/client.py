@@ -1,17 +1,21 @@
 """The Kubernetes API client factory and the one place raw API calls are made and their errors mapped.
 
 Owns: building the official (sync) ``kubernetes`` ``ApiClient`` from a kubeconfig or the in-cluster
-service account, the request timeout every call carries, running calls off the event loop
-(``asyncio.to_thread``: the sync client must never block the loop, which may also be serving a local
-test API server), decoding raw JSON responses (``_preload_content=False``: objects travel as plain
-dicts, never as client model classes) and the error hierarchy (:class:`KubeError`, :class:`NotFound`,
-:class:`Conflict`). Errors a person sees read as one line saying what to do: an unusable or absent
-kubeconfig is ``Config: ...``, a connection never made (refused, unknown host, TLS) ``Unreachable: ...``
-naming the server (:func:`check_reachable` asks once at a service's start-up). The loaders' credential
-refresh hook, which the client runs before every request, runs at most once a second
-(:class:`RefreshAtMost`). What callers may use of the client object is
-:class:`~hami.kube.protocol.KubeApi`. Imports: ``kubernetes``, ``urllib3``,
-``hami.kube.protocol``; nothing from ``hami.scheduler`` or above.
+service account, the request timeout every call carries, the one request path every ``hami.kube`` call
+takes (:func:`send`: the client's own lower layer, ``param_serialize`` then ``call_api``, as
+``kubernetes.dynamic`` uses it; never a generated API class, whose module costs most of a second of CPU
+to import and whose every method validates its arguments with pydantic), running calls off the event
+loop (``asyncio.to_thread``: the sync client must never block the loop, which may also be serving a
+local test API server), decoding raw JSON responses (objects travel as plain dicts, never as client
+model classes) and the error hierarchy (:class:`KubeError`, :class:`NotFound`, :class:`Conflict`).
+The resource paths are ``hami.kube.paths``'. Errors a person sees read as one line saying what to do:
+an unusable or absent kubeconfig is ``Config: ...``, a connection never made (refused, unknown host,
+TLS) ``Unreachable: ...`` naming the server (:func:`check_reachable` asks once at a service's
+start-up). The loaders' credential refresh hook, which the client runs before every request, runs at
+most once a second (:class:`RefreshAtMost`). What callers may use of the client object is
+:class:`~hami.kube.protocol.KubeApi`. Imports: ``kubernetes`` (``ApiClient``, ``Configuration``, the
+config loaders and ``ApiException``; no generated API class), ``urllib3``, ``hami.kube.protocol``;
+nothing from ``hami.scheduler`` or above.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -190,15 +194,6 @@ def timeout_of(api: KubeApi) -> float:
     return float(value)
 
 
-def core_api(api: KubeApi) -> Any:
-    return client.CoreV1Api(api)
-
-
-def policy_api(api: KubeApi) -> Any:
-    """policy/v1 (PodDisruptionBudgets)."""
-    return client.PolicyV1Api(api)
-
-
 def error_from(exc: BaseException) -> KubeError:
     """Map a client exception to our hierarchy, keeping the API's Status reason and message."""
     if isinstance(exc, KubeError):
@@ -285,9 +280,77 @@ def check_reachable(api: KubeApi) -> None:
         raise error_from(exc) from exc
 
 
-def _call_json_sync(method: Callable[..., Any], *args: Any, timeout: float, **kwargs: Any) -> Any:
+#: The one media type every request accepts (the generated methods' choice among theirs: the first JSON one).
+ACCEPT = "application/json"
+#: The credential every request carries (the generated methods' ``auth_settings``): the configuration's
+#: ``authorization`` key, read through its refresh hook (:class:`RefreshAtMost`).
+AUTH_SETTINGS = ["BearerToken"]
+
+Verb = str
+#: A query parameter's value: the client writes ``True`` as ``true``, numbers as text; ``None`` is left out.
+QueryValue = str | int | bool | None
+#: ``_request_timeout``: total seconds, or (connect, read) seconds.
+Timeout = float | tuple[float, float]
+
+
+def send(
+    api: KubeApi,
+    verb: Verb,
+    path: str,
+    *,
+    params: Mapping[str, str] | None = None,
+    query: Mapping[str, QueryValue] | None = None,
+    body: Any = None,
+    content_type: str | None = None,
+    timeout: Timeout,
+) -> Any:
+    """Make one request and return the raw, unread urllib3 response (a watch reads it as a stream).
+
+    ``path`` is one of ``hami.kube.paths``, its ``{namespace}``/``{name}`` filled from ``params`` (quoted
+    by the client). The request is built as the generated methods build it: ``Accept`` JSON, the body as
+    JSON, a ``Content-Type`` only where one is named (every PATCH names its kind; the generated create
+    methods of this client sent none with a POST, and kube-apiserver reads such a body as JSON; the REST
+    layer sends a JSON patch whose body is an object as a strategic merge patch), the bearer credential
+    through the configuration's refresh hook, the default headers (User-Agent), the client's connection
+    pool (its certificates and CA). A non-2xx answer raises the client's ``ApiException`` (read to its
+    end), which :func:`error_from` maps; transport errors are urllib3's, mapped there too."""
+    headers = {"Accept": ACCEPT}
+    if content_type is not None:
+        headers["Content-Type"] = content_type
+    elif verb == "PATCH":
+        raise ValueError("a PATCH names its content type (hami.kube.paths: JSON_PATCH, MERGE_PATCH, ...)")
+    pairs = [(key, value) for key, value in (query or {}).items() if value is not None]
+    request = api.param_serialize(
+        verb,
+        path,
+        path_params=dict(params) if params else None,
+        query_params=pairs,
+        header_params=headers,
+        body=body,
+        auth_settings=AUTH_SETTINGS,
+    )
+    response = api.call_api(*request, _request_timeout=timeout)
+    if not 200 <= response.status <= 299:
+        response.read()
+        raise ApiException.from_response(http_resp=response, body=None, data=None)
+    return response.response
+
+
+def _call_json_sync(
+    api: KubeApi,
+    verb: Verb,
+    path: str,
+    *,
+    params: Mapping[str, str] | None,
+    query: Mapping[str, QueryValue] | None,
+    body: Any,
+    content_type: str | None,
+    timeout: float,
+) -> Any:
     try:
-        response = method(*args, _preload_content=False, _request_timeout=timeout, **kwargs)
+        response = send(
+            api, verb, path, params=params, query=query, body=body, content_type=content_type, timeout=timeout
+        )
         data = response.data
     except Exception as exc:  # mapped below; anything unknown re-raises from error_from
         raise error_from(exc) from exc
@@ -302,10 +365,29 @@ def _call_json_sync(method: Callable[..., Any], *args: Any, timeout: float, **kw
 
 
 async def call_json(
-    api: KubeApi, method: Callable[..., Any], *args: Any, limit: float | None = None, **kwargs: Any
+    api: KubeApi,
+    verb: Verb,
+    path: str,
+    *,
+    params: Mapping[str, str] | None = None,
+    query: Mapping[str, QueryValue] | None = None,
+    body: Any = None,
+    content_type: str | None = None,
+    limit: float | None = None,
 ) -> Any:
-    """Run one client call in a worker thread and return the decoded JSON body (``{}`` when empty).
+    """Make one request (:func:`send`) in a worker thread and return the decoded JSON body (``{}`` when
+    empty); failures raise :class:`KubeError` (mapped by :func:`error_from`).
 
     ``limit`` (seconds) shortens this call's timeout below the client's own, never lengthens it."""
     seconds = timeout_of(api) if limit is None else max(0.001, min(limit, timeout_of(api)))
-    return await asyncio.to_thread(_call_json_sync, method, *args, timeout=seconds, **kwargs)
+    return await asyncio.to_thread(
+        _call_json_sync,
+        api,
+        verb,
+        path,
+        params=params,
+        query=query,
+        body=body,
+        content_type=content_type,
+        timeout=seconds,
+    )

@@ -11,7 +11,7 @@ pod has been quiet for ``forget_after`` seconds), and all API calls share one to
 second, ``burst``). Checked: before its first write about a
 pod the recorder reads it from the API server and writes nothing unless a pod with that namespace, name
 and uid exists and ``accept(pod)`` holds; the Event goes into that pod's namespace and names the pod as
-read. Imports ``hami.kube.client``, ``hami.kube.protocol`` and ``hami.objects``.
+read. Imports ``hami.kube.client``, ``hami.kube.paths``, ``hami.kube.protocol`` and ``hami.objects``.
 """
 
 from __future__ import annotations
@@ -26,12 +26,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from hami import objects
-from hami.kube.client import KubeError, NotFound, call_json, core_api
+from hami.kube import paths
+from hami.kube.client import KubeError, NotFound, call_json
 from hami.kube.protocol import KubeApi
 
 logger = logging.getLogger(__name__)
 
-MERGE_PATCH = "application/merge-patch+json"
+MERGE_PATCH = paths.MERGE_PATCH
 MAX_MESSAGE = 1024
 
 
@@ -95,7 +96,8 @@ async def record_event(
 ) -> None:
     """Create one Event about ``involved``; Node events go to the ``default`` namespace."""
     body = build_event(involved=involved, reason=reason, message=message, type=type, component=component)
-    await call_json(api, core_api(api).create_namespaced_event, body["metadata"]["namespace"], body)
+    where = {"namespace": body["metadata"]["namespace"]}
+    await call_json(api, "POST", paths.EVENTS, params=where, body=body)
 
 
 # --------------------------------------------------------------------------------- the recorder
@@ -252,11 +254,11 @@ class EventRecorder:
             series.task = None
 
     async def _write(self, series: _Series) -> None:
-        core = core_api(self._api)
         if series.involved is None:
             await self._bucket.take()
             try:
-                pod = await call_json(self._api, core.read_namespaced_pod, series.name, series.namespace)
+                where = {"namespace": series.namespace, "name": series.name}
+                pod = await call_json(self._api, "GET", paths.POD, params=where)
             except NotFound:
                 pod = None
             if not pod or objects.uid(pod) != series.uid or not series.accept(pod):
@@ -270,11 +272,11 @@ class EventRecorder:
             try:
                 await call_json(
                     self._api,
-                    core.patch_namespaced_event,
-                    series.event,
-                    series.namespace,
-                    patch,
-                    _content_type=MERGE_PATCH,
+                    "PATCH",
+                    paths.EVENT,
+                    params={"namespace": series.namespace, "name": series.event},
+                    body=patch,
+                    content_type=MERGE_PATCH,
                 )
                 series.written = count
                 return
@@ -291,7 +293,7 @@ class EventRecorder:
             first=series.first,
             count=count,
         )
-        await call_json(self._api, core.create_namespaced_event, series.namespace, body)
+        await call_json(self._api, "POST", paths.EVENTS, params={"namespace": series.namespace}, body=body)
         series.event = body["metadata"]["name"]
         series.written = count
 

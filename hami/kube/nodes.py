@@ -2,8 +2,8 @@
 
 Owns: get/list Nodes, merge-patch and JSON-patch of a Node (annotations are written with PATCH only, never
 PUT), and :func:`annotation_cas`, the compare-and-set of one node annotation that the node lock and the
-card cordon list write with. Imports ``hami.kube.client``, ``hami.kube.pods`` (the JSON pointer),
-``hami.kube.protocol`` and ``hami.objects``; must not import ``hami.scheduler`` or services.
+card cordon list write with. Imports ``hami.kube.client``, ``hami.kube.paths``, ``hami.kube.pods`` (the JSON
+pointer), ``hami.kube.protocol`` and ``hami.objects``; must not import ``hami.scheduler`` or services.
 """
 
 from __future__ import annotations
@@ -12,39 +12,47 @@ from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 from hami import objects
-from hami.kube.client import call_json, core_api
+from hami.kube import paths
+from hami.kube.client import call_json
 from hami.kube.pods import pointer
 from hami.kube.protocol import KubeApi
 from hami.objects import RawNode
 
-MERGE_PATCH = "application/merge-patch+json"
-JSON_PATCH = "application/json-patch+json"
+MERGE_PATCH = paths.MERGE_PATCH
+JSON_PATCH = paths.JSON_PATCH
 
 
 async def get_node(api: KubeApi, name: str) -> RawNode:
     """The Node ``name``; raises :class:`~hami.kube.client.NotFound` when it does not exist."""
-    node: RawNode = await call_json(api, core_api(api).read_node, name)
+    node: RawNode = await call_json(api, "GET", paths.NODE, params={"name": name})
     return node
 
 
 async def list_nodes(api: KubeApi) -> tuple[list[RawNode], str]:
     """Every Node (items that are not objects left out) and the list's resourceVersion (to start a
     watch from)."""
-    body = await call_json(api, core_api(api).list_node)
+    body = await call_json(api, "GET", paths.NODES)
     return cast("list[RawNode]", objects.items(body)), objects.resource_version(body)
 
 
 async def patch_node_annotations(api: KubeApi, name: str, annotations: Mapping[str, str | None]) -> RawNode:
     """Merge-patch the Node's annotations (``None`` deletes a key); returns the patched Node."""
     body = {"metadata": {"annotations": dict(annotations)}}
-    node: RawNode = await call_json(api, core_api(api).patch_node, name, body, _content_type=MERGE_PATCH)
+    node: RawNode = await call_json(
+        api, "PATCH", paths.NODE, params={"name": name}, body=body, content_type=MERGE_PATCH
+    )
     return node
 
 
 async def json_patch_node(api: KubeApi, name: str, operations: Sequence[Mapping[str, object]]) -> RawNode:
     """Apply an RFC 6902 JSON patch to the Node (``test`` ops make it a compare-and-set)."""
     node: RawNode = await call_json(
-        api, core_api(api).patch_node, name, [dict(op) for op in operations], _content_type=JSON_PATCH
+        api,
+        "PATCH",
+        paths.NODE,
+        params={"name": name},
+        body=[dict(op) for op in operations],
+        content_type=JSON_PATCH,
     )
     return node
 

@@ -6,7 +6,8 @@ merge-patch of a Pod's annotations and labels, conditional (RFC 6902 JSON) patch
 operations that make a write apply only to the object as last read (:func:`unchanged_tests`) or only while it
 still carries given values (:func:`value_tests`) — and creating the ``pods/binding`` subresource. ``limit``
 (seconds) shortens one call's timeout (a caller with a deadline). Imports ``hami.kube.client``,
-``hami.kube.protocol`` and ``hami.objects``; must not import ``hami.scheduler`` or services.
+``hami.kube.paths``, ``hami.kube.protocol`` and ``hami.objects``; must not import ``hami.scheduler`` or
+services.
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 from hami import objects
-from hami.kube.client import call_json, core_api
+from hami.kube import paths
+from hami.kube.client import call_json
 from hami.kube.protocol import KubeApi
 from hami.objects import RawPod
 
-MERGE_PATCH = "application/merge-patch+json"
-JSON_PATCH = "application/json-patch+json"
+MERGE_PATCH = paths.MERGE_PATCH
+JSON_PATCH = paths.JSON_PATCH
 
 
 def pointer(*parts: str) -> str:
@@ -31,15 +33,16 @@ def pointer(*parts: str) -> str:
 
 async def get_pod(api: KubeApi, namespace: str, name: str, *, limit: float | None = None) -> RawPod:
     """The Pod; raises :class:`~hami.kube.client.NotFound` when it does not exist."""
-    pod: RawPod = await call_json(api, core_api(api).read_namespaced_pod, name, namespace, limit=limit)
+    where = {"namespace": namespace, "name": name}
+    pod: RawPod = await call_json(api, "GET", paths.POD, params=where, limit=limit)
     return pod
 
 
 async def list_pods_with_version(api: KubeApi, *, node_name: str | None = None) -> tuple[list[RawPod], str]:
     """Pods in every namespace (only those on ``node_name`` when given) and the list's resourceVersion.
     Items that are not objects are left out."""
-    kwargs: dict[str, Any] = {"field_selector": f"spec.nodeName={node_name}"} if node_name else {}
-    body = await call_json(api, core_api(api).list_pod_for_all_namespaces, **kwargs)
+    query = {"fieldSelector": f"spec.nodeName={node_name}"} if node_name else None
+    body = await call_json(api, "GET", paths.PODS, query=query)
     items = cast("list[RawPod]", objects.items(body))
     if node_name:
         items = [p for p in items if objects.node_name(p) == node_name]
@@ -64,10 +67,11 @@ async def list_node_pods(
     once, as the API server holds them now: no ``resourceVersion`` is sent, so each list is a consistent
     (quorum) read, never an older cache. Two requests, sent together; a failure of either raises (the
     caller cannot know what it missed)."""
-    lister = core_api(api).list_pod_for_all_namespaces
-    calls = [call_json(api, lister, field_selector=f"spec.nodeName={node_name}", limit=limit)]
+    on_node = {"fieldSelector": f"spec.nodeName={node_name}"}
+    calls = [call_json(api, "GET", paths.PODS, query=on_node, limit=limit)]
     if len(node_name) <= LABEL_VALUE_MAX:
-        calls.append(call_json(api, lister, label_selector=f"{label}={node_name}", limit=limit))
+        labelled = {"labelSelector": f"{label}={node_name}"}
+        calls.append(call_json(api, "GET", paths.PODS, query=labelled, limit=limit))
     answers = await asyncio.gather(*calls, return_exceptions=True)
     for answer in answers:
         if isinstance(answer, BaseException):
@@ -96,11 +100,11 @@ async def patch_pod(
         metadata["labels"] = dict(labels)
     pod: RawPod = await call_json(
         api,
-        core_api(api).patch_namespaced_pod,
-        name,
-        namespace,
-        {"metadata": metadata},
-        _content_type=MERGE_PATCH,
+        "PATCH",
+        paths.POD,
+        params={"namespace": namespace, "name": name},
+        body={"metadata": metadata},
+        content_type=MERGE_PATCH,
     )
     return pod
 
@@ -184,11 +188,11 @@ async def json_patch_pod(
     test is answered 422 by kube-apiserver (500 ``JsonPatchTestFailed`` by the embedded one)."""
     pod: RawPod = await call_json(
         api,
-        core_api(api).patch_namespaced_pod,
-        name,
-        namespace,
-        [dict(op) for op in operations],
-        _content_type=JSON_PATCH,
+        "PATCH",
+        paths.POD,
+        params={"namespace": namespace, "name": name},
+        body=[dict(op) for op in operations],
+        content_type=JSON_PATCH,
         limit=limit,
     )
     return pod
@@ -215,4 +219,5 @@ async def bind_pod(
         "metadata": metadata,
         "target": {"apiVersion": "v1", "kind": "Node", "name": node},
     }
-    await call_json(api, core_api(api).create_namespaced_pod_binding, name, namespace, body, limit=limit)
+    where = {"namespace": namespace, "name": name}
+    await call_json(api, "POST", paths.POD_BINDING, params=where, body=body, limit=limit)

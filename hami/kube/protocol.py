@@ -3,12 +3,12 @@ takes one (``api: KubeApi``), instead of ``Any``.
 
 Owns :class:`KubeApi` and :class:`KubeConfiguration`: the members our code touches on the official client's
 ``ApiClient`` (built by :func:`hami.kube.client.load_api_client`) and its ``Configuration``, and nothing more.
-The ``hami.kube`` modules hand the object to the client's generated API classes (``CoreV1Api(api)``,
-``AdmissionregistrationV1Api(api)``), which use the rest of it (their business, not listed here);
-``check_reachable`` reads the configuration, headers and connection pool; the entry points and the commands
-only pass it on and :meth:`KubeApi.close` it; the webhook's Kopf login reads the credentials from
-:attr:`KubeApi.configuration`. Imports nothing (the ``kubernetes`` package is untyped: its ``ApiClient``
-satisfies this protocol through its own attributes).
+Every request goes through :func:`hami.kube.client.send`, which uses the client's own lower layer
+(``param_serialize``, ``call_api``; no generated API class); ``check_reachable`` reads the configuration,
+headers and connection pool; the entry points and the commands only pass it on and :meth:`KubeApi.close`
+it; the webhook's Kopf login reads the credentials from :attr:`KubeApi.configuration`. Imports nothing
+(the ``kubernetes`` package is untyped: its ``ApiClient`` satisfies this protocol through its own
+attributes).
 """
 
 from __future__ import annotations
@@ -61,4 +61,33 @@ class KubeApi(Protocol):
 
     def close(self) -> None:
         """Close the connection pool (and the client's worker pool)."""
+        ...
+
+    def param_serialize(
+        self,
+        method: str,
+        resource_path: str,
+        path_params: dict[str, str] | None = None,
+        query_params: list[tuple[str, Any]] | None = None,
+        header_params: dict[str, str] | None = None,
+        body: Any = None,
+        post_params: Any = None,
+        files: Any = None,
+        auth_settings: list[str] | None = None,
+    ) -> tuple[str, str, dict[str, str], Any, Any]:
+        """One request as the client sends it: (method, URL with its query, headers with the credential
+        and the default headers, body, form fields); runs the configuration's credential refresh hook."""
+        ...
+
+    def call_api(
+        self,
+        method: str,
+        url: str,
+        header_params: dict[str, str] | None = None,
+        body: Any = None,
+        post_params: Any = None,
+        _request_timeout: float | tuple[float, float] | None = None,
+    ) -> Any:
+        """Send a request :meth:`param_serialize` built; the REST response (``.status``, ``.read()``, the
+        unread urllib3 ``.response``), whatever its status."""
         ...

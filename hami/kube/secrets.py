@@ -1,8 +1,8 @@
 """Secret reads and writes as raw JSON dicts (values of ``data`` stay base64 text, as on the wire).
 
 Owns: get, create and merge-patch of one namespaced Secret. Used by the webhook's certificate command
-(``python -m webhook.certs secret``). Imports ``hami.kube.client`` and ``hami.kube.protocol``; must not import
-services.
+(``python -m webhook.certs secret``). Imports ``hami.kube.client``, ``hami.kube.paths`` and
+``hami.kube.protocol``; must not import services.
 """
 
 from __future__ import annotations
@@ -10,22 +10,24 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from hami.kube.client import call_json, core_api
+from hami.kube import paths
+from hami.kube.client import call_json
 from hami.kube.protocol import KubeApi
 
-MERGE_PATCH = "application/merge-patch+json"
+MERGE_PATCH = paths.MERGE_PATCH
 
 
 async def get_secret(api: KubeApi, namespace: str, name: str) -> dict[str, Any]:
     """The Secret; raises :class:`~hami.kube.client.NotFound` when it does not exist."""
-    secret: dict[str, Any] = await call_json(api, core_api(api).read_namespaced_secret, name, namespace)
+    where = {"namespace": namespace, "name": name}
+    secret: dict[str, Any] = await call_json(api, "GET", paths.SECRET, params=where)
     return secret
 
 
 async def create_secret(api: KubeApi, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
     """Create the Secret ``body``; raises :class:`~hami.kube.client.Conflict` when it already exists."""
     secret: dict[str, Any] = await call_json(
-        api, core_api(api).create_namespaced_secret, namespace, dict(body)
+        api, "POST", paths.SECRETS, params={"namespace": namespace}, body=dict(body)
     )
     return secret
 
@@ -50,7 +52,8 @@ async def patch_secret(
         metadata["annotations"] = dict(annotations)
     if metadata:
         body["metadata"] = metadata
+    where = {"namespace": namespace, "name": name}
     secret: dict[str, Any] = await call_json(
-        api, core_api(api).patch_namespaced_secret, name, namespace, body, _content_type=MERGE_PATCH
+        api, "PATCH", paths.SECRET, params=where, body=body, content_type=MERGE_PATCH
     )
     return secret

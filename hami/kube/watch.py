@@ -23,7 +23,9 @@ docs/scheduler.md, "The live view of the cluster"). An exception from the handle
 aborts the list or the watch: the object is skipped (a listed one is left out of ``applied``), logged
 with its kind, name and reason, counted in ``skipped``, and reported to ``on_skip(kind, obj, error)``
 (the caller records a Warning Event on it) once per object and reason until the object is handled well
-again or deleted. Imports ``hami.kube.client``, ``hami.kube.protocol``, ``hami.objects`` and
+again or deleted. The list and the watch are plain GETs of the kind's path (``hami.kube.paths``) through
+:func:`hami.kube.client.send` (no generated API class), the watch read line by line from the raw response.
+Imports ``hami.kube.client``, ``hami.kube.paths``, ``hami.kube.protocol``, ``hami.objects`` and
 ``urllib3``; nothing above ``hami.kube``.
 """
 
@@ -41,7 +43,8 @@ from typing import Any, Literal
 import urllib3
 
 from hami import objects
-from hami.kube.client import Gone, KubeError, core_api, error_from, policy_api, timeout_of
+from hami.kube import paths
+from hami.kube.client import Gone, KubeError, QueryValue, error_from, send, timeout_of
 from hami.kube.protocol import KubeApi
 
 logger = logging.getLogger(__name__)
@@ -60,13 +63,12 @@ GONE = "gone_410"
 ERROR = "error"
 RESTART_CAUSES = (ENDED, DROPPED, GONE, ERROR)
 
-#: The API (``CoreV1Api``, ``PolicyV1Api``) and its method that lists (and, with ``watch=True``,
-#: watches) each kind cluster-wide.
-METHODS: dict[str, tuple[Callable[[KubeApi], Any], str]] = {
-    "nodes": (core_api, "list_node"),
-    "pods": (core_api, "list_pod_for_all_namespaces"),
-    "resourcequotas": (core_api, "list_resource_quota_for_all_namespaces"),
-    "poddisruptionbudgets": (policy_api, "list_pod_disruption_budget_for_all_namespaces"),
+#: The path that lists (and, with ``watch=true``, watches) each kind cluster-wide.
+PATHS: dict[str, str] = {
+    "nodes": paths.NODES,
+    "pods": paths.PODS,
+    "resourcequotas": paths.RESOURCE_QUOTAS,
+    "poddisruptionbudgets": paths.POD_DISRUPTION_BUDGETS,
 }
 #: The object kind of each resource (list items and watch objects may carry none), for logs and Events.
 OBJECT_KINDS: dict[str, str] = {
@@ -146,7 +148,7 @@ class ListWatcher:
         field_selector: str | None = None,
     ) -> None:
         self._api = api
-        self._selector: dict[str, str] = {"field_selector": field_selector} if field_selector else {}
+        self._selector = field_selector or None
         self._kind = kind
         self._loop = loop
         self._on_list = on_list
@@ -160,7 +162,6 @@ class ListWatcher:
         self._stopping = threading.Event()
         self._guard = threading.Lock()
         self._response: Any = None
-        self._call: Any = None  # the API method that lists and watches, resolved by start()
         self._thread = threading.Thread(target=self._run, name=f"hami-watch-{kind}", daemon=True)
         #: how many watch requests were opened (each reconnect counts); for health and tests
         self.watches_opened = 0
@@ -170,11 +171,9 @@ class ListWatcher:
         self._reported: dict[tuple[str, str], str] = {}  # (namespace, name) -> reason last reported
 
     def start(self) -> None:
-        # Resolved here, on the caller's thread, before the watch thread exists: the first use of a
-        # kubernetes API class imports its module (CoreV1Api: ~1 s of CPU). Done in the watch thread,
-        # that import held the GIL in 5 ms slices against the event loop this watcher feeds, just as
-        # the loop started serving (issue 26: the webhook's admissions stalled for hundreds of ms).
-        self._call = self._method()
+        # No generated API class is used (hami.kube.client.send): nothing heavy is imported by the first
+        # request, in the watch thread, against the loop it feeds (issue 26: the first use of CoreV1Api
+        # imported its module there, ~1 s of CPU holding the GIL in 5 ms slices as the loop began to serve).
         self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -245,10 +244,6 @@ class ListWatcher:
         if self._on_restart is not None and not self._stopping.is_set():
             self._deliver(self._on_restart, cause)
 
-    def _method(self) -> Any:
-        group_api, method = METHODS[self._kind]
-        return getattr(group_api(self._api), method)
-
     def _run(self) -> None:
         while not self._stopping.is_set():
             try:
@@ -271,9 +266,8 @@ class ListWatcher:
         if self._on_listing is not None:  # on the loop before the request leaves: before the list is taken
             self._deliver(self._on_listing)
         try:
-            response = self._call(
-                _preload_content=False, _request_timeout=timeout_of(self._api), **self._selector
-            )
+            query = {"fieldSelector": self._selector}
+            response = send(self._api, "GET", PATHS[self._kind], query=query, timeout=timeout_of(self._api))
             with COLLECTOR_PAUSE.held():
                 body = json.loads(response.data or b"{}")
         except Exception as exc:
@@ -287,14 +281,19 @@ class ListWatcher:
     def _watch(self, version: str) -> str:
         """One watch request; returns the last resourceVersion seen when the stream ends."""
         try:
-            response = self._call(
-                watch=True,
-                resource_version=version or None,
-                allow_watch_bookmarks=True,
-                timeout_seconds=self._watch_seconds,
-                _preload_content=False,
-                _request_timeout=(timeout_of(self._api), self._watch_seconds + 30),
-                **self._selector,
+            query: dict[str, QueryValue] = {  # in the generated list method's order
+                "allowWatchBookmarks": True,
+                "fieldSelector": self._selector,
+                "resourceVersion": version or None,
+                "timeoutSeconds": self._watch_seconds,
+                "watch": True,
+            }
+            response = send(
+                self._api,
+                "GET",
+                PATHS[self._kind],
+                query=query,
+                timeout=(timeout_of(self._api), self._watch_seconds + 30),
             )
         except Exception as exc:
             raise error_from(exc) from exc

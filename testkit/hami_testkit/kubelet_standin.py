@@ -36,14 +36,15 @@ from typing import Any
 import grpc
 
 from hami import objects
-from hami.kube.client import KubeError, NotFound, call_json, core_api, load_api_client
+from hami.kube import paths
+from hami.kube.client import KubeError, NotFound, call_json, load_api_client
 from hami.kube.protocol import KubeApi
 from hami.kube.watch import ListWatcher
 from hami.kubeletapi import api_pb2, api_pb2_grpc
 from hami_testkit.device_manager import AdmissionError, Assigned, DeviceManager, PluginRefused
 
 logger = logging.getLogger("kubelet-standin")
-MERGE_PATCH = "application/merge-patch+json"
+MERGE_PATCH = paths.MERGE_PATCH
 CHECKPOINT = "kubelet_internal_checkpoint"
 RPC_TIMEOUT = 15.0
 
@@ -165,7 +166,12 @@ class NodeKubelet:
             }
         }
         await call_json(
-            self.api, core_api(self.api).patch_node_status, self.node, body, _content_type=MERGE_PATCH
+            self.api,
+            "PATCH",
+            paths.NODE_STATUS,
+            params={"name": self.node},
+            body=body,
+            content_type=MERGE_PATCH,
         )
 
     @property
@@ -238,9 +244,16 @@ class NodeKubelet:
                 await asyncio.wait_for(self.plugin_changed.wait(), remaining)
 
     async def _set_status(self, key: tuple[str, str], status: dict[str, Any]) -> None:
-        patch = core_api(self.api).patch_namespaced_pod_status
+        where = {"namespace": key[0], "name": key[1]}
         try:
-            await call_json(self.api, patch, key[1], key[0], {"status": status}, _content_type=MERGE_PATCH)
+            await call_json(
+                self.api,
+                "PATCH",
+                paths.POD_STATUS,
+                params=where,
+                body={"status": status},
+                content_type=MERGE_PATCH,
+            )
         except NotFound:
             self.release(key)
 

@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from hami.kube.client import KubeError, call_json, core_api, load_api_client
-from hami.kube.pods import MERGE_PATCH, bind_pod, get_pod, list_pods, patch_pod
+from hami.kube import paths
+from hami.kube.client import KubeError, call_json, load_api_client
+from hami.kube.pods import MERGE_PATCH, bind_pod, get_pod, json_patch_pod, list_pods, patch_pod
 from hami_testkit.apiserver import write_kubeconfig
 from tests.eventually import eventually
 
@@ -153,10 +154,6 @@ async def test_reads_and_writes_go_to_the_emulators_store(
     assert caught.value.status == 404
 
 
-async def json_patch_pod(api: Any, namespace: str, name: str, operations: list[dict[str, Any]]) -> Any:
-    return await call_json(api, core_api(api).patch_namespaced_pod, name, namespace, operations)
-
-
 async def test_every_write_gets_a_new_resource_version_and_stale_tests_fail(
     store: Objects, proxy: FaultProxy, client: Any
 ) -> None:
@@ -175,9 +172,8 @@ async def test_every_write_gets_a_new_resource_version_and_stale_tests_fail(
     assert annotation(store, "p1") == "2"
     stale = {"metadata": {"resourceVersion": version, "annotations": {"a": "4"}}}
     with pytest.raises(KubeError) as caught:  # a merge patch naming an old version: 409, as kube-apiserver
-        await call_json(
-            client, core_api(client).patch_namespaced_pod, "p1", "default", stale, _content_type=MERGE_PATCH
-        )
+        where = {"namespace": "default", "name": "p1"}
+        await call_json(client, "PATCH", paths.POD, params=where, body=stale, content_type=MERGE_PATCH)
     assert caught.value.status == 409 and annotation(store, "p1") == "2"
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
-import threading
+import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -210,24 +210,63 @@ async def test_an_object_whose_handler_fails_is_skipped_and_the_list_goes_on(
         await asyncio.to_thread(watcher.stop)
 
 
-async def test_the_api_class_is_resolved_on_the_starting_thread(
-    apiserver: Emulator, feed: tuple[Feed, ListWatcher], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The first use of a kubernetes API class imports its module (CoreV1Api: a second of CPU): done by
-    start(), before the watch thread exists, not in that thread against the loop it feeds (issue 26)."""
-    events, watcher = feed
-    group_api, method = watch.METHODS["nodes"]
-    resolved_on: list[str] = []
+#: A fresh process that imports what the scheduler imports, starts a watch, makes a request of each
+#: verb, and prints the generated API modules (``kubernetes.client.api.*``) it has imported.
+FRESH_PROCESS = """
+import asyncio, json, sys
+import hami.scheduler.main  # noqa: F401  (what the scheduler's process imports first)
+from hami.kube import nodes
+from hami.kube.client import NotFound, load_api_client
+from hami.kube.watch import ListWatcher
 
-    def recording(api: Any) -> Any:
-        resolved_on.append(threading.current_thread().name)
-        return group_api(api)
-
-    monkeypatch.setitem(watch.METHODS, "nodes", (recording, method))
-    await apiserver.post("/api/v1/nodes", json=_node("n1"))
+async def main():
+    api = load_api_client(sys.argv[1], request_timeout=60.0)
+    listed = asyncio.Event()
+    watcher = ListWatcher(
+        api, "nodes", loop=asyncio.get_running_loop(), on_list=lambda items: listed.set(),
+        on_event=lambda kind, obj: None,
+    )
     watcher.start()
-    await events.listed(["n1"])
-    assert resolved_on == [threading.current_thread().name]
+    try:
+        await asyncio.wait_for(listed.wait(), 120)
+        await nodes.patch_node_annotations(api, "n1", {"a": "1"})
+        try:
+            await nodes.get_node(api, "absent")
+        except NotFound:
+            pass
+    finally:
+        await asyncio.to_thread(watcher.stop)
+        api.close()
+    generated = sorted(m for m in sys.modules if m.startswith("kubernetes.client.api."))
+    print(json.dumps({"lists": watcher.lists_done, "generated": generated}))
+
+asyncio.run(main())
+"""
+
+
+async def test_starting_a_watch_imports_no_generated_api_module(apiserver: Emulator, kubeconfig: Any) -> None:
+    """Requests go through the client's lower layer, never a generated API class: the first use of one
+    imports its module (CoreV1Api: 0.6 s of CPU), paid by every component at start and, in the watch
+    thread, against the loop it feeds (issue 26). A fresh process: this one has them imported already."""
+    await apiserver.post("/api/v1/nodes", json=_node("n1"))
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        FRESH_PROCESS,
+        str(kubeconfig),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        out, err = await asyncio.wait_for(process.communicate(), 240)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert process.returncode == 0, err.decode()[-2000:]
+    report = json.loads(out.decode().strip().splitlines()[-1])
+    assert report == {"lists": 1, "generated": []}
+    assert apiserver.objects[NODES, None, "n1"].raw["metadata"]["annotations"] == {"a": "1"}
 
 
 class CollectorFeed(Feed):
