@@ -18,6 +18,7 @@ task group of their own. Must not import the Kubernetes client
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from hami import objects
@@ -28,8 +29,11 @@ from hami.scheduler.workload import Workload
 
 #: The Event reason on an object the watch skipped because handling it failed.
 SKIPPED_OBJECT = "SkippedByGPUScheduler"
-#: Deferred pods the workload reads per turn of the event loop (some 20 ms of CPU: the verbs wait no longer).
-LEARNING_CHUNK = 500
+#: Deferred pods the workload reads per turn of the event loop (some 4 ms of CPU: a verb waits no longer; at
+#: 500, /filter's p99 over 5,000 nodes tripled while 50,000 listed pods were read).
+LEARNING_CHUNK = 100
+#: Seconds between two looks at whether the first lists are in, before the workload reads any pod.
+READY_POLL = 0.05
 #: The apiVersion of the kinds watched outside the core group (for the Event's involvedObject).
 API_VERSIONS = {"PodDisruptionBudget": "policy/v1"}
 
@@ -112,14 +116,18 @@ async def follow(watcher: ListWatcher) -> None:
         await asyncio.to_thread(watcher.stop)
 
 
-async def learn_workload(workload: Workload) -> None:
+async def learn_workload(workload: Workload, ready: Callable[[], bool] = lambda: True) -> None:
     """Read the pods deferred to ``workload``, :data:`LEARNING_CHUNK` per turn of the event loop, whenever
-    there are some, until cancelled. (Anything that reads the workload reads the rest first itself.)"""
+    there are some, until cancelled; not before ``ready()`` (the first lists: read earlier, the pods would
+    only take the GIL from the threads decoding the other lists and delay ``/readyz``). Anything that
+    reads the workload reads the rest first itself."""
     wake = asyncio.Event()
     workload.on_pending = wake.set
     if workload.pending:
         wake.set()
     try:
+        while not ready():  # noqa: ASYNC110 (a few seconds at the start; the snapshot has no event for it)
+            await asyncio.sleep(READY_POLL)
         while True:
             await wake.wait()
             wake.clear()
@@ -137,7 +145,8 @@ def start_sync(ctx: Context, tasks: asyncio.TaskGroup) -> None:
     for resource, watcher in watchers(ctx, asyncio.get_running_loop()).items():
         tasks.create_task(follow(watcher), name=f"watch-{resource}")
     tasks.create_task(ctx.registration.resync(ctx.snapshot), name="registration-resync")
-    tasks.create_task(learn_workload(ctx.snapshot.workload), name="workload-learning")
+    snapshot = ctx.snapshot
+    tasks.create_task(learn_workload(snapshot.workload, lambda: snapshot.ready), name="workload-learning")
 
 
 async def keep_synced(ctx: Context) -> None:

@@ -289,3 +289,25 @@ async def test_the_learning_task_reads_deferred_pods_without_any_read() -> None:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
     assert workload.on_pending is None
+
+
+async def test_the_learning_task_waits_for_the_first_lists() -> None:
+    """Until the snapshot is ready the deferred pods stay unread: reading them then would only slow
+    down the decoding of the other first lists, and with it ``/readyz``."""
+    from hami.scheduler.watches import learn_workload
+    from tests.eventually import eventually
+
+    workload = Workload(clock=Clock(), min_pods=1)
+    for pod in pods("early", 30):
+        workload.defer(pod)
+    ready = False
+    task = asyncio.create_task(learn_workload(workload, lambda: ready))
+    try:
+        for _ in range(20):  # turns of the loop in which the task would have read a chunk
+            await asyncio.sleep(0)
+        assert workload.pending == 30
+        ready = True
+        await eventually(lambda: workload.pending == 0, "the pods read once ready")
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
