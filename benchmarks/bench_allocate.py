@@ -230,7 +230,7 @@ def fragmentation_rows(nodes_count: int, repetitions: int) -> list[tuple[str, ..
         request = read_pod_request(ours, ctx.settings.device_config)
         plain = read_pod_request(pod({}), ctx.settings.device_config)
         states, _ = snapshot_states(ctx.snapshot, names, request, ctx.clock())
-        policy = workload.policy(ctx.settings.policy)
+        policy = workload.policy(ctx.settings.policy, request)
         mine = _timed(lambda: [fit_node(request, s, policy) for s in states], 20)
         base = _timed(lambda: [fit_node(plain, s, ctx.settings.policy) for s in states], 20)
         per = len(states)

@@ -73,6 +73,14 @@ class Policy:
     enforcement: Level = Level.NONE
 
 
+def uses_target(request: PodRequest, policy: Policy) -> bool:
+    """Does deciding ``request`` under ``policy`` read the policy's target: its node policy (the pod's,
+    else the cluster's) is ``fragmentation``, or its card policy is."""
+    if (request.node_policy or policy.node_policy) == FRAGMENTATION:
+        return True
+    return parse_gpu_policy(request.gpu_policy or policy.gpu_policy).fragmentation
+
+
 def required(request: PodRequest, policy: Policy) -> PodRequest:
     """The request with the enforcement level its cards must have: the higher of the pod's own and the
     cluster's floor (the pod can raise the floor, never lower it)."""

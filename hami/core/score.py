@@ -151,8 +151,8 @@ def node_priority(score: float, node_policy: str) -> int:
 
 def demote_busy(priorities: dict[str, int], busy: Set[str]) -> int:
     """Rank the nodes of ``busy`` below every other node of ``priorities`` (0..10 by node), in place:
-    each busy node 0, each other at least 1 (their order among themselves otherwise kept). Nothing
-    changes when no node of ``priorities`` is busy, nor when every one is (a busy node still takes the
+    each busy node 0, each other at least 1 (their order among themselves otherwise kept; 0 and 1 tie).
+    Nothing changes when no node of ``priorities`` is busy, nor when every one is (a busy node still takes the
     pod when it is the only choice). Returns how many nodes were demoted (0: nothing changed).
 
     Example: binpack's ``{a: 4, b: 0, c: 2}`` with ``a`` busy -> ``{a: 0, b: 1, c: 2}``."""

@@ -423,7 +423,7 @@ def _decide_on(
                 ", ".join(f"{ns}/{name}" for ns, name in behind),
             )
     quotas = ctx.snapshot.quotas_for(request.namespace, exclude=key)
-    policy = ctx.snapshot.workload.policy(ctx.settings.policy)  # fragmentation's target with it
+    policy = ctx.snapshot.workload.policy(ctx.settings.policy, request)  # fragmentation's target
     decision = fit_node(request, found, policy, quotas=quotas)
     if not isinstance(decision, Allocation):
         raise BindFailure(f"pod {key[0]}/{key[1]} does not fit node {node}: {decision.message}")

@@ -33,8 +33,8 @@ from hami.annotations import AnnotationError, NodeLockValue, decode_node_lock
 from hami.scheduler.coordination import BindCoordination, PodKey
 from hami.scheduler.snapshot import Snapshot
 
-#: A lock value longer than this is decoded every time, never kept (a real one is under 400 characters:
-#: a time, a namespace and a pod name).
+#: A lock value longer than this is never decoded and counts as unreadable (a real one is under 400
+#: characters: a time, a namespace and a pod name; a node writing megabytes there only demotes itself).
 CACHED_LENGTH = 512
 #: How long a lock whose holder's grant the live view does not show counts as a bind on its way (lock
 #: times have whole seconds: 1 to 2 s in fact). A bind of this process is known without it.
@@ -63,7 +63,7 @@ def lock_busy(
 ) -> bool:
     """Whether the lock annotation ``text`` (not empty) of ``node`` keeps ``pod``'s bind out at ``now``
     (aware; see the module docstring)."""
-    value = _decoded(text) if len(text) <= CACHED_LENGTH else _decode(text)
+    value = _decoded(text) if len(text) <= CACHED_LENGTH else None
     if value is None:
         return True  # unreadable: a bind fails on it, and it never expires
     if value.namespace is None or value.name is None:

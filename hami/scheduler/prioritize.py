@@ -51,7 +51,7 @@ def handle_prioritize(ctx: Context, args: ExtenderArgs) -> list[HostPriority]:
         states, _, _ = template_states(nodes)
     else:
         states = cycle.states_unreserved(ctx.snapshot, names, now)
-    scores = priorities(request, states, ctx.snapshot.workload.policy(ctx.settings.policy))
+    scores = priorities(request, states, ctx.snapshot.workload.policy(ctx.settings.policy, request))
     busy = busy_nodes(
         scores,
         (request.namespace, request.name),

@@ -38,9 +38,9 @@ from typing import Any
 
 from hami import objects
 from hami.annotations import AnnotationError, read_pod_request
-from hami.core.allocate import Policy
+from hami.core.allocate import Policy, uses_target
 from hami.core.fragmentation import Target, TargetClass
-from hami.core.model import PERCENT_NOT_GIVEN, NodeState
+from hami.core.model import PERCENT_NOT_GIVEN, NodeState, PodRequest
 from hami.objects import pod_key
 from hami.settings import DeviceConfig
 
@@ -130,6 +130,7 @@ class Workload:
         self._offers: dict[str, Counter[str]] = {}  # per node: its cards per type
         self._supply: Counter[str] = Counter()  # the sum of ``_offers``
         self._counted = 0  # pods counted since the start
+        self.unreadable = 0  # pods whose reading failed other than on an annotation (none known)
         self._pending: deque[tuple[Mapping[str, Any], float]] = deque()  # (pod, when shown), unread
         #: called when the queue of deferred pods stops being empty (the learning task's wake-up)
         self.on_pending: Callable[[], None] | None = None
@@ -187,6 +188,9 @@ class Workload:
         try:
             request = read_pod_request(pod, self._config)
         except AnnotationError:
+            return
+        except Exception:  # read in a task of its own: one pod must never stop the learning
+            self.unreadable += 1
             return
         keys = [
             (
@@ -308,8 +312,12 @@ class Workload:
             self._target = fresh
         return self._target
 
-    def policy(self, base: Policy) -> Policy:
-        """``base`` (the cluster's defaults) with the current target, for the core."""
+    def policy(self, base: Policy, request: PodRequest) -> Policy:
+        """``base`` (the cluster's defaults) with the current target when deciding ``request`` reads it
+        (a ``fragmentation`` node or card policy), else ``base`` as it is: a pod placed by ``binpack``
+        or ``spread`` never waits for the workload to read the pods it was shown."""
+        if not uses_target(request, base):
+            return base
         return replace(base, target=self.target())
 
 

@@ -311,3 +311,51 @@ async def test_the_learning_task_waits_for_the_first_lists() -> None:
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+def test_only_a_fragmentation_decision_reads_the_deferred_pods() -> None:
+    """``binpack`` and ``spread`` never read the target: a pod placed by them right after a restart does
+    not wait for the workload to read the 50,000 pods it was shown."""
+    from hami.annotations import read_pod_request
+    from hami.core.allocate import Policy
+    from hami.settings import DeviceConfig
+
+    workload = Workload(clock=Clock(), min_pods=1)
+    for pod in pods("shown", 5):
+        workload.defer(pod)
+    config = DeviceConfig()
+    plain = read_pod_request(make_pod("plain"), config)
+    base = Policy()
+    assert workload.policy(base, plain) is base
+    spread = read_pod_request(make_pod("s", annotations={"hami.io/node-scheduler-policy": "spread"}), config)
+    assert workload.policy(base, spread) is base
+    assert workload.pending == 5
+    fragmenting = read_pod_request(
+        make_pod("f", annotations={"hami.io/node-scheduler-policy": "fragmentation"}), config
+    )
+    assert workload.policy(base, fragmenting).target is not None
+    assert workload.pending == 0
+    workload.defer(make_pod("late"))
+    card_policy = read_pod_request(
+        make_pod("g", annotations={"hami.io/gpu-scheduler-policy": "fragmentation"}), config
+    )
+    assert workload.policy(base, card_policy).target is not None
+
+
+def test_a_pod_that_fails_to_read_is_skipped_and_the_learning_goes_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import hami.scheduler.workload as module
+    from hami.annotations import read_pod_request as real
+
+    def failing(pod: Any, config: Any) -> Any:
+        if pod["metadata"]["name"] == "bad":
+            raise RuntimeError("a shape nobody foresaw")
+        return real(pod, config)
+
+    monkeypatch.setattr(module, "read_pod_request", failing)
+    workload = Workload(clock=Clock(), min_pods=1)
+    for pod in [make_pod("a"), make_pod("bad"), make_pod("b")]:
+        workload.defer(pod)
+    assert workload.learn_pending(10) == 0
+    assert (workload.observed, workload.unreadable) == (2, 1)
