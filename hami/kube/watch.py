@@ -196,8 +196,9 @@ class ListWatcher:
                 self._on_list(applied)
             except Exception:
                 logger.exception("list of %s: the list handler failed", self._kind)
-            # the listed objects go before the collector is back (ours was the last reference to most):
-            # its first collection then walks what the handlers kept, not every object listed
+            # our references to the listed objects go before the collector is back: its first collection
+            # then walks what the handlers kept (the scheduler's workload keeps its pods until it has read
+            # them, a few seconds after the first list), not every object listed
             del applied
             items.clear()
 
