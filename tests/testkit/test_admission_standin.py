@@ -40,6 +40,7 @@ from hami_testkit.admission_standin import (
 )
 from hami_testkit.apiserver import AdmittingEmulator, embedded_apiserver
 from hami_testkit.kubeapi import MWC_PATH, SimApi
+from tests.testkit.fakeserver import serving
 from webhook.tlsbundle import generate
 
 Answer = Callable[[dict[str, Any]], dict[str, Any]]
@@ -77,12 +78,8 @@ async def webhook(tmp_path: Path) -> AsyncIterator[tuple[FakeWebhook, TestServer
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(tmp_path / "tls.crt", tmp_path / "tls.key")
     fake = FakeWebhook()
-    app = web.Application()
-    app.router.add_post("/webhook", fake.handle)
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server(ssl=context)
-    yield fake, server, bundle.ca_cert
-    await server.close()
+    async with serving("/webhook", fake.handle, tls=context) as server:
+        yield fake, server, bundle.ca_cert
 
 
 async def _configure(apiserver: kmock.KubernetesEmulator, url: str, ca: bytes, **hook: Any) -> None:

@@ -15,11 +15,11 @@ import aiohttp
 import kmock
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestServer
 
 from hami_testkit.kubeapi import SimApi, nodes_path, pods_path
 from hami_testkit.scheduler_standin import SchedulerStandIn
 from tests.eventually import eventually
+from tests.testkit.fakeserver import serving
 
 Reply = Callable[[dict[str, Any]], Any]
 
@@ -66,12 +66,8 @@ class FakeExtender:
 @pytest.fixture
 async def extender(apiserver: kmock.KubernetesEmulator) -> AsyncIterator[tuple[FakeExtender, str]]:
     fake = FakeExtender(apiserver)
-    app = web.Application()
-    app.router.add_post("/{verb}", fake.handle)
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    yield fake, f"http://127.0.0.1:{server.port}"
-    await server.close()
+    async with serving("/{verb}", fake.handle) as server:
+        yield fake, f"http://127.0.0.1:{server.port}"
 
 
 @pytest.fixture

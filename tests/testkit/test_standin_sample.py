@@ -18,11 +18,11 @@ import aiohttp
 import kmock
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestServer
 
 from hami_testkit.kubeapi import SimApi
 from hami_testkit.scheduler_standin import SchedulerStandIn, feasible_nodes_to_find
 from tests.builders import make_pod
+from tests.testkit.fakeserver import serving
 
 
 class SamplingExtender:
@@ -56,12 +56,8 @@ Start = Callable[..., SchedulerStandIn]
 @pytest.fixture
 async def extender() -> AsyncIterator[tuple[SamplingExtender, str]]:
     fake = SamplingExtender()
-    app = web.Application()
-    app.router.add_post("/{verb}", fake.handle)
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    yield fake, f"http://127.0.0.1:{server.port}"
-    await server.close()
+    async with serving("/{verb}", fake.handle) as server:
+        yield fake, f"http://127.0.0.1:{server.port}"
 
 
 @pytest.fixture
